@@ -1,0 +1,48 @@
+# The two commands a user needs: `make demo` and `make test`. Everything else supports them.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+SJ     := $(BIN)/stream-jobs
+
+.PHONY: setup system venv stack down status lint unit integration test demo bench clean
+
+setup: system venv
+
+system:
+	@bash ops/setup-system.sh
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+stack: setup
+	$(SJ) dev up
+
+down:
+	-$(SJ) dev down
+
+status:
+	$(SJ) dev status
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/pytest -q tests/unit
+
+integration: stack
+	$(BIN)/pytest -q tests/integration
+
+# lint, then the unit tests (no services), then the integration tests on the real stack.
+test: setup lint unit integration
+
+demo: stack
+	$(BIN)/python -m consumers.smoke
+
+clean: down
+	rm -rf .stack

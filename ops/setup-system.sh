@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the system packages the local stack needs, when they are missing:
+# Java 17+ and Maven (to resolve and run the Kafka broker jars) and PostgreSQL.
+# Safe to re-run; installs nothing that is already there.
+set -euo pipefail
+
+missing=()
+command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || missing+=(maven)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+command -v runuser >/dev/null 2>&1 || missing+=(util-linux)
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "error: missing system packages: ${missing[*]}; install them (e.g. sudo apt-get install ${missing[*]}) and re-run." >&2
+  exit 1
+fi
+echo "installing system packages: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Debian's package may start its own cluster on 5432; ours runs on its own port and folder.

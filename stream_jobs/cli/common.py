@@ -1,0 +1,48 @@
+"""The root `stream-jobs` app and the options every command shares (each is also an env var)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from stream_jobs.settings import Settings, load_settings
+
+app = typer.Typer(
+    name="stream-jobs",
+    help="A Kafka-only job system: enqueue, run workers, replay, drain the DLQ, watch stats.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    kafka_bootstrap: str | None = typer.Option(
+        None, envvar="STREAM_JOBS_KAFKA_BOOTSTRAP", help="Kafka bootstrap servers, host:port,..."
+    ),
+    database_url: str | None = typer.Option(
+        None, envvar="STREAM_JOBS_DATABASE_URL", help="Postgres URL for the dedup table."
+    ),
+    topic_prefix: str | None = typer.Option(
+        None, envvar="STREAM_JOBS_TOPIC_PREFIX", help="Prefix of every topic and group name."
+    ),
+    topics_dir: Path | None = typer.Option(
+        None, envvar="STREAM_JOBS_TOPICS_DIR", help="Folder of topics/<type>.toml files."
+    ),
+) -> None:
+    ctx.obj = {
+        "kafka_bootstrap": kafka_bootstrap,
+        "database_url": database_url,
+        "topic_prefix": topic_prefix,
+        "topics_dir": topics_dir,
+    }
+
+
+def settings_of(ctx: typer.Context, **extra: object) -> Settings:
+    """The settings for this command: environment, then root options, then `extra`."""
+    given = dict(ctx.find_root().obj or {})
+    given.update(extra)
+    return load_settings(**given)

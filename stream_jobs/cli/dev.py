@@ -1,0 +1,65 @@
+"""`stream-jobs dev up|down|status`: the local Kafka + Postgres stack."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from stream_jobs.cli.common import settings_of
+from stream_jobs.stack import KafkaCluster, PostgresServer, ServiceStatus
+
+dev_app = typer.Typer(help="Run a real Kafka and Postgres locally (development and tests).",
+                      no_args_is_help=True)
+console = Console()
+
+
+@dev_app.command("up")
+def up(
+    ctx: typer.Context,
+    brokers: int = typer.Option(1, "--brokers", help="1 broker, or a 3-node KRaft cluster."),
+    postgres: bool = typer.Option(True, "--postgres/--no-postgres", help="Also start Postgres."),
+) -> None:
+    """Start the stack (idempotent), wait until it answers, then print how to connect."""
+    settings = settings_of(ctx)
+    if brokers not in (1, 3):
+        raise typer.BadParameter("use --brokers 1 or --brokers 3", param_hint="--brokers")
+    kafka = KafkaCluster(settings, brokers)
+    with console.status(f"starting {kafka.name} ({brokers} broker{'s' if brokers > 1 else ''})"):
+        kafka.up()
+    services = kafka.status()
+    if postgres:
+        server = PostgresServer(settings)
+        with console.status("starting postgres"):
+            server.up()
+        services.append(server.status())
+    _print_table(services)
+
+
+@dev_app.command("down")
+def down(ctx: typer.Context) -> None:
+    """Stop every service of the stack that we started (data folders are kept)."""
+    settings = settings_of(ctx)
+    stopped = [*KafkaCluster(settings, 1).down(), *KafkaCluster(settings, 3).down(),
+               *PostgresServer(settings).down()]
+    console.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
+@dev_app.command("status")
+def status(ctx: typer.Context) -> None:
+    """What runs, where, how to connect, and where each service logs."""
+    settings = settings_of(ctx)
+    rows = [*KafkaCluster(settings, 1).status(), *KafkaCluster(settings, 3).status(),
+            PostgresServer(settings).status()]
+    _print_table(rows)
+
+
+def _print_table(rows: list[ServiceStatus]) -> None:
+    table = Table(title="stream-jobs local stack")
+    for column in ("service", "state", "pid", "address", "connect with", "log"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        state = "[green]running[/]" if row.running else "[dim]stopped[/]"
+        table.add_row(row.name, state, str(row.pid or "-"), row.address, row.connect,
+                      str(row.log))
+    console.print(table)

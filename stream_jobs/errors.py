@@ -1,0 +1,55 @@
+"""Every error stream-jobs raises on purpose. Driver errors are wrapped where they enter.
+
+A `StreamJobsError` carries a sentence a user can act on; the CLI prints it without a
+traceback and exits non-zero.
+"""
+
+from __future__ import annotations
+
+
+class StreamJobsError(Exception):
+    """Root of all stream-jobs errors; its message tells the user what to do."""
+
+
+class ConfigError(StreamJobsError):
+    """A setting, a topics/*.toml file or a handler declaration is invalid."""
+
+
+class StackError(StreamJobsError):
+    """The local development stack (Kafka, Postgres) cannot be started or reached."""
+
+
+class PrerequisiteMissing(StackError):
+    """A tool the local stack needs (Java, Maven, PostgreSQL) is not installed or not reachable."""
+
+
+class PortInUse(StackError):
+    """A port the local stack wants is held by a process that is not ours."""
+
+
+class BrokerUnavailable(StreamJobsError):
+    """No Kafka broker answered at the configured bootstrap servers."""
+
+
+class DatabaseUnavailable(StreamJobsError):
+    """The Postgres server at the configured database URL did not answer or refused us."""
+
+
+class UnknownJobType(StreamJobsError):
+    """A job type that no topics/*.toml file declares was named."""
+
+
+class PayloadError(StreamJobsError):
+    """A payload cannot be encoded, is too large, or fails its type's model."""
+
+
+class PublishError(StreamJobsError):
+    """The broker did not acknowledge a record; nothing is known to be written."""
+
+
+class TopicPlanError(StreamJobsError):
+    """Kafka cannot be made to match topics/ without losing data (e.g. shrinking partitions)."""
+
+
+class PermanentError(StreamJobsError):
+    """Raised by a handler for a failure that retrying cannot fix: the job goes to the DLQ now."""

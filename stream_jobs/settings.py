@@ -1,0 +1,115 @@
+"""Settings: one model, read from `STREAM_JOBS_*` environment variables.
+
+Every CLI option that names a setting is the same setting, so `--kafka-bootstrap` and
+`STREAM_JOBS_KAFKA_BOOTSTRAP` are interchangeable. Units are in the names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from stream_jobs.errors import ConfigError
+
+DEFAULT_KAFKA_PORT = 9092
+DEFAULT_POSTGRES_PORT = 54320
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+class Settings(BaseSettings):
+    """What a client, a worker and the CLI need to find Kafka, Postgres and the job types."""
+
+    model_config = SettingsConfigDict(env_prefix="STREAM_JOBS_", extra="ignore")
+
+    kafka_bootstrap: str = f"127.0.0.1:{DEFAULT_KAFKA_PORT}"
+    database_url: str = (
+        f"postgresql://stream_jobs@127.0.0.1:{DEFAULT_POSTGRES_PORT}/stream_jobs"
+    )
+    database_schema: str = "public"
+    topic_prefix: str = "jobs"
+    topics_dir: Path = Path("topics")
+
+    # Kafka security (used by the client, the worker and the admin commands alike).
+    kafka_security_protocol: SecurityProtocol = "PLAINTEXT"
+    kafka_sasl_mechanism: SaslMechanism | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_cafile: Path | None = None
+    kafka_ssl_certfile: Path | None = None
+    kafka_ssl_keyfile: Path | None = None
+    kafka_ssl_key_password: SecretStr | None = None
+
+    kafka_request_timeout_ms: int = Field(default=30_000, gt=0)
+    producer_linger_ms: int = Field(default=5, ge=0)
+    producer_max_batch_bytes: int = Field(default=1_048_576, gt=0)
+    max_payload_bytes: int = Field(default=1_048_576, gt=0)
+    database_pool_size: int = Field(default=10, gt=0)
+
+    # Local development stack (`stream-jobs dev ...`).
+    stack_dir: Path = Path(".stack")
+    jars_cache_dir: Path = Path.home() / ".cache" / "stream-jobs"
+    dev_kafka_port: int = Field(default=DEFAULT_KAFKA_PORT, gt=0, lt=65535)
+    dev_postgres_port: int = Field(default=DEFAULT_POSTGRES_PORT, gt=0, lt=65536)
+    dev_kafka_heap_mb: int = Field(default=512, ge=128)
+    dev_postgres_os_user: str = "postgres"
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _bootstrap_has_ports(cls, value: str) -> str:
+        servers = [s.strip() for s in value.split(",") if s.strip()]
+        if not servers:
+            raise ValueError("give at least one host:port")
+        for server in servers:
+            host, sep, port = server.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{server!r} is not host:port")
+        return ",".join(servers)
+
+    @field_validator("database_url")
+    @classmethod
+    def _dsn_is_postgres(cls, value: str) -> str:
+        if not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must start with postgresql://")
+        return value
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _prefix_is_a_topic_name(cls, value: str) -> str:
+        allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+        if not value or not set(value) <= allowed:
+            raise ValueError("use letters, digits, '.', '_' and '-' only")
+        return value
+
+    @field_validator("database_schema")
+    @classmethod
+    def _schema_is_an_identifier(cls, value: str) -> str:
+        if not value or not value.replace("_", "").isalnum() or value[0].isdigit():
+            raise ValueError("use letters, digits and '_' only, not starting with a digit")
+        return value
+
+    @property
+    def bootstrap_servers(self) -> list[str]:
+        return self.kafka_bootstrap.split(",")
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment, with explicit overrides winning.
+
+    Raises `ConfigError` with one sentence per bad field instead of pydantic's report.
+    """
+    from pydantic import ValidationError
+
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return Settings(**clean)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"STREAM_JOBS_{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ConfigError(f"Invalid settings: {problems}.") from exc

@@ -1,0 +1,274 @@
+"""A real Apache Kafka broker (KRaft combined mode) run from jars that Maven resolves.
+
+The broker version is pinned in `ops/kafka/pom.xml`. Jars are copied once into a cache
+outside the repository (`STREAM_JOBS_JARS_CACHE_DIR`), so later starts take seconds.
+One node listens on 127.0.0.1:9092; `--brokers 3` starts a separate three-node cluster
+on 127.0.0.1:19092, 29092 and 39092 (replication factor 3, min.insync.replicas 2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from stream_jobs.errors import PrerequisiteMissing, StackError
+from stream_jobs.settings import Settings
+from stream_jobs.stack.process import (
+    ServiceStatus,
+    ensure_port_free,
+    port_open,
+    read_pid,
+    spawn,
+    stop_pid,
+    wait_until,
+)
+
+HOST = "127.0.0.1"
+CLUSTER_PORTS = (19092, 29092, 39092)
+READY_TIMEOUT_S = 120.0
+
+
+def ops_dir() -> Path:
+    """The project's `ops/` folder: found from the working directory up, else beside the package."""
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents, Path(__file__).resolve().parents[2]):
+        if (folder / "ops" / "kafka" / "pom.xml").is_file():
+            return folder / "ops"
+    raise PrerequisiteMissing(
+        "ops/kafka/pom.xml was not found: run stream-jobs dev from the project's checkout."
+    )
+
+
+def kafka_version(pom: Path) -> str:
+    match = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", pom.read_text())
+    if match is None:
+        raise StackError(f"{pom} does not pin <kafka.version>.")
+    return match.group(1)
+
+
+def resolve_jars(settings: Settings) -> Path:
+    """The folder of broker jars, resolving them with Maven on first use."""
+    pom = ops_dir() / "kafka" / "pom.xml"
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
+    home = settings.jars_cache_dir.expanduser() / f"kafka-{kafka_version(pom)}-{digest}"
+    lib = home / "lib"
+    done = home / ".resolved"
+    if done.is_file():
+        return lib
+    if shutil.which("java") is None:
+        raise PrerequisiteMissing("Java 17+ is not installed: run `make setup` (installs OpenJDK).")
+    if shutil.which("mvn") is None:
+        raise PrerequisiteMissing("Maven is not installed: run `make setup` (it installs maven).")
+    home.mkdir(parents=True, exist_ok=True)
+    log = home / "maven.log"
+    with log.open("wb") as out:
+        result = subprocess.run(
+            ["mvn", "-B", "-f", str(pom), "dependency:copy-dependencies",
+             f"-DoutputDirectory={lib}", "-DincludeScope=runtime"],
+            stdout=out, stderr=subprocess.STDOUT, check=False,
+        )
+    if result.returncode != 0:
+        raise PrerequisiteMissing(
+            f"Maven could not resolve the Kafka jars (see {log}): check that Maven reaches "
+            "its package registry (proxy settings in ~/.m2/settings.xml)."
+        )
+    done.write_text("ok\n")
+    return lib
+
+
+@dataclass(frozen=True)
+class KafkaNode:
+    node_id: int
+    port: int
+    controller_port: int
+    home: Path
+
+    @property
+    def config(self) -> Path:
+        return self.home / "server.properties"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.home / "data"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.home / "kafka.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "kafka.log"
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+
+class KafkaCluster:
+    """One broker (`brokers=1`) or a three-node KRaft cluster (`brokers=3`) of the local stack."""
+
+    def __init__(self, settings: Settings, brokers: int = 1) -> None:
+        if brokers not in (1, 3):
+            raise StackError("The local stack runs 1 or 3 Kafka brokers.")
+        self.settings = settings
+        self.brokers = brokers
+        root = settings.stack_dir.resolve()
+        if brokers == 1:
+            self.home = root / "kafka"
+            self.nodes = [KafkaNode(1, settings.dev_kafka_port, settings.dev_kafka_port + 1,
+                                    self.home)]
+        else:
+            self.home = root / "kafka-cluster"
+            self.nodes = [KafkaNode(i + 1, port, port + 1, self.home / f"node{i + 1}")
+                          for i, port in enumerate(CLUSTER_PORTS)]
+
+    @property
+    def name(self) -> str:
+        return "kafka" if self.brokers == 1 else "kafka-cluster"
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(node.address for node in self.nodes)
+
+    def _render_config(self, node: KafkaNode) -> str:
+        single = self.brokers == 1
+        voters = ",".join(f"{n.node_id}@{HOST}:{n.controller_port}" for n in self.nodes)
+        replication = 1 if single else 3
+        min_isr = 1 if single else 2
+        lines = [
+            "process.roles=broker,controller",
+            f"node.id={node.node_id}",
+            f"controller.quorum.voters={voters}",
+            f"listeners=PLAINTEXT://{HOST}:{node.port},CONTROLLER://{HOST}:{node.controller_port}",
+            f"advertised.listeners=PLAINTEXT://{HOST}:{node.port}",
+            "inter.broker.listener.name=PLAINTEXT",
+            "controller.listener.names=CONTROLLER",
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            f"log.dirs={node.log_dir}",
+            # stream-jobs declares every topic; a typo must fail, not create a topic.
+            "auto.create.topics.enable=false",
+            "num.partitions=1",
+            f"default.replication.factor={replication}",
+            f"min.insync.replicas={min_isr}",
+            "unclean.leader.election.enable=false",
+            f"offsets.topic.replication.factor={replication}",
+            f"offsets.topic.num.partitions={5 if single else 10}",
+            f"transaction.state.log.replication.factor={replication}",
+            f"transaction.state.log.min.isr={min_isr}",
+            f"share.coordinator.state.topic.replication.factor={replication}",
+            f"share.coordinator.state.topic.min.isr={min_isr}",
+            "group.initial.rebalance.delay.ms=0",
+            # Room for a 1 MiB payload plus headers and batch overhead.
+            "message.max.bytes=2097152",
+            "replica.fetch.max.bytes=2097152",
+            "log.segment.bytes=67108864",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _java(self, lib: Path, *args: str, heap_mb: int | None = None,
+              log_config: str = "tools-log4j2.properties") -> list[str]:
+        opts = [f"-Dlog4j2.configurationFile={ops_dir() / 'kafka' / log_config}",
+                "-Djava.awt.headless=true"]
+        if heap_mb is not None:
+            opts += [f"-Xms{min(heap_mb, 256)}m", f"-Xmx{heap_mb}m", "-XX:+UseG1GC",
+                     "-XX:MaxGCPauseMillis=20", "-XX:+ExplicitGCInvokesConcurrent"]
+        return ["java", *opts, "-cp", f"{lib}/*", *args]
+
+    def _format(self, lib: Path) -> None:
+        """Format the storage of nodes that have none yet; a formatted node is left alone."""
+        cluster_id_file = self.home / "cluster.id"
+        if not cluster_id_file.is_file():
+            out = subprocess.run(self._java(lib, "kafka.tools.StorageTool", "random-uuid"),
+                                 capture_output=True, text=True, check=False)
+            if out.returncode != 0:
+                raise StackError(f"Kafka's StorageTool failed: {out.stderr.strip()[-400:]}")
+            cluster_id_file.write_text(out.stdout.strip().splitlines()[-1] + "\n")
+        cluster_id = cluster_id_file.read_text().strip()
+        for node in self.nodes:
+            if (node.log_dir / "meta.properties").is_file():
+                continue
+            node.log_dir.mkdir(parents=True, exist_ok=True)
+            out = subprocess.run(
+                self._java(lib, "kafka.tools.StorageTool", "format", "-t", cluster_id,
+                           "-c", str(node.config), "--ignore-formatted"),
+                capture_output=True, text=True, check=False,
+            )
+            if out.returncode != 0:
+                raise StackError(f"Formatting Kafka node {node.node_id} failed: "
+                                 f"{(out.stderr or out.stdout).strip()[-400:]}")
+
+    def _pid(self, node: KafkaNode) -> int | None:
+        return read_pid(node.pid_file, marker=str(node.config))
+
+    def up(self) -> None:
+        """Start every node that is not running; a second `up` is a no-op."""
+        if all(self._pid(node) for node in self.nodes):
+            return
+        lib = resolve_jars(self.settings)
+        for node in self.nodes:
+            node.home.mkdir(parents=True, exist_ok=True)
+            node.config.write_text(self._render_config(node))
+        self._format(lib)
+        heap = self.settings.dev_kafka_heap_mb if self.brokers == 1 else max(
+            256, self.settings.dev_kafka_heap_mb * 3 // 4)
+        started: list[KafkaNode] = []
+        for node in self.nodes:
+            if self._pid(node):
+                continue
+            for port, setting in ((node.port, "STREAM_JOBS_DEV_KAFKA_PORT"),
+                                  (node.controller_port, "STREAM_JOBS_DEV_KAFKA_PORT")):
+                ensure_port_free(HOST, port, f"Kafka node {node.node_id}", setting)
+            argv = self._java(lib, "kafka.Kafka", str(node.config), heap_mb=heap,
+                              log_config="log4j2.properties")
+            spawn(argv, node.log_file, node.pid_file, cwd=node.home)
+            started.append(node)
+        for node in started:
+            wait_until(
+                lambda node=node: port_open(HOST, node.port),  # type: ignore[misc]
+                alive=lambda node=node: self._pid(node) is not None,  # type: ignore[misc]
+                timeout_s=READY_TIMEOUT_S,
+                what=f"Kafka node {node.node_id}",
+                log_file=node.log_file,
+            )
+
+    def down(self) -> list[str]:
+        """Stop the nodes we started (by pid file); returns what was stopped."""
+        stopped = []
+        for node in self.nodes:
+            pid = self._pid(node)
+            if pid is not None:
+                stop_pid(pid)
+                stopped.append(f"{self.name} node {node.node_id} (pid {pid})")
+            node.pid_file.unlink(missing_ok=True)
+        return stopped
+
+    def status(self) -> list[ServiceStatus]:
+        rows = []
+        for node in self.nodes:
+            pid = self._pid(node)
+            label = self.name if self.brokers == 1 else f"{self.name} node {node.node_id}"
+            rows.append(ServiceStatus(
+                name=label,
+                running=pid is not None and port_open(HOST, node.port),
+                pid=pid,
+                address=node.address,
+                connect=f"STREAM_JOBS_KAFKA_BOOTSTRAP={self.bootstrap}",
+                log=node.log_file,
+            ))
+        return rows
+
+    def kill_node(self, node_id: int) -> int:
+        """SIGKILL one node (fault tests); returns its pid."""
+        import os
+        import signal
+
+        node = self.nodes[node_id - 1]
+        pid = self._pid(node)
+        if pid is None:
+            raise StackError(f"Kafka node {node_id} is not running.")
+        os.kill(pid, signal.SIGKILL)
+        return pid

@@ -1,0 +1,80 @@
+"""Fixtures shared by every tier. Unit tests use none of the services.
+
+Integration tests get the real stack once per run: the one named by
+`STREAM_JOBS_KAFKA_BOOTSTRAP` and `STREAM_JOBS_DATABASE_URL` when both are set, else the
+local stack that `stream-jobs dev up` starts (idempotent, so `make test` and a bare
+`pytest` agree). Each test gets a fresh topic prefix, so fresh topics and consumer groups,
+and a fresh Postgres schema.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from stream_jobs.settings import Settings
+
+
+@dataclass(frozen=True)
+class Stack:
+    kafka_bootstrap: str
+    database_url: str
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "integration" in Path(str(item.fspath)).parts:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def stack() -> Stack:
+    bootstrap = os.environ.get("STREAM_JOBS_KAFKA_BOOTSTRAP")
+    dsn = os.environ.get("STREAM_JOBS_DATABASE_URL")
+    if bootstrap and dsn:
+        return Stack(bootstrap, dsn)
+    from stream_jobs.stack import KafkaCluster, PostgresServer
+
+    base = Settings()
+    KafkaCluster(base, 1).up()
+    server = PostgresServer(base)
+    server.up()
+    return Stack(base.kafka_bootstrap, server.dsn)
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A topic prefix no other test uses: fresh topics, consumer groups and schema."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def settings(stack: Stack, prefix: str, tmp_path: Path) -> Settings:
+    topics_dir = tmp_path / "topics"
+    topics_dir.mkdir()
+    return Settings(
+        kafka_bootstrap=stack.kafka_bootstrap,
+        database_url=stack.database_url,
+        database_schema=prefix,
+        topic_prefix=prefix,
+        topics_dir=topics_dir,
+    )
+
+
+@pytest.fixture
+async def schema(settings: Settings) -> AsyncIterator[str]:
+    """A fresh Postgres schema for this test (the settings point at it), dropped afterwards."""
+    import asyncpg
+
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await conn.execute(f'CREATE SCHEMA "{settings.database_schema}"')
+        yield settings.database_schema
+        await conn.execute(f'DROP SCHEMA "{settings.database_schema}" CASCADE')
+    finally:
+        await conn.close()
