@@ -53,3 +53,24 @@ class TopicPlanError(StreamJobsError):
 
 class PermanentError(StreamJobsError):
     """Raised by a handler for a failure that retrying cannot fix: the job goes to the DLQ now."""
+
+
+class BadRecord(StreamJobsError):
+    """A consumed record cannot be a job (too large, bad headers, bad JSON): it is dead-lettered."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # the code the dead letter carries, e.g. "bad-json"
+        self.message = message
+
+    def __reduce__(self) -> tuple[type[BadRecord], tuple[str, str]]:
+        # Exception pickles its args, which here would lose the reason.
+        return (type(self), (self.reason, self.message))
+
+
+class AlreadyDone(StreamJobsError):
+    """A job's dedup row exists: an earlier run committed its effects (an outcome)."""
+
+
+class Abandoned(StreamJobsError):
+    """A record left unfinished on purpose (revocation, shutdown): its next owner gets it."""
