@@ -1,0 +1,114 @@
+"""`stream-jobs topics plan|apply|list [DIR]`: make Kafka match topics/*.toml, and show it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from stream_jobs import admin
+from stream_jobs.cli.common import settings_of
+from stream_jobs.settings import Settings
+from stream_jobs.topics import Change, JobTypePolicy, load_job_types
+
+topics_app = typer.Typer(help="Declare job types in topics/*.toml; plan, apply and list their "
+                              "Kafka topics.", no_args_is_help=True)
+console = Console()
+
+_DIR = typer.Argument(None, show_default=False,
+                      help="Folder of <type>.toml files [default: STREAM_JOBS_TOPICS_DIR "
+                           "or topics/].")
+_STYLE = {"create": "green", "add-partitions": "yellow", "set-config": "yellow",
+          "warn": "magenta", "ok": "dim"}
+
+
+@topics_app.command("plan")
+def plan(ctx: typer.Context, directory: Path | None = _DIR) -> None:
+    """Show what `apply` would change. Changes nothing."""
+    settings, types = _load(ctx, directory)
+    changes = asyncio.run(admin.plan(settings, types))
+    _print_changes(changes, f"plan for {settings.topics_dir} on {settings.kafka_bootstrap}")
+    pending = [c for c in changes if c.action not in ("ok", "warn")]
+    if pending:
+        console.print(f"{_summary(changes)}. Run `stream-jobs topics apply` to make them.")
+    else:
+        console.print("Kafka matches topics/: nothing to do.")
+
+
+@topics_app.command("apply")
+def apply(ctx: typer.Context, directory: Path | None = _DIR) -> None:
+    """Create missing topics, add partitions and set configs. Never deletes anything."""
+    settings, types = _load(ctx, directory)
+    with console.status(f"applying {settings.topics_dir} to {settings.kafka_bootstrap}"):
+        changes = asyncio.run(admin.apply(settings, types))
+    _print_changes(changes, f"applied {settings.topics_dir} to {settings.kafka_bootstrap}")
+    console.print(f"{_summary(changes)}.")
+
+
+@topics_app.command("list")
+def list_(ctx: typer.Context, directory: Path | None = _DIR) -> None:
+    """Every declared topic with its partitions and record counts, and topics under the
+    prefix that no file declares any more (kept: nothing is ever deleted)."""
+    settings, types = _load(ctx, directory)
+    rows = asyncio.run(admin.list_topics(settings, types))
+    table = Table(title=f"topics under {settings.topic_prefix!r} on {settings.kafka_bootstrap}")
+    table.add_column("topic", no_wrap=True)
+    table.add_column("role", no_wrap=True)
+    table.add_column("exists")
+    for column in ("partitions", "messages", "written"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        role = "dlq" if row.role == "dlq" else f"{row.role} {row.name}"
+        table.add_row(
+            row.topic if row.declared else f"{row.topic} [dim](undeclared)[/]", role,
+            "[green]yes[/]" if row.exists else "[red]missing[/]",
+            str(row.partitions), _count(row.messages), _count(row.end_offset_sum),
+        )
+    console.print(table)
+    missing = sum(1 for row in rows if not row.exists)
+    if missing:
+        console.print(f"{missing} topic{'s' if missing != 1 else ''} missing: run "
+                      "`stream-jobs topics apply`.")
+
+
+def _load(ctx: typer.Context, directory: Path | None) -> tuple[Settings, dict[str, JobTypePolicy]]:
+    _quiet_driver_logs()
+    # Passing None would hide a --topics-dir given to the root command.
+    settings = settings_of(ctx) if directory is None else settings_of(ctx, topics_dir=directory)
+    return settings, load_job_types(settings.topics_dir)
+
+
+def _quiet_driver_logs() -> None:
+    # aiokafka logs every failed connection at ERROR; with no logging configured Python
+    # prints those to stderr next to the one sentence the CLI reports instead.
+    if not logging.getLogger().handlers:
+        logging.getLogger("aiokafka").addHandler(logging.NullHandler())
+        logging.getLogger("aiokafka").propagate = False
+
+
+def _print_changes(changes: list[Change], title: str) -> None:
+    table = Table(title=title)
+    table.add_column("action")
+    table.add_column("topic", overflow="fold")
+    table.add_column("detail", overflow="fold")
+    for change in changes:
+        style = _STYLE[change.action]
+        table.add_row(f"[{style}]{change.action}[/]", change.topic, change.detail)
+    console.print(table)
+
+
+def _summary(changes: list[Change]) -> str:
+    counts = Counter(c.action for c in changes)
+    topics = len({c.topic for c in changes})
+    parts = [f"{counts[a]} {a}" for a in ("create", "add-partitions", "set-config", "warn")
+             if counts[a]]
+    return f"{topics} topics: " + (", ".join(parts) if parts else "all ok")
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
