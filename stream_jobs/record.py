@@ -421,6 +421,28 @@ def dead_letter_origin(topic: str, partition: int, offset: int) -> str:
     return f"{topic}/{partition}/{offset}"
 
 
+def dead_letter_headers(headers: Sequence[tuple[str, bytes]] | None, *, failure: FailureInfo,
+                        origin: str, job_type: str) -> list[tuple[str, bytes]]:
+    """Headers for the dead letter of a record that could not be decoded.
+
+    The original headers stay as they were (the raw record is evidence), the failure and
+    origin are replaced, and a job ID and type are added when missing so DLQ tools can
+    name and requeue the letter.
+    """
+    replaced = {HEADER_ERROR, HEADER_ORIGIN}
+    kept = [(name, bytes(value)) for name, value in (headers or ())
+            if isinstance(name, str) and isinstance(value, bytes | bytearray)
+            and name not in replaced]
+    present = {name for name, _ in kept}
+    if HEADER_JOB_ID not in present:
+        kept.append((HEADER_JOB_ID, new_job_id().encode()))
+    if HEADER_TYPE not in present:
+        kept.append((HEADER_TYPE, job_type.encode()))
+    kept.append((HEADER_ERROR, failure.to_json()))
+    kept.append((HEADER_ORIGIN, origin.encode()))
+    return kept
+
+
 def parse_origin(text: str) -> tuple[str, int, int] | None:
     """(topic, partition, offset) from `dead_letter_origin` output; None if malformed."""
     if not isinstance(text, str):

@@ -12,9 +12,13 @@ from rich.console import Console
 
 from stream_jobs.cli.common import app
 from stream_jobs.cli.dev import dev_app
+from stream_jobs.cli.topics import topics_app
+from stream_jobs.cli.worker import db_app
 from stream_jobs.errors import StreamJobsError
 
 app.add_typer(dev_app, name="dev")
+app.add_typer(topics_app, name="topics")
+app.add_typer(db_app, name="db")
 
 err_console = Console(stderr=True)
 

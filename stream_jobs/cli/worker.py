@@ -1,0 +1,73 @@
+"""`stream-jobs worker APP --type T` and `stream-jobs db migrate`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+
+from stream_jobs.app import load_app
+from stream_jobs.cli.common import app, settings_of
+from stream_jobs.dedup import DedupStore
+
+if TYPE_CHECKING:
+    from stream_jobs.worker import Worker
+
+console = Console(stderr=True)
+db_app = typer.Typer(help="The dedup database.", no_args_is_help=True)
+
+
+@app.command("worker")
+def worker(
+    ctx: typer.Context,
+    app_spec: str = typer.Argument(..., metavar="APP", help="MODULE:ATTR of a stream_jobs.App."),
+    job_type: str = typer.Option(..., "--type", "-t", help="The job type this worker runs."),
+    until_idle: bool = typer.Option(False, "--until-idle",
+                                    help="Exit once lanes and tiers are drained."),
+    log_level: str = typer.Option("INFO", "--log-level", envvar="STREAM_JOBS_LOG_LEVEL"),
+) -> None:
+    """Run one type's handlers (group T.worker) and its delay relay (group T.relay).
+
+    SIGTERM or SIGINT drains: no new jobs start, running ones get a grace period,
+    finished offsets are committed.
+    """
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    job_app = load_app(app_spec)
+    settings = settings_of(ctx)
+    job_app.use_settings(settings)
+
+    async def main() -> Worker:
+        # aiokafka's clients must be created on the running loop, so the worker is too.
+        runner = job_app.worker(job_type)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, runner.request_stop)
+        console.print(f"worker for [bold]{job_type}[/] on {settings.kafka_bootstrap} "
+                      f"(group {runner.group_id}); Ctrl-C drains and stops")
+        await runner.run(until_idle=until_idle)
+        return runner
+
+    runner = asyncio.run(main())
+    totals = ", ".join(f"{k} {v}" for k, v in sorted(runner.outcomes.items())) or "no jobs"
+    console.print(f"stopped: {totals}")
+
+
+@db_app.command("migrate")
+def migrate(ctx: typer.Context) -> None:
+    """Create the dedup table (stream_jobs_done) if it is missing; safe to re-run."""
+    settings = settings_of(ctx)
+
+    async def main() -> None:
+        store = DedupStore(settings)
+        try:
+            await store.migrate()
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+    console.print(f"dedup schema ready in {settings.database_schema}")

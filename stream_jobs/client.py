@@ -1,0 +1,212 @@
+"""Enqueue jobs: `JobClient` for async code, `SyncJobClient` for sync web code.
+
+`enqueue` returns the job ID once the broker has acknowledged the record (acks=all,
+idempotent producer); it never waits on workers. Everything that can be checked (type
+declared, lane declared, payload JSON-able, within the size limit, fitting its model)
+is checked before anything is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Coroutine, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from stream_jobs.errors import ConfigError, PayloadError
+from stream_jobs.naming import lane_topic, tier_topic
+from stream_jobs.producer import JobProducer
+from stream_jobs.record import JobRecord, encode_payload, new_job_id
+from stream_jobs.retry import tier_for_delay
+from stream_jobs.settings import Settings
+from stream_jobs.topics import JobTypePolicy, get_job_type
+
+T = TypeVar("T")
+Seconds = float | int | timedelta
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job for `enqueue_many`; the fields mean what `enqueue`'s arguments mean."""
+
+    job_type: str
+    payload: BaseModel | Mapping[str, Any]
+    key: str | bytes | None = None
+    job_id: str | None = None
+    priority: str = "default"
+    delay: Seconds | None = None
+    run_at: datetime | None = None
+    expires_in: Seconds | None = None
+
+
+def _seconds(value: Seconds, what: str) -> float:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if seconds < 0:
+        raise ConfigError(f"{what} must not be negative (got {seconds:g} s).")
+    return seconds
+
+
+class JobClient:
+    """Async enqueueing; use as `async with app.client() as client:`."""
+
+    def __init__(self, settings: Settings, job_types: Mapping[str, JobTypePolicy], *,
+                 models: Mapping[str, type[BaseModel]] | None = None) -> None:
+        self.settings = settings
+        self._types = dict(job_types)
+        self._models = dict(models or {})
+        self._producer = JobProducer(settings)
+
+    async def __aenter__(self) -> JobClient:
+        await self._producer.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self._producer.stop()
+
+    async def enqueue(
+        self,
+        job_type: str,
+        payload: BaseModel | Mapping[str, Any],
+        *,
+        key: str | bytes | None = None,
+        job_id: str | None = None,
+        priority: str = "default",
+        delay: Seconds | None = None,
+        run_at: datetime | None = None,
+        expires_in: Seconds | None = None,
+    ) -> str:
+        """Write one job and return its ID once the broker has it.
+
+        `key` orders jobs (same key, same partition, in order; default: the job ID).
+        `job_id` given by the caller is kept, so a retried enqueue is deduplicated by
+        `ctx.once()`. `delay`/`run_at` hold the job in a delay tier until then.
+        `expires_in` drops the job (counted as expired) if it has not run by then.
+        """
+        topic, record = self.prepare(Job(job_type, payload, key, job_id, priority, delay,
+                                         run_at, expires_in))
+        await self._producer.send(topic, record)
+        return record.job_id
+
+    async def enqueue_many(self, jobs: Iterable[Job]) -> list[str]:
+        """Write a batch pipelined (one round of acknowledgements); returns the IDs in order.
+
+        Every job is checked before any is sent. If the broker fails part-way some jobs
+        may be written: enqueue again with the same IDs and `ctx.once()` dedups them.
+        """
+        prepared = [self.prepare(job) for job in jobs]
+        await self._producer.send_many(prepared)
+        return [record.job_id for _, record in prepared]
+
+    def prepare(self, job: Job, *, now_ms: int | None = None) -> tuple[str, JobRecord]:
+        """The topic and record for `job`, or the error that keeps it from being sent."""
+        policy = get_job_type(self._types, job.job_type)
+        if job.priority not in policy.priorities:
+            raise ConfigError(
+                f"Job type {job.job_type!r} has no {job.priority!r} lane; it declares "
+                f"{', '.join(policy.priorities)} (priorities in topics/{job.job_type}.toml)."
+            )
+        value = self._encode(job.job_type, job.payload)
+        limit = policy.max_payload_bytes or self.settings.max_payload_bytes
+        if len(value) > limit:
+            raise PayloadError(
+                f"The {job.job_type} payload is {len(value)} bytes, over the limit of {limit} "
+                "(STREAM_JOBS_MAX_PAYLOAD_BYTES): store large data elsewhere and enqueue a "
+                "reference to it."
+            )
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        if job.delay is not None and job.run_at is not None:
+            raise ConfigError("Give either delay or run_at, not both.")
+        not_before: int | None = None
+        if job.delay is not None:
+            not_before = now + int(_seconds(job.delay, "delay") * 1000)
+        elif job.run_at is not None:
+            run_at = job.run_at if job.run_at.tzinfo else job.run_at.replace(tzinfo=UTC)
+            not_before = int(run_at.timestamp() * 1000)
+        expires_s = (_seconds(job.expires_in, "expires_in") if job.expires_in is not None
+                     else policy.expires_in_s)
+        job_id = job.job_id or new_job_id()
+        if not job_id or len(job_id) > 64:
+            raise ConfigError("A job_id must be 1 to 64 characters.")
+        key = job.key.encode() if isinstance(job.key, str) else job.key
+        record = JobRecord(
+            job_id=job_id,
+            job_type=job.job_type,
+            payload=value,
+            key=key if key is not None else job_id.encode(),
+            enqueued_at_ms=now,
+            not_before_ms=not_before if not_before is not None and not_before > now else None,
+            expires_at_ms=now + int(expires_s * 1000) if expires_s is not None else None,
+            lane=job.priority,
+        )
+        prefix = self.settings.topic_prefix
+        if record.not_before_ms is None:
+            return lane_topic(prefix, job.job_type, job.priority), record
+        tier = tier_for_delay(policy.retry_tiers, (record.not_before_ms - now) / 1000)
+        return tier_topic(prefix, job.job_type, tier), record
+
+    def _encode(self, job_type: str, payload: BaseModel | Mapping[str, Any]) -> bytes:
+        value = encode_payload(payload)
+        model = self._models.get(job_type)
+        if model is not None and not isinstance(payload, model):
+            try:
+                model.model_validate_json(value)
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}"
+                    for e in exc.errors()[:5])
+                raise PayloadError(f"The {job_type} payload does not fit {model.__name__}: "
+                                   f"{problems}.") from exc
+        return value
+
+
+class SyncJobClient:
+    """Blocking enqueueing for sync code (Django/Flask views, scripts).
+
+    Runs a `JobClient` on an event loop in a background thread; safe to share between
+    threads. Use as `with app.sync_client() as client:`.
+    """
+
+    def __init__(self, settings: Settings, job_types: Mapping[str, JobTypePolicy], *,
+                 models: Mapping[str, type[BaseModel]] | None = None) -> None:
+        self._client = JobClient(settings, job_types, models=models)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="stream-jobs-client",
+                                        daemon=True)
+
+    def __enter__(self) -> SyncJobClient:
+        self._thread.start()
+        try:
+            self._call(self._client.__aenter__())
+        except BaseException:
+            self._shutdown()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            self._call(self._client.__aexit__(None, None, None))
+        finally:
+            self._shutdown()
+
+    def enqueue(self, job_type: str, payload: BaseModel | Mapping[str, Any], **options: Any) -> str:
+        """As `JobClient.enqueue`, blocking until the broker acknowledged the job."""
+        return self._call(self._client.enqueue(job_type, payload, **options))
+
+    def enqueue_many(self, jobs: Iterable[Job]) -> list[str]:
+        return self._call(self._client.enqueue_many(list(jobs)))
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _shutdown(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()

@@ -1,0 +1,281 @@
+"""A consumer-group member that commits only what is finished.
+
+Shared by the worker (lanes, group `T.worker`) and the relay (delay tiers, group
+`T.relay`). It owns the aiokafka consumer, one `OffsetTracker` per assigned partition,
+backpressure by pausing partitions, periodic commits, and the rebalance contract:
+revoked partitions stop dispatching, in-flight work gets a bounded grace period, the
+tracker's position is committed, and buffers are dropped. Subclasses say what to do
+with fetched records (`dispatch`) and whether a partition has work left (`busy`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import KafkaConnectionError, KafkaError
+
+from stream_jobs.connection import kafka_client_kwargs
+from stream_jobs.errors import Abandoned, BrokerUnavailable
+from stream_jobs.offsets import OffsetTracker
+from stream_jobs.settings import Settings
+
+log = logging.getLogger("stream_jobs.consumer")
+
+class Record(Protocol):
+    """The fields of an aiokafka `ConsumerRecord` that stream-jobs reads."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes]]
+
+
+@dataclass(eq=False)
+class PartitionWork:
+    """What one member holds for one assigned partition."""
+
+    tp: TopicPartition
+    tracker: OffsetTracker | None = None
+    revoked: bool = False
+    paused: bool = False
+    buffered: int = 0
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    # Records waiting behind one another: one chain runs its records in offset order.
+    chains: dict[Hashable, deque[Record]] = field(default_factory=dict)
+
+    def dispatched(self, offset: int) -> None:
+        if self.tracker is None:
+            self.tracker = OffsetTracker(offset)
+        self.tracker.dispatched(offset)
+        self.buffered += 1
+
+    def finished(self, offset: int) -> None:
+        # Also while revoked: work finishing in the grace period is committed.
+        if self.tracker is not None:
+            self.tracker.finished(offset)
+        self.buffered -= 1
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, member: GroupMember) -> None:
+        self._member = member
+
+    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        await self._member.release(list(revoked))
+
+    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        self._member.adopt(list(assigned))
+
+
+class GroupMember(ABC):
+    """One member of a consumer group that dispatches records and commits finished offsets."""
+
+    def __init__(self, settings: Settings, group_id: str, topics: list[str], *,
+                 grace_s: float, commit_interval_s: float, max_buffered: int,
+                 fetch_records: int = 500) -> None:
+        self.settings = settings
+        self.group_id = group_id
+        self.topics = topics
+        self.grace_s = grace_s
+        self.commit_interval_s = commit_interval_s
+        self.max_buffered = max_buffered
+        self.fetch_records = fetch_records
+        self.partitions: dict[TopicPartition, PartitionWork] = {}
+        kwargs = kafka_client_kwargs(settings)
+        # A fetch may wait for a whole rebalance; it needs more than the default 40 s.
+        kwargs["request_timeout_ms"] = max(settings.kafka_request_timeout_ms, 40_000)
+        self.consumer = AIOKafkaConsumer(
+            **kwargs,
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=10_000,
+            heartbeat_interval_ms=2_000,
+            # Revocation waits up to grace_s for in-flight jobs; the group must wait too.
+            rebalance_timeout_ms=int((grace_s + 30) * 1000),
+            max_poll_interval_ms=300_000,
+            max_partition_fetch_bytes=settings.max_payload_bytes * 2,
+        )
+        self._last_commit = 0.0
+
+    # -- subclass hooks -------------------------------------------------------------------
+
+    @abstractmethod
+    def chain_of(self, record: Record) -> Hashable:
+        """Records with the same chain run one after another in offset order."""
+
+    @abstractmethod
+    async def handle(self, work: PartitionWork, record: Record) -> None:
+        """Finish one record. Returning marks it finished; raising leaves it unfinished."""
+
+    # -- dispatch ---------------------------------------------------------------------------
+
+    def dispatch(self, work: PartitionWork, records: list[Record]) -> None:
+        """Track fetched records (offset order) and start or extend their chains."""
+        for record in records:
+            work.dispatched(record.offset)
+            key = self.chain_of(record)
+            chain = work.chains.get(key)
+            if chain is None:
+                chain = work.chains[key] = deque()
+                task = asyncio.create_task(self._run_chain(work, key, chain))
+                work.tasks.add(task)
+                task.add_done_callback(work.tasks.discard)
+            chain.append(record)
+
+    async def _run_chain(self, work: PartitionWork, key: Hashable, chain: deque[Record]) -> None:
+        try:
+            while chain and not work.revoked:
+                record = chain[0]
+                await self.handle(work, record)
+                chain.popleft()
+                work.finished(record.offset)
+                self.relieve(work)
+        except Abandoned:
+            pass
+        except Exception:
+            # A bug in our own code, not in a handler: the offset stays unfinished, so the
+            # partition stops committing and the record is delivered again after a restart.
+            log.exception("%s: unexpected error on %s; its offset stays uncommitted",
+                          self.group_id, work.tp)
+        finally:
+            work.chains.pop(key, None)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        try:
+            await self.consumer.start()
+        except KafkaConnectionError as exc:
+            await self.consumer.stop()
+            raise BrokerUnavailable(
+                f"No Kafka broker answered at {self.settings.kafka_bootstrap} "
+                "(STREAM_JOBS_KAFKA_BOOTSTRAP): start one with `stream-jobs dev up` "
+                "or fix the setting."
+            ) from exc
+        self.consumer.subscribe(self.topics, listener=_Listener(self))
+
+    async def poll_once(self, timeout_ms: int = 200) -> int:
+        """Fetch one batch, dispatch it, apply backpressure, commit if due; records fetched."""
+        batches = await self.consumer.getmany(timeout_ms=timeout_ms,
+                                              max_records=self.fetch_records)
+        count = 0
+        for tp, records in batches.items():
+            work = self.partitions.get(tp)
+            if work is None or work.revoked or not records:
+                continue
+            count += len(records)
+            self.dispatch(work, records)
+            if work.buffered >= self.max_buffered and not work.paused:
+                self.pause(work)
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_commit >= self.commit_interval_s:
+            await self.commit()
+        return count
+
+    async def stop(self) -> None:
+        """Stop dispatching, give in-flight work the grace period, commit, leave the group."""
+        with contextlib.suppress(Exception):
+            await self.release(list(self.partitions))
+        await self.consumer.stop()
+
+    # -- flow control -----------------------------------------------------------------------
+
+    def pause(self, work: PartitionWork) -> None:
+        work.paused = True
+        self.consumer.pause(work.tp)
+
+    def resume(self, work: PartitionWork) -> None:
+        if work.paused and not work.revoked:
+            work.paused = False
+            self.consumer.resume(work.tp)
+
+    def relieve(self, work: PartitionWork) -> None:
+        """Resume a partition paused for backpressure once half its buffer has drained."""
+        if work.paused and work.buffered <= self.max_buffered // 2:
+            self.resume(work)
+
+    # -- commits and rebalance --------------------------------------------------------------
+
+    async def commit(self, only: Iterable[PartitionWork] | None = None) -> None:
+        """Commit each tracker's position (the lowest unfinished offset)."""
+        self._last_commit = asyncio.get_running_loop().time()
+        works = list(self.partitions.values()) if only is None else list(only)
+        offsets = {w.tp: w.tracker.position for w in works
+                   if w.tracker is not None and w.tracker.needs_commit}
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except KafkaError as exc:
+            # A rebalance is under way or we were fenced: the new owner starts from the
+            # last successful commit, so at worst finished work is seen again (dedup).
+            log.warning("commit of %s failed: %s", self.group_id, exc)
+            return
+        for work in works:
+            if work.tp in offsets and work.tracker is not None:
+                work.tracker.mark_committed(offsets[work.tp])
+
+    async def release(self, tps: list[TopicPartition]) -> None:
+        """Revocation: stop, wait up to the grace period, cancel the rest, commit, drop."""
+        works = [self.partitions[tp] for tp in tps if tp in self.partitions]
+        for work in works:
+            work.revoked = True
+        tasks = {t for w in works for t in w.tasks}
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=self.grace_s)
+            for task in late:
+                task.cancel()
+            if late:
+                log.warning("%s: %d jobs did not finish within the %.0f s grace period; "
+                            "they will run again on the partition's next owner",
+                            self.group_id, len(late), self.grace_s)
+                await asyncio.gather(*late, return_exceptions=True)
+        await self.commit(works)
+        for work in works:
+            self.partitions.pop(work.tp, None)
+
+    def adopt(self, tps: list[TopicPartition]) -> None:
+        """Assignment: fresh state per partition; pauses from before are re-evaluated."""
+        for tp in tps:
+            if tp not in self.partitions:
+                self.partitions[tp] = PartitionWork(tp)
+        # Nothing is buffered for a fresh assignment, so nothing should stay paused.
+        stale = [tp for tp in self.consumer.paused() if tp in self.partitions
+                 and not self.partitions[tp].paused]
+        if stale:
+            self.consumer.resume(*stale)
+
+    # -- idleness (drain primitive) ---------------------------------------------------------
+
+    def in_flight(self) -> int:
+        return sum(w.buffered for w in self.partitions.values())
+
+    async def caught_up(self) -> bool:
+        """Nothing buffered, everything committed, and every assigned partition read to its end."""
+        if self.in_flight():
+            return False
+        assignment = list(self.consumer.assignment())
+        if not assignment:
+            return False
+        ends = await self.consumer.end_offsets(assignment)
+        for tp in assignment:
+            work = self.partitions.get(tp)
+            committed = await self.consumer.committed(tp)
+            position = (work.tracker.position if work is not None and work.tracker is not None
+                        else committed or 0)
+            if position < ends[tp] or (committed or 0) < position:
+                return False
+        return True

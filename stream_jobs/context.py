@@ -1,0 +1,42 @@
+"""What a handler gets besides its payload: the job's identity and `once()`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from stream_jobs.dedup import DedupStore
+
+
+@dataclass(frozen=True, slots=True)
+class JobContext:
+    """The running job. `job_id` is the idempotency key for effects outside Postgres."""
+
+    job_id: str
+    job_type: str
+    attempt: int
+    key: str | None
+    enqueued_at: datetime
+    lane: str
+    topic: str
+    partition: int
+    offset: int
+    _dedup: DedupStore
+
+    @asynccontextmanager
+    async def once(self) -> AsyncIterator[Any]:
+        """An asyncpg connection inside an open transaction that holds this job's dedup row.
+
+        Write the job's effects through it: they commit together with the row, so they
+        happen once per job ID. If an earlier run already committed, the body does not run
+        and the job is acknowledged as a duplicate.
+        """
+        async with self._dedup.once(self.job_id, self.job_type, self.attempt) as conn:
+            yield conn
+
+
+def ms_to_datetime(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)

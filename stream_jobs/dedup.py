@@ -1,0 +1,129 @@
+"""The dedup table that makes a job's effects happen once per job ID.
+
+`stream_jobs_done(job_id PK, job_type, attempt, finished_at)`. A handler's
+`async with ctx.once() as conn:` inserts its row `ON CONFLICT DO NOTHING` in a
+transaction that also carries the handler's own writes, so both commit or neither does.
+A conflict means an earlier run committed: the body does not run (`AlreadyDone`).
+Two runs racing on one job ID serialise on the primary key: the second waits for the
+first's transaction and then sees the conflict, or proceeds if the first rolled back.
+
+SQLAlchemy owns the schema (`done_table`); the hot path talks to Postgres with asyncpg.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+from sqlalchemy import Column, DateTime, Index, Integer, MetaData, String, Table, func
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.schema import CreateIndex, CreateTable
+
+from stream_jobs.errors import AlreadyDone, DatabaseUnavailable
+from stream_jobs.settings import Settings
+
+metadata = MetaData()
+
+done_table = Table(
+    "stream_jobs_done",
+    metadata,
+    Column("job_id", String(64), primary_key=True),
+    Column("job_type", String(249), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("finished_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+# `db prune --older-than` and per-type questions scan by time.
+_finished_index = Index("stream_jobs_done_finished_at", done_table.c.finished_at)
+
+_INSERT = (
+    "INSERT INTO stream_jobs_done (job_id, job_type, attempt) VALUES ($1, $2, $3) "
+    "ON CONFLICT (job_id) DO NOTHING"
+)
+
+
+def schema_ddl() -> list[str]:
+    """The statements that create the dedup schema, rendered by SQLAlchemy for Postgres."""
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    table = str(CreateTable(done_table, if_not_exists=True).compile(dialect=dialect))
+    index = str(CreateIndex(_finished_index, if_not_exists=True).compile(dialect=dialect))
+    return [table, index]
+
+
+class DedupStore:
+    """A pool of asyncpg connections to the dedup database; opened lazily, so a worker
+    starts while Postgres is down and its `once()` jobs fail (and retry) until it is back."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._pool: asyncpg.Pool | None = None
+
+    async def _get_pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            try:
+                self._pool = await asyncpg.create_pool(
+                    self._settings.database_url,
+                    min_size=0,
+                    max_size=self._settings.database_pool_size,
+                    server_settings={"search_path": self._settings.database_schema},
+                    timeout=10,
+                )
+            except (OSError, asyncpg.PostgresError) as exc:
+                raise DatabaseUnavailable(
+                    f"Postgres did not answer at {_redact(self._settings.database_url)} "
+                    f"(STREAM_JOBS_DATABASE_URL): {exc}"
+                ) from exc
+        return self._pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def migrate(self) -> None:
+        """Create the dedup table and index if missing (idempotent)."""
+        pool = await self._get_pool()
+        async with pool.acquire() as conn:
+            for statement in schema_ddl():
+                await conn.execute(statement)
+
+    @asynccontextmanager
+    async def once(self, job_id: str, job_type: str, attempt: int) -> AsyncIterator[Any]:
+        """A connection in an open transaction that already holds the job's dedup row.
+
+        Raises `AlreadyDone` (before the body runs) when the row exists.
+        """
+        pool = await self._get_pool()
+        async with pool.acquire() as conn, conn.transaction():
+            status = await conn.execute(_INSERT, job_id, job_type, attempt)
+            if status.endswith(" 0"):
+                raise AlreadyDone(f"job {job_id} already finished")
+            yield conn
+
+    async def finished(self, job_id: str) -> tuple[str, int, datetime] | None:
+        """(job_type, attempt, finished_at) of a finished job, or None."""
+        pool = await self._get_pool()
+        row = await pool.fetchrow(
+            "SELECT job_type, attempt, finished_at FROM stream_jobs_done WHERE job_id = $1", job_id
+        )
+        return None if row is None else (row["job_type"], row["attempt"], row["finished_at"])
+
+    async def count(self, job_type: str | None = None) -> int:
+        pool = await self._get_pool()
+        if job_type is None:
+            return int(await pool.fetchval("SELECT count(*) FROM stream_jobs_done"))
+        return int(await pool.fetchval(
+            "SELECT count(*) FROM stream_jobs_done WHERE job_type = $1", job_type))
+
+
+def _redact(dsn: str) -> str:
+    """The DSN without its password, for messages and logs."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -1,0 +1,143 @@
+"""The one way stream-jobs writes records: an idempotent producer with acks=all.
+
+Every send returns only after the broker acknowledged the record, so a caller that got
+a result knows the record is on the in-sync replicas. Broker errors become `PublishError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaConnectionError, KafkaError
+
+from stream_jobs.connection import kafka_client_kwargs
+from stream_jobs.errors import Abandoned, BrokerUnavailable, PublishError
+from stream_jobs.record import JobRecord
+from stream_jobs.settings import Settings
+
+log = logging.getLogger("stream_jobs.producer")
+
+# Headers and batch framing on top of the payload limit.
+_RECORD_OVERHEAD_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """Where the broker put a record."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class JobProducer:
+    """An `AIOKafkaProducer` configured for jobs: acks=all, idempotent, bounded batches."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._producer = AIOKafkaProducer(
+            **kafka_client_kwargs(settings),
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=settings.producer_linger_ms,
+            max_batch_size=min(settings.producer_max_batch_bytes, 16 * 1024 * 1024),
+            max_request_size=settings.max_payload_bytes + _RECORD_OVERHEAD_BYTES,
+        )
+        self._started = False
+
+    async def start(self) -> None:
+        try:
+            await self._producer.start()
+        except KafkaConnectionError as exc:
+            await self._producer.stop()
+            raise BrokerUnavailable(
+                f"No Kafka broker answered at {self._settings.kafka_bootstrap} "
+                "(STREAM_JOBS_KAFKA_BOOTSTRAP): start one with `stream-jobs dev up` "
+                "or fix the setting."
+            ) from exc
+        self._started = True
+
+    async def stop(self) -> None:
+        if self._started:
+            self._started = False
+            await self._producer.stop()
+
+    async def __aenter__(self) -> JobProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
+    async def send(self, topic: str, record: JobRecord, *, partition: int | None = None) -> Written:
+        """Write `record` to `topic` and wait for the broker's acknowledgement."""
+        return await self.send_raw(topic, record.key, record.payload, record.headers(),
+                                   partition=partition)
+
+    async def send_raw(self, topic: str, key: bytes | None, value: bytes | None,
+                       headers: Sequence[tuple[str, bytes]], *,
+                       partition: int | None = None) -> Written:
+        """Write bytes as they are (dead letters of undecodable records, replays)."""
+        future = await self._enqueue(topic, key, value, headers, partition)
+        return await self._acked(topic, future)
+
+    async def send_many(self, items: Sequence[tuple[str, JobRecord]]) -> list[Written]:
+        """Write many records pipelined, then wait for every acknowledgement.
+
+        Raises `PublishError` if any record was not acknowledged; the others may be written.
+        """
+        futures = [await self._enqueue(topic, rec.key, rec.payload, rec.headers(), None)
+                   for topic, rec in items]
+        results = await asyncio.gather(
+            *(self._acked(topic, fut) for (topic, _), fut in zip(items, futures, strict=True)),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return [r for r in results if isinstance(r, Written)]
+
+    async def _enqueue(self, topic: str, key: bytes | None, value: bytes | None,
+                       headers: Sequence[tuple[str, bytes]],
+                       partition: int | None) -> asyncio.Future[Any]:
+        try:
+            future: asyncio.Future[Any] = await self._producer.send(
+                topic, value=value, key=key, headers=list(headers), partition=partition)
+        except KafkaError as exc:
+            raise PublishError(f"Kafka refused a record for {topic}: {exc}") from exc
+        return future
+
+    async def _acked(self, topic: str, future: asyncio.Future[Any]) -> Written:
+        try:
+            meta = await future
+        except KafkaError as exc:
+            raise PublishError(f"Kafka did not acknowledge a record for {topic}: {exc}") from exc
+        return Written(meta.topic, meta.partition, meta.offset)
+
+
+async def until_acked(send: Callable[[], Awaitable[Written]], stopping: asyncio.Event) -> Written:
+    """Retry a write until the broker acknowledges it, backing off up to 10 s.
+
+    Used for retry, dead-letter and relay writes, whose source offset stays unfinished
+    meanwhile: a crash here means the job is delivered again, never lost. Once `stopping`
+    is set it gives up with `Abandoned`, leaving the source record to its next owner.
+    """
+    backoff_s = 0.2
+    while True:
+        try:
+            return await send()
+        except PublishError as exc:
+            log.warning("write failed, trying again in %.1f s: %s", backoff_s, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), backoff_s)
+            if stopping.is_set():
+                raise Abandoned("stopped before the broker acknowledged the write") from exc
+            backoff_s = min(backoff_s * 2, 10.0)

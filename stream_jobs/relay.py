@@ -1,0 +1,124 @@
+"""The delay relay: holds records in a type's delay tiers until they are due, then
+produces them back to their lane.
+
+Group `P.T.relay` reads each tier partition in order. When the head record is not due
+the partition is paused and a timer is set (no busy polling, no sleeping inside a poll, so
+`max.poll.interval.ms` never matters). A record is held at most one tier delay; if it is
+still not due (a delay longer than the largest tier), it hops: it is written again to the
+tier that fits what remains, and the partition moves on. Offsets are committed only
+after the broker acknowledged the release or the hop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Hashable
+from dataclasses import replace
+
+from aiokafka import TopicPartition
+
+from stream_jobs.consumer import GroupMember, PartitionWork, Record
+from stream_jobs.durations import parse_duration
+from stream_jobs.errors import Abandoned, BadRecord
+from stream_jobs.naming import dlq_topic, lane_topic, parse_topic, relay_group, tier_topic
+from stream_jobs.producer import JobProducer, until_acked
+from stream_jobs.record import (
+    FailureInfo,
+    JobRecord,
+    dead_letter_headers,
+    dead_letter_origin,
+    decode_record,
+)
+from stream_jobs.retry import tier_for_delay
+from stream_jobs.settings import Settings
+from stream_jobs.topics import JobTypePolicy
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Relay(GroupMember):
+    """Moves due records from a type's delay tiers back to its lanes."""
+
+    def __init__(self, settings: Settings, policy: JobTypePolicy, producer: JobProducer, *,
+                 grace_s: float = 10.0, commit_interval_s: float = 0.5,
+                 max_buffered: int = 1000) -> None:
+        prefix = settings.topic_prefix
+        tiers = [tier_topic(prefix, policy.job_type, tier) for tier in policy.retry_tiers]
+        super().__init__(settings, relay_group(prefix, policy.job_type), tiers,
+                         grace_s=grace_s, commit_interval_s=commit_interval_s,
+                         max_buffered=max_buffered)
+        self.policy = policy
+        self.producer = producer
+        self.released = 0
+        self.hops = 0
+        self._wake: dict[TopicPartition, asyncio.Event] = {}
+        self._stopping = asyncio.Event()
+
+    def chain_of(self, record: Record) -> Hashable:
+        return None  # one chain per partition: strictly in order
+
+    async def release(self, tps: list[TopicPartition]) -> None:
+        # Held records are not work in progress: wake them so they give up at once.
+        for tp in tps:
+            event = self._wake.pop(tp, None)
+            if event is not None:
+                event.set()
+        await super().release(tps)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        await super().stop()
+
+    async def handle(self, work: PartitionWork, record: Record) -> None:
+        prefix = self.settings.topic_prefix
+        try:
+            job = decode_record(key=record.key, value=record.value, headers=record.headers,
+                                expected_type=self.policy.job_type,
+                                max_payload_bytes=self.settings.max_payload_bytes)
+        except BadRecord as bad:
+            await self._dead_letter(record, bad)
+            return
+        tier = parse_topic(prefix, record.topic).tier or self.policy.retry_tiers[0]
+        due = job.not_before_ms or 0
+        now = _now_ms()
+        if due > now:
+            hold_until = min(due, record.timestamp + int(parse_duration(tier) * 1000))
+            if hold_until > now:
+                await self._hold(work, (hold_until - now) / 1000)
+                now = _now_ms()
+        if due > now:
+            hop = tier_for_delay(self.policy.retry_tiers, (due - now) / 1000)
+            await self._write(tier_topic(prefix, job.job_type, hop), job)
+            self.hops += 1
+            return
+        lane = job.lane if job.lane in self.policy.priorities else "default"
+        await self._write(lane_topic(prefix, job.job_type, lane), replace(job, not_before_ms=None))
+        self.released += 1
+
+    async def _hold(self, work: PartitionWork, seconds: float) -> None:
+        """Pause the partition until the head is due, or until revocation wakes us."""
+        wake = self._wake.setdefault(work.tp, asyncio.Event())
+        self.pause(work)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), seconds)
+        finally:
+            self.resume(work)
+        if work.revoked or self._stopping.is_set():
+            raise Abandoned("revoked while holding a delayed record")
+
+    async def _write(self, topic: str, job: JobRecord) -> None:
+        await until_acked(lambda: self.producer.send(topic, job), self._stopping)
+
+    async def _dead_letter(self, record: Record, bad: BadRecord) -> None:
+        headers = dead_letter_headers(
+            record.headers, failure=FailureInfo.from_exception(bad, bad.reason, _now_ms()),
+            origin=dead_letter_origin(record.topic, record.partition, record.offset),
+            job_type=self.policy.job_type)
+        target = dlq_topic(self.settings.topic_prefix, self.policy.job_type)
+        await until_acked(lambda: self.producer.send_raw(target, record.key, record.value,
+                                                         headers), self._stopping)
