@@ -23,8 +23,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
-from stream_jobs.connection import kafka_client_kwargs
-from stream_jobs.errors import Abandoned, BrokerUnavailable
+from stream_jobs.connection import broker_unavailable, kafka_client_kwargs
+from stream_jobs.errors import Abandoned
 from stream_jobs.offsets import OffsetTracker
 from stream_jobs.settings import Settings
 
@@ -160,11 +160,7 @@ class GroupMember(ABC):
             await self.consumer.start()
         except KafkaConnectionError as exc:
             await self.consumer.stop()
-            raise BrokerUnavailable(
-                f"No Kafka broker answered at {self.settings.kafka_bootstrap} "
-                "(STREAM_JOBS_KAFKA_BOOTSTRAP): start one with `stream-jobs dev up` "
-                "or fix the setting."
-            ) from exc
+            raise broker_unavailable(self.settings, exc) from exc
         self.consumer.subscribe(self.topics, listener=_Listener(self))
 
     async def poll_once(self, timeout_ms: int = 200) -> int:

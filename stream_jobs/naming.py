@@ -52,6 +52,14 @@ def dlq_topic(prefix: str, job_type: str) -> str:
     return f"{prefix}.{job_type}.dlq"
 
 
+def stats_topic(prefix: str) -> str:
+    """Where workers publish their outcome counters (`stream-jobs stats` reads it).
+
+    A type name cannot start with '_', so this never clashes with a type's topics.
+    """
+    return f"{prefix}._stats"
+
+
 def worker_group(prefix: str, job_type: str) -> str:
     return f"{prefix}.{job_type}.worker"
 

@@ -17,8 +17,8 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
-from stream_jobs.connection import kafka_client_kwargs
-from stream_jobs.errors import Abandoned, BrokerUnavailable, PublishError
+from stream_jobs.connection import broker_unavailable, kafka_client_kwargs
+from stream_jobs.errors import Abandoned, PublishError
 from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
 
@@ -57,11 +57,7 @@ class JobProducer:
             await self._producer.start()
         except KafkaConnectionError as exc:
             await self._producer.stop()
-            raise BrokerUnavailable(
-                f"No Kafka broker answered at {self._settings.kafka_bootstrap} "
-                "(STREAM_JOBS_KAFKA_BOOTSTRAP): start one with `stream-jobs dev up` "
-                "or fix the setting."
-            ) from exc
+            raise broker_unavailable(self._settings, exc) from exc
         self._started = True
 
     async def stop(self) -> None:

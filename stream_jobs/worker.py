@@ -22,8 +22,8 @@ from stream_jobs.app import JobHandler
 from stream_jobs.consumer import GroupMember, PartitionWork, Record
 from stream_jobs.context import JobContext, ms_to_datetime
 from stream_jobs.dedup import DedupStore
-from stream_jobs.errors import Abandoned, AlreadyDone, BadRecord, PermanentError
-from stream_jobs.naming import dlq_topic, lane_topic, tier_topic, worker_group
+from stream_jobs.errors import Abandoned, AlreadyDone, BadRecord, PermanentError, StreamJobsError
+from stream_jobs.naming import dlq_topic, lane_topic, stats_topic, tier_topic, worker_group
 from stream_jobs.producer import JobProducer, until_acked
 from stream_jobs.record import (
     FailureInfo,
@@ -33,6 +33,7 @@ from stream_jobs.record import (
     decode_record,
 )
 from stream_jobs.relay import Relay
+from stream_jobs.reports import WorkerReport, ensure_stats_topic, new_worker_id
 from stream_jobs.retry import DeadLetter, RetryPolicy, decide
 from stream_jobs.settings import Settings
 from stream_jobs.topics import JobTypePolicy
@@ -60,7 +61,7 @@ class Worker(GroupMember):
     def __init__(self, settings: Settings, policy: JobTypePolicy, handler: JobHandler, *,
                  grace_s: float = 10.0, commit_interval_s: float = 0.5,
                  max_buffered: int | None = None, relay: bool = True,
-                 dedup: DedupStore | None = None) -> None:
+                 dedup: DedupStore | None = None, report_interval_s: float = 5.0) -> None:
         prefix = settings.topic_prefix
         lanes = [lane_topic(prefix, policy.job_type, lane) for lane in policy.priorities]
         super().__init__(settings, worker_group(prefix, policy.job_type), lanes,
@@ -78,6 +79,9 @@ class Worker(GroupMember):
         self.dead_letter_reasons: Counter[str] = Counter()
         self._slots = asyncio.Semaphore(handler.concurrency)
         self._stopping = asyncio.Event()
+        self.worker_id = new_worker_id()
+        self.report_interval_s = report_interval_s
+        self._started_at_ms = _now_ms()
 
     # -- running ----------------------------------------------------------------------------
 
@@ -85,20 +89,51 @@ class Worker(GroupMember):
         """Process jobs until `stop()` (or SIGTERM via the CLI); with `until_idle`, until
         the lanes and tiers are read to their ends and nothing is in flight or held."""
         await self.producer.start()
+        reporter: asyncio.Task[None] | None = None
         try:
             await self.start()
             if self.relay is not None:
                 await self.relay.start()
+            reporter = asyncio.create_task(self._report_every())
             try:
                 await self._loop(until_idle)
             finally:
                 if self.relay is not None:
                     await self.relay.stop()
                 await self.stop()
+                reporter.cancel()
+                await asyncio.gather(reporter, return_exceptions=True)
+                await self._report(final=True)
         finally:
             await self.producer.stop()
             if self._owns_dedup:
                 await self.dedup.close()
+
+    def report(self, *, final: bool = False) -> WorkerReport:
+        """This worker's counters now (what it publishes to `P._stats`)."""
+        return WorkerReport(
+            job_type=self.policy.job_type, worker_id=self.worker_id, at_ms=_now_ms(),
+            started_at_ms=self._started_at_ms,
+            outcomes={str(k): v for k, v in self.outcomes.items()},
+            dead_letter_reasons=dict(self.dead_letter_reasons), in_flight=self.in_flight(),
+            released=self.relay.released if self.relay is not None else 0, final=final)
+
+    async def _report_every(self) -> None:
+        try:
+            await ensure_stats_topic(self.settings)
+        except StreamJobsError as exc:
+            log.warning("cannot create the stats topic; reports are skipped: %s", exc)
+        while True:
+            await self._report()
+            await asyncio.sleep(self.report_interval_s)  # a period, not a wait for a condition
+
+    async def _report(self, *, final: bool = False) -> None:
+        report = self.report(final=final)
+        try:
+            await self.producer.send_raw(stats_topic(self.settings.topic_prefix),
+                                         self.worker_id.encode(), report.to_json(), [])
+        except StreamJobsError as exc:
+            log.warning("worker report not written: %s", exc)
 
     def request_stop(self) -> None:
         """Ask `run` to drain and return (safe from a signal handler on the loop)."""

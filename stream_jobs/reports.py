@@ -1,0 +1,81 @@
+"""Worker reports: each worker publishes its cumulative outcome counters to `P._stats`.
+
+`stream-jobs stats` turns two reports of one worker into rates (done, retried,
+dead-lettered, expired per second) and sums them per type. A report is small JSON keyed
+by the worker's ID, readable by any Kafka tool. Reports are best effort: a report that
+cannot be written is logged and skipped; jobs never wait on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+from aiokafka.admin import NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from stream_jobs.admin import admin_client
+from stream_jobs.naming import stats_topic
+from stream_jobs.settings import Settings
+
+log = logging.getLogger("stream_jobs.reports")
+
+REPORT_RETENTION_MS = 24 * 3600 * 1000
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """One worker's state at `at_ms`; counters are cumulative since `started_at_ms`."""
+
+    job_type: str
+    worker_id: str
+    at_ms: int
+    started_at_ms: int
+    outcomes: dict[str, int] = field(default_factory=dict)
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+    in_flight: int = 0
+    released: int = 0  # delay-tier records the relay put back in their lanes
+    final: bool = False  # the worker stopped after this report
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes | None) -> WorkerReport | None:
+        """The report in `raw`, or None for anything that is not one (never raises)."""
+        try:
+            data: Any = orjson.loads(raw or b"")
+            return cls(
+                job_type=str(data["job_type"]), worker_id=str(data["worker_id"]),
+                at_ms=int(data["at_ms"]), started_at_ms=int(data["started_at_ms"]),
+                outcomes={str(k): int(v) for k, v in dict(data.get("outcomes", {})).items()},
+                dead_letter_reasons={str(k): int(v) for k, v in
+                                     dict(data.get("dead_letter_reasons", {})).items()},
+                in_flight=int(data.get("in_flight", 0)), released=int(data.get("released", 0)),
+                final=bool(data.get("final", False)),
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return None
+
+
+async def ensure_stats_topic(settings: Settings) -> None:
+    """Create `P._stats` if it is missing (one partition, one day of reports)."""
+    name = stats_topic(settings.topic_prefix)
+    async with admin_client(settings) as admin:
+        if name in set(await admin.list_topics()):
+            return
+        brokers = len((await admin.describe_cluster())["brokers"])
+        with contextlib.suppress(TopicAlreadyExistsError):  # another worker made it first
+            await admin.create_topics([NewTopic(
+                name, num_partitions=1, replication_factor=min(3, max(1, brokers)),
+                topic_configs={"retention.ms": str(REPORT_RETENTION_MS)})])
