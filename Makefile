@@ -42,7 +42,7 @@ integration: stack
 test: setup lint unit integration
 
 demo: stack
-	$(BIN)/python -m consumers.smoke
+	$(SJ) demo
 
 clean: down
 	rm -rf .stack

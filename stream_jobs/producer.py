@@ -51,6 +51,7 @@ class JobProducer:
             max_request_size=settings.max_payload_bytes + _RECORD_OVERHEAD_BYTES,
         )
         self._started = False
+        self._known_topics: set[str] = set()
 
     async def start(self) -> None:
         try:
@@ -104,12 +105,25 @@ class JobProducer:
     async def _enqueue(self, topic: str, key: bytes | None, value: bytes | None,
                        headers: Sequence[tuple[str, bytes]],
                        partition: int | None) -> asyncio.Future[Any]:
+        if topic not in self._known_topics:
+            await self._check_topic(topic)
         try:
             future: asyncio.Future[Any] = await self._producer.send(
                 topic, value=value, key=key, headers=list(headers), partition=partition)
         except KafkaError as exc:
             raise PublishError(f"Kafka refused a record for {topic}: {exc}") from exc
         return future
+
+    async def _check_topic(self, topic: str) -> None:
+        """Fail at once for a missing topic; aiokafka would wait out its request timeout."""
+        try:
+            metadata = await self._producer.client.fetch_all_metadata()
+        except KafkaError as exc:
+            raise PublishError(f"Kafka did not return its metadata: {exc}") from exc
+        self._known_topics.update(metadata.topics())
+        if topic not in self._known_topics:
+            raise PublishError(f"Topic {topic} does not exist: declare its type in topics/ and "
+                               "run `stream-jobs topics apply`.")
 
     async def _acked(self, topic: str, future: asyncio.Future[Any]) -> Written:
         try:

@@ -5,13 +5,17 @@ A `StreamJobsError` becomes one red sentence and exit code 1, never a traceback.
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import typer
 from rich.console import Console
 
+from stream_jobs.cli import demo as _demo  # noqa: F401 - registers `demo`
+from stream_jobs.cli import enqueue as _enqueue  # noqa: F401 - registers `enqueue`
 from stream_jobs.cli.common import app
 from stream_jobs.cli.dev import dev_app
+from stream_jobs.cli.stats import job, stats
 from stream_jobs.cli.topics import topics_app
 from stream_jobs.cli.worker import db_app
 from stream_jobs.errors import StreamJobsError
@@ -19,12 +23,24 @@ from stream_jobs.errors import StreamJobsError
 app.add_typer(dev_app, name="dev")
 app.add_typer(topics_app, name="topics")
 app.add_typer(db_app, name="db")
+app.command("stats")(stats)
+app.command("job")(job)
 
 err_console = Console(stderr=True)
 
 
+def _quiet_driver_logs() -> None:
+    # aiokafka logs every failed connection and metadata miss; with no logging configured
+    # Python prints those next to the one sentence the CLI reports instead. The worker
+    # command configures logging and turns them back on.
+    driver = logging.getLogger("aiokafka")
+    driver.addHandler(logging.NullHandler())
+    driver.propagate = False
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script."""
+    _quiet_driver_logs()
     try:
         app(args=argv, standalone_mode=False)
     except StreamJobsError as exc:

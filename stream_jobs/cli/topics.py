@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import Counter
 from pathlib import Path
 
@@ -77,18 +76,9 @@ def list_(ctx: typer.Context, directory: Path | None = _DIR) -> None:
 
 
 def _load(ctx: typer.Context, directory: Path | None) -> tuple[Settings, dict[str, JobTypePolicy]]:
-    _quiet_driver_logs()
     # Passing None would hide a --topics-dir given to the root command.
     settings = settings_of(ctx) if directory is None else settings_of(ctx, topics_dir=directory)
     return settings, load_job_types(settings.topics_dir)
-
-
-def _quiet_driver_logs() -> None:
-    # aiokafka logs every failed connection at ERROR; with no logging configured Python
-    # prints those to stderr next to the one sentence the CLI reports instead.
-    if not logging.getLogger().handlers:
-        logging.getLogger("aiokafka").addHandler(logging.NullHandler())
-        logging.getLogger("aiokafka").propagate = False
 
 
 def _print_changes(changes: list[Change], title: str) -> None:

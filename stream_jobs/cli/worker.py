@@ -37,6 +37,7 @@ def worker(
     """
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("aiokafka").propagate = True  # a worker's log wants the driver's view
     job_app = load_app(app_spec)
     settings = settings_of(ctx)
     job_app.use_settings(settings)

@@ -1,0 +1,1 @@
+"""Deployable apps: handlers grouped by job type (`stream-jobs worker consumers.demo:app`)."""

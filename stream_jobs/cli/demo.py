@@ -1,0 +1,199 @@
+"""`stream-jobs demo`: the main job end to end on the local stack, with live progress.
+
+It starts the stack if needed, applies the demo types from `topics/` (with delay tiers of
+seconds, so it ends in under a minute), runs a worker per type, enqueues a mixed load
+(jobs that succeed, fail once, always fail, and malformed records), and ends with a
+table of outcomes and a check that every effect happened exactly once. Each run uses its
+own topic prefix and Postgres schema, so its counts are its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import random
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import typer
+from aiokafka import AIOKafkaProducer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from stream_jobs.admin import apply
+from stream_jobs.app import App
+from stream_jobs.cli.common import app, settings_of
+from stream_jobs.client import Job, JobClient
+from stream_jobs.connection import kafka_client_kwargs
+from stream_jobs.dedup import DedupStore
+from stream_jobs.errors import ConfigError
+from stream_jobs.naming import lane_topic
+from stream_jobs.settings import Settings
+from stream_jobs.stack import KafkaCluster, PostgresServer
+from stream_jobs.topics import JobTypePolicy, load_job_types
+from stream_jobs.worker import Worker
+
+# Wide enough for the tables when output is piped (make, CI logs).
+console = Console(width=None if sys.stdout.isatty() else 110)
+
+# Records no client would send: each must end in the DLQ with its reason.
+MALFORMED: list[tuple[str, bytes, list[tuple[str, bytes]]]] = [
+    ("email.send", b"\x00\x01 not json", [("sj-job-id", b"bad-bytes-1"),
+                                           ("sj-type", b"email.send")]),
+    ("email.send", b'{"to": "nobody"}', []),  # no headers at all
+    ("search.index", b'{"doc_id": 5}', [("sj-job-id", b"bad-model-1"),
+                                        ("sj-type", b"search.index")]),
+    ("image.resize", b'{"image_id": "x", "width": 1}', [("sj-job-id", b"wrong-type-1"),
+                                                        ("sj-type", b"video.encode")]),
+]
+
+
+@app.command("demo")
+def demo(
+    ctx: typer.Context,
+    start_stack: bool = typer.Option(True, "--start-stack/--no-start-stack",
+                                     help="Start the local Kafka and Postgres if needed."),
+    seed: int = typer.Option(7, help="Seed of the scenario's random choices."),
+) -> None:
+    """Run the demo app on the local stack and check every effect happened exactly once."""
+    base = settings_of(ctx)
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    settings = base.model_copy(update={"topic_prefix": f"demo-{stamp}",
+                                       "database_schema": f"demo_{stamp}"})
+    if start_stack:
+        with console.status("starting the local stack (Kafka, Postgres)"):
+            KafkaCluster(settings, 1).up()
+            PostgresServer(settings).up()
+    # Worker warnings (each dead letter, each retry-write failure) go to a file, not
+    # over the live table.
+    log_file = settings.stack_dir / "demo.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(filename=log_file, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    console.print(f"worker logs: {log_file}")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module("consumers.demo")
+    except ImportError as exc:
+        raise ConfigError("The demo app consumers/demo.py was not found: run the demo from "
+                          "the project's checkout.") from exc
+    ok = asyncio.run(_run(settings, module, random.Random(seed)))
+    if not ok:
+        raise typer.Exit(1)
+
+
+async def _run(settings: Settings, module: Any, rng: random.Random) -> bool:
+    demo_app: App = module.app
+    demo_app.use_settings(settings)
+    declared = load_job_types(settings.topics_dir)
+    missing = sorted(set(demo_app.handlers) - set(declared))
+    if missing:
+        raise ConfigError(f"The demo needs topics/{missing[0]}.toml.")
+    types: dict[str, JobTypePolicy] = {
+        name: replace(declared[name], retry_tiers=("1s", "2s", "3s"), max_attempts=4)
+        for name in demo_app.handlers}
+    console.print(f"demo run [bold]{settings.topic_prefix}[/] on {settings.kafka_bootstrap}; "
+                  "delay tiers shortened to 1s/2s/3s so it ends in under a minute")
+    await _prepare_database(settings, module.SCHEMA)
+    await apply(settings, types)
+
+    jobs, expected = module.scenario(rng)
+    started = time.monotonic()
+    async with JobClient(settings, types, models=demo_app.models()) as client:
+        await client.enqueue_many([Job(t, p, key=k, priority=lane) for t, p, k, lane in jobs])
+    await _produce_malformed(settings)
+    malformed = {t: sum(1 for m in MALFORMED if m[0] == t) for t in types}
+    console.print(f"enqueued {len(jobs)} jobs and {len(MALFORMED)} malformed records in "
+                  f"{time.monotonic() - started:.1f} s")
+
+    workers = {t: Worker(settings, types[t], demo_app.handler(t), report_interval_s=1.0)
+               for t in sorted(types)}
+    runs = [asyncio.create_task(w.run(until_idle=True)) for w in workers.values()]
+    with Live(_progress(workers, expected, malformed), console=console,
+              refresh_per_second=4) as live:
+        while not all(r.done() for r in runs):
+            await asyncio.wait(runs, timeout=0.25)
+            live.update(_progress(workers, expected, malformed))
+    for run in runs:
+        run.result()  # a worker that crashed fails the demo loudly
+    console.print(f"\nall workers idle after {time.monotonic() - started:.1f} s")
+    return await _check(settings, module.EFFECT_TABLES, workers, expected, malformed)
+
+
+async def _prepare_database(settings: Settings, schema_sql: list[str]) -> None:
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{settings.database_schema}"')
+        await conn.execute(f'SET search_path TO "{settings.database_schema}"')
+        for statement in schema_sql:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
+    store = DedupStore(settings)
+    try:
+        await store.migrate()
+    finally:
+        await store.close()
+
+
+async def _produce_malformed(settings: Settings) -> None:
+    producer = AIOKafkaProducer(**kafka_client_kwargs(settings), acks="all")
+    await producer.start()
+    try:
+        for job_type, value, headers in MALFORMED:
+            await producer.send_and_wait(lane_topic(settings.topic_prefix, job_type), value,
+                                         headers=headers)
+    finally:
+        await producer.stop()
+
+
+def _progress(workers: dict[str, Worker], expected: dict[str, Any],
+              malformed: dict[str, int]) -> Table:
+    table = Table(title="demo progress")
+    for column in ("type", "enqueued", "done", "retried", "dead-lettered", "expired",
+                   "in flight"):
+        table.add_column(column, justify="right" if column != "type" else "left")
+    for name, worker in workers.items():
+        out = worker.outcomes
+        table.add_row(name, str(expected[name].enqueued + malformed[name]),
+                      f"{out['succeeded']}/{expected[name].succeeded}", str(out["retried"]),
+                      f"{out['dead_lettered']}/{expected[name].dead_lettered + malformed[name]}",
+                      str(out["expired"]), str(worker.in_flight()))
+    return table
+
+
+async def _check(settings: Settings, tables: dict[str, str], workers: dict[str, Worker],
+                 expected: dict[str, Any], malformed: dict[str, int]) -> bool:
+    conn = await asyncpg.connect(settings.database_url,
+                                 server_settings={"search_path": settings.database_schema})
+    result = Table(title=f"demo outcomes ({settings.topic_prefix})")
+    for column in ("type", "enqueued", "succeeded", "retried", "dead-lettered", "effects",
+                   "distinct job IDs", "exactly once"):
+        result.add_column(column, justify="right" if column != "type" else "left")
+    ok = True
+    try:
+        for name, worker in workers.items():
+            row = await conn.fetchrow(
+                f"SELECT count(*) AS n, count(DISTINCT job_id) AS d FROM {tables[name]}")
+            want = expected[name]
+            out = worker.outcomes
+            good = (row["n"] == row["d"] == want.succeeded == out["succeeded"]
+                    and out["dead_lettered"] == want.dead_lettered + malformed[name]
+                    and out["retried"] == want.retried)
+            ok = ok and good
+            result.add_row(name, str(want.enqueued + malformed[name]), str(out["succeeded"]),
+                           str(out["retried"]), str(out["dead_lettered"]), str(row["n"]),
+                           str(row["d"]), "[green]yes[/]" if good else "[red]NO[/]")
+    finally:
+        await conn.close()
+    console.print(result)
+    console.print("[green]every effect happened exactly once[/]" if ok else
+                  "[red]the outcomes do not match what was enqueued[/]")
+    return ok
