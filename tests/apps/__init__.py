@@ -1,0 +1,1 @@
+"""Job apps that tests run as real worker processes (`stream-jobs worker tests.apps.X:app`)."""
