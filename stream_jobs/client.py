@@ -60,15 +60,25 @@ class JobClient:
         self.settings = settings
         self._types = dict(job_types)
         self._models = dict(models or {})
-        self._producer = JobProducer(settings)
+        self._producer_or_none: JobProducer | None = None
+
+    @property
+    def _producer(self) -> JobProducer:
+        if self._producer_or_none is None:
+            raise RuntimeError("Use the client as `async with app.client() as client:`.")
+        return self._producer_or_none
 
     async def __aenter__(self) -> JobClient:
-        await self._producer.start()
+        # aiokafka binds to the running loop, so the producer is made here, not in __init__.
+        self._producer_or_none = JobProducer(self.settings)
+        await self._producer_or_none.start()
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        await self._producer.stop()
+        if self._producer_or_none is not None:
+            await self._producer_or_none.stop()
+            self._producer_or_none = None
 
     async def enqueue(
         self,

@@ -85,3 +85,25 @@ async def test_bad_enqueues_are_refused_before_sending(app: App, declare: Declar
             await client.enqueue("greet.send", {"name": "x" * 2000, "n": 1})
         with pytest.raises(PayloadError, match="does not fit Greeting"):
             await client.enqueue("greet.send", {"name": "x"})
+
+
+async def test_sync_client_enqueues_from_plain_threads(app: App, declare: Declare) -> None:
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    await declare("greet.send", partitions=2)
+    ran: list[str] = []
+
+    @app.job("greet.send")
+    async def greet(job: Greeting, ctx: JobContext) -> None:
+        ran.append(job.name)
+
+    def from_a_view() -> list[str]:
+        with app.sync_client() as client, ThreadPoolExecutor(4) as pool:
+            return list(pool.map(
+                lambda i: client.enqueue("greet.send", {"name": f"t{i}", "n": i}), range(20)))
+
+    ids = await asyncio.to_thread(from_a_view)
+    assert len(set(ids)) == 20
+    await app.worker("greet.send").run(until_idle=True)
+    assert sorted(ran) == sorted(f"t{i}" for i in range(20))
