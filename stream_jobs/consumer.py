@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
@@ -24,8 +25,11 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from stream_jobs.connection import broker_unavailable, kafka_client_kwargs
-from stream_jobs.errors import Abandoned
+from stream_jobs.errors import Abandoned, BadRecord
+from stream_jobs.naming import dlq_topic
 from stream_jobs.offsets import OffsetTracker
+from stream_jobs.producer import JobProducer, until_acked
+from stream_jobs.record import FailureInfo, JobRecord, dead_letter_headers, dead_letter_origin
 from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.consumer")
@@ -83,9 +87,13 @@ class GroupMember(ABC):
     """One member of a consumer group that dispatches records and commits finished offsets."""
 
     def __init__(self, settings: Settings, group_id: str, topics: list[str], *,
-                 grace_s: float, commit_interval_s: float, max_buffered: int,
-                 fetch_records: int = 500) -> None:
+                 job_type: str, producer: JobProducer, grace_s: float,
+                 commit_interval_s: float, max_buffered: int, fetch_records: int = 500) -> None:
         self.settings = settings
+        self.job_type = job_type
+        self.producer = producer
+        # Set when the member is asked to stop: writes still failing then are abandoned.
+        self.stopping = asyncio.Event()
         self.group_id = group_id
         self.topics = topics
         self.grace_s = grace_s
@@ -186,6 +194,23 @@ class GroupMember(ABC):
         with contextlib.suppress(Exception):
             await self.release(list(self.partitions))
         await self.consumer.stop()
+
+    # -- durable writes -----------------------------------------------------------------------
+
+    async def write(self, topic: str, job: JobRecord) -> None:
+        """Write `job` and wait for the ack, retrying; `Abandoned` once stopping."""
+        await until_acked(lambda: self.producer.send(topic, job), self.stopping)
+
+    async def dead_letter_raw(self, record: Record, bad: BadRecord) -> None:
+        """An undecodable record goes to the type's DLQ with its bytes as they were."""
+        headers = dead_letter_headers(
+            record.headers,
+            failure=FailureInfo.from_exception(bad, bad.reason, int(time.time() * 1000)),
+            origin=dead_letter_origin(record.topic, record.partition, record.offset),
+            job_type=self.job_type)
+        target = dlq_topic(self.settings.topic_prefix, self.job_type)
+        await until_acked(lambda: self.producer.send_raw(target, record.key, record.value,
+                                                         headers), self.stopping)
 
     # -- flow control -----------------------------------------------------------------------
 

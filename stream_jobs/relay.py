@@ -22,13 +22,9 @@ from aiokafka import TopicPartition
 from stream_jobs.consumer import GroupMember, PartitionWork, Record
 from stream_jobs.durations import parse_duration
 from stream_jobs.errors import Abandoned, BadRecord
-from stream_jobs.naming import dlq_topic, lane_topic, parse_topic, relay_group, tier_topic
-from stream_jobs.producer import JobProducer, until_acked
+from stream_jobs.naming import lane_topic, parse_topic, relay_group, tier_topic
+from stream_jobs.producer import JobProducer
 from stream_jobs.record import (
-    FailureInfo,
-    JobRecord,
-    dead_letter_headers,
-    dead_letter_origin,
     decode_record,
 )
 from stream_jobs.retry import tier_for_delay
@@ -49,14 +45,12 @@ class Relay(GroupMember):
         prefix = settings.topic_prefix
         tiers = [tier_topic(prefix, policy.job_type, tier) for tier in policy.retry_tiers]
         super().__init__(settings, relay_group(prefix, policy.job_type), tiers,
-                         grace_s=grace_s, commit_interval_s=commit_interval_s,
-                         max_buffered=max_buffered)
+                         job_type=policy.job_type, producer=producer, grace_s=grace_s,
+                         commit_interval_s=commit_interval_s, max_buffered=max_buffered)
         self.policy = policy
-        self.producer = producer
         self.released = 0
         self.hops = 0
         self._wake: dict[TopicPartition, asyncio.Event] = {}
-        self._stopping = asyncio.Event()
 
     def chain_of(self, record: Record) -> Hashable:
         return None  # one chain per partition: strictly in order
@@ -70,7 +64,7 @@ class Relay(GroupMember):
         await super().release(tps)
 
     async def stop(self) -> None:
-        self._stopping.set()
+        self.stopping.set()
         await super().stop()
 
     async def handle(self, work: PartitionWork, record: Record) -> None:
@@ -80,7 +74,7 @@ class Relay(GroupMember):
                                 expected_type=self.policy.job_type,
                                 max_payload_bytes=self.settings.max_payload_bytes)
         except BadRecord as bad:
-            await self._dead_letter(record, bad)
+            await self.dead_letter_raw(record, bad)
             return
         tier = parse_topic(prefix, record.topic).tier or self.policy.retry_tiers[0]
         due = job.not_before_ms or 0
@@ -92,11 +86,11 @@ class Relay(GroupMember):
                 now = _now_ms()
         if due > now:
             hop = tier_for_delay(self.policy.retry_tiers, (due - now) / 1000)
-            await self._write(tier_topic(prefix, job.job_type, hop), job)
+            await self.write(tier_topic(prefix, job.job_type, hop), job)
             self.hops += 1
             return
         lane = job.lane if job.lane in self.policy.priorities else "default"
-        await self._write(lane_topic(prefix, job.job_type, lane), replace(job, not_before_ms=None))
+        await self.write(lane_topic(prefix, job.job_type, lane), replace(job, not_before_ms=None))
         self.released += 1
 
     async def _hold(self, work: PartitionWork, seconds: float) -> None:
@@ -108,17 +102,5 @@ class Relay(GroupMember):
                 await asyncio.wait_for(wake.wait(), seconds)
         finally:
             self.resume(work)
-        if work.revoked or self._stopping.is_set():
+        if work.revoked or self.stopping.is_set():
             raise Abandoned("revoked while holding a delayed record")
-
-    async def _write(self, topic: str, job: JobRecord) -> None:
-        await until_acked(lambda: self.producer.send(topic, job), self._stopping)
-
-    async def _dead_letter(self, record: Record, bad: BadRecord) -> None:
-        headers = dead_letter_headers(
-            record.headers, failure=FailureInfo.from_exception(bad, bad.reason, _now_ms()),
-            origin=dead_letter_origin(record.topic, record.partition, record.offset),
-            job_type=self.policy.job_type)
-        target = dlq_topic(self.settings.topic_prefix, self.policy.job_type)
-        await until_acked(lambda: self.producer.send_raw(target, record.key, record.value,
-                                                         headers), self._stopping)

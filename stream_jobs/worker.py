@@ -24,11 +24,10 @@ from stream_jobs.context import JobContext, ms_to_datetime
 from stream_jobs.dedup import DedupStore
 from stream_jobs.errors import Abandoned, AlreadyDone, BadRecord, PermanentError, StreamJobsError
 from stream_jobs.naming import dlq_topic, lane_topic, stats_topic, tier_topic, worker_group
-from stream_jobs.producer import JobProducer, until_acked
+from stream_jobs.producer import JobProducer
 from stream_jobs.record import (
     FailureInfo,
     JobRecord,
-    dead_letter_headers,
     dead_letter_origin,
     decode_record,
 )
@@ -65,20 +64,19 @@ class Worker(GroupMember):
         prefix = settings.topic_prefix
         lanes = [lane_topic(prefix, policy.job_type, lane) for lane in policy.priorities]
         super().__init__(settings, worker_group(prefix, policy.job_type), lanes,
+                         job_type=policy.job_type, producer=JobProducer(settings),
                          grace_s=grace_s, commit_interval_s=commit_interval_s,
                          max_buffered=max_buffered or max(2 * handler.concurrency, 256))
         self.policy = policy
         self.handler = handler
         self.retry_policy = RetryPolicy(tiers=policy.retry_tiers,
                                         max_attempts=policy.max_attempts)
-        self.producer = JobProducer(settings)
         self.dedup = dedup or DedupStore(settings)
         self._owns_dedup = dedup is None
         self.relay = Relay(settings, policy, self.producer, grace_s=grace_s) if relay else None
         self.outcomes: Counter[str] = Counter()
         self.dead_letter_reasons: Counter[str] = Counter()
         self._slots = asyncio.Semaphore(handler.concurrency)
-        self._stopping = asyncio.Event()
         self.worker_id = new_worker_id()
         self.report_interval_s = report_interval_s
         self._started_at_ms = _now_ms()
@@ -137,11 +135,11 @@ class Worker(GroupMember):
 
     def request_stop(self) -> None:
         """Ask `run` to drain and return (safe from a signal handler on the loop)."""
-        self._stopping.set()
+        self.stopping.set()
 
     async def _loop(self, until_idle: bool) -> None:
         idle_rounds = 0
-        while not self._stopping.is_set():
+        while not self.stopping.is_set():
             fetched = await self.poll_once()
             if self.relay is not None:
                 fetched += await self.relay.poll_once(timeout_ms=0 if fetched else 50)
@@ -177,7 +175,7 @@ class Worker(GroupMember):
             # A record may wait here for a slot across a revocation or a stop request; it
             # has not started, so it must not start now (its next owner runs it). Only jobs
             # already running get the grace period.
-            if work.revoked or self._stopping.is_set():
+            if work.revoked or self.stopping.is_set():
                 raise Abandoned("revoked or stopping before the job started")
             outcome = await self._run_job(record)
         self.outcomes[outcome] += 1
@@ -188,7 +186,8 @@ class Worker(GroupMember):
                                 expected_type=self.policy.job_type,
                                 max_payload_bytes=self._payload_limit())
         except BadRecord as bad:
-            await self._dead_letter_raw(record, bad)
+            await self.dead_letter_raw(record, bad)
+            self.dead_letter_reasons[bad.reason] += 1
             return Outcome.DEAD_LETTERED
         now = _now_ms()
         if job.expires_at_ms is not None and now >= job.expires_at_ms:
@@ -197,7 +196,7 @@ class Worker(GroupMember):
             payload = self.handler.parse_payload(job.payload)
         except BadRecord as bad:
             failure = FailureInfo.from_exception(bad, bad.reason, now)
-            await self._send(dlq_topic(self.settings.topic_prefix, job.job_type),
+            await self.write(dlq_topic(self.settings.topic_prefix, job.job_type),
                              self._with_failure(job, record, failure))
             self.dead_letter_reasons[bad.reason] += 1
             return Outcome.DEAD_LETTERED
@@ -228,7 +227,7 @@ class Worker(GroupMember):
         prefix = self.settings.topic_prefix
         if isinstance(decision, DeadLetter):
             failure = FailureInfo.from_exception(exc, decision.reason, now)
-            await self._send(dlq_topic(prefix, job.job_type),
+            await self.write(dlq_topic(prefix, job.job_type),
                              self._with_failure(job, record, failure))
             self.dead_letter_reasons[decision.reason] += 1
             log.warning("job %s (%s) dead-lettered after attempt %d: %s", job.job_id,
@@ -237,26 +236,12 @@ class Worker(GroupMember):
         failure = FailureInfo.from_exception(exc, reason, now)
         retry = replace(self._with_failure(job, record, failure), attempt=decision.attempt,
                         not_before_ms=decision.not_before_ms)
-        await self._send(tier_topic(prefix, job.job_type, decision.tier), retry)
+        await self.write(tier_topic(prefix, job.job_type, decision.tier), retry)
         return Outcome.RETRIED
 
     def _with_failure(self, job: JobRecord, record: Record, failure: FailureInfo) -> JobRecord:
         origin = job.origin or dead_letter_origin(record.topic, record.partition, record.offset)
         return replace(job, failure=failure, origin=origin)
-
-    async def _dead_letter_raw(self, record: Record, bad: BadRecord) -> None:
-        """Undecodable records go to the DLQ with their bytes as they were."""
-        headers = dead_letter_headers(
-            record.headers, failure=FailureInfo.from_exception(bad, bad.reason, _now_ms()),
-            origin=dead_letter_origin(record.topic, record.partition, record.offset),
-            job_type=self.policy.job_type)
-        target = dlq_topic(self.settings.topic_prefix, self.policy.job_type)
-        await until_acked(lambda: self.producer.send_raw(target, record.key, record.value,
-                                                         headers), self._stopping)
-        self.dead_letter_reasons[bad.reason] += 1
-
-    async def _send(self, topic: str, job: JobRecord) -> None:
-        await until_acked(lambda: self.producer.send(topic, job), self._stopping)
 
     def _payload_limit(self) -> int:
         return self.policy.max_payload_bytes or self.settings.max_payload_bytes
