@@ -7,7 +7,7 @@ A conflict means an earlier run committed: the body does not run (`AlreadyDone`)
 Two runs racing on one job ID serialise on the primary key: the second waits for the
 first's transaction and then sees the conflict, or proceeds if the first rolled back.
 
-SQLAlchemy owns the schema (`done_table`); the hot path talks to Postgres with asyncpg.
+SQLAlchemy owns the schema (`stream_jobs.schema`); the hot path talks to asyncpg.
 """
 
 from __future__ import annotations
@@ -18,38 +18,14 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
-from sqlalchemy import Column, DateTime, Index, Integer, MetaData, String, Table, func
-from sqlalchemy.dialects import postgresql
-from sqlalchemy.schema import CreateIndex, CreateTable
 
 from stream_jobs.errors import AlreadyDone, DatabaseUnavailable
 from stream_jobs.settings import Settings
-
-metadata = MetaData()
-
-done_table = Table(
-    "stream_jobs_done",
-    metadata,
-    Column("job_id", String(64), primary_key=True),
-    Column("job_type", String(249), nullable=False),
-    Column("attempt", Integer, nullable=False),
-    Column("finished_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-)
-# `db prune --older-than` and per-type questions scan by time.
-_finished_index = Index("stream_jobs_done_finished_at", done_table.c.finished_at)
 
 _INSERT = (
     "INSERT INTO stream_jobs_done (job_id, job_type, attempt) VALUES ($1, $2, $3) "
     "ON CONFLICT (job_id) DO NOTHING"
 )
-
-
-def schema_ddl() -> list[str]:
-    """The statements that create the dedup schema, rendered by SQLAlchemy for Postgres."""
-    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
-    table = str(CreateTable(done_table, if_not_exists=True).compile(dialect=dialect))
-    index = str(CreateIndex(_finished_index, if_not_exists=True).compile(dialect=dialect))
-    return [table, index]
 
 
 class DedupStore:
@@ -84,6 +60,8 @@ class DedupStore:
 
     async def migrate(self) -> None:
         """Create the dedup table and index if missing (idempotent)."""
+        from stream_jobs.schema import schema_ddl  # SQLAlchemy is only needed here
+
         pool = await self._get_pool()
         async with pool.acquire() as conn:
             for statement in schema_ddl():

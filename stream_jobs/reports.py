@@ -46,6 +46,7 @@ class WorkerReport:
     in_flight: int = 0
     released: int = 0  # delay-tier records the relay put back in their lanes
     final: bool = False  # the worker stopped after this report
+    interval_s: float = 5.0  # how often this worker reports (liveness is judged by it)
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -63,6 +64,7 @@ class WorkerReport:
                                      dict(data.get("dead_letter_reasons", {})).items()},
                 in_flight=int(data.get("in_flight", 0)), released=int(data.get("released", 0)),
                 final=bool(data.get("final", False)),
+                interval_s=float(data.get("interval_s", 5.0)),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return None

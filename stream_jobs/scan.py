@@ -51,10 +51,10 @@ async def reader(settings: Settings) -> AsyncIterator[Any]:
 
 async def partitions_of(consumer: Any, topic: str) -> list[int]:
     """The partitions of `topic`; ConfigError when it does not exist."""
-    found = consumer.partitions_for_topic(topic)
-    if not found:
-        await consumer._client.force_metadata_update()  # aiokafka learns new topics lazily
-        found = consumer.partitions_for_topic(topic)
+    # Ask for the whole cluster's metadata: once a reader has assigned partitions, aiokafka
+    # only refreshes the topics it reads, so other topics would look missing.
+    metadata = await consumer._client.fetch_all_metadata()
+    found = metadata.partitions_for_topic(topic)
     if not found:
         raise ConfigError(f"Topic {topic!r} does not exist: check the name with "
                           "`stream-jobs topics list`.")

@@ -114,7 +114,8 @@ class Worker(GroupMember):
             started_at_ms=self._started_at_ms,
             outcomes={str(k): v for k, v in self.outcomes.items()},
             dead_letter_reasons=dict(self.dead_letter_reasons), in_flight=self.in_flight(),
-            released=self.relay.released if self.relay is not None else 0, final=final)
+            released=self.relay.released if self.relay is not None else 0, final=final,
+            interval_s=self.report_interval_s)
 
     async def _report_every(self) -> None:
         try:

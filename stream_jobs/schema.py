@@ -1,0 +1,31 @@
+"""The dedup schema, owned by SQLAlchemy and rendered to DDL for `stream-jobs db migrate`.
+
+Kept apart from `dedup.py` so that importing the runtime does not import SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Column, DateTime, Index, Integer, MetaData, String, Table, func
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.schema import CreateIndex, CreateTable
+
+metadata = MetaData()
+
+done_table = Table(
+    "stream_jobs_done",
+    metadata,
+    Column("job_id", String(64), primary_key=True),
+    Column("job_type", String(249), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("finished_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+# `db prune --older-than` and per-type questions scan by time.
+_finished_index = Index("stream_jobs_done_finished_at", done_table.c.finished_at)
+
+
+def schema_ddl() -> list[str]:
+    """The statements that create the dedup schema, rendered by SQLAlchemy for Postgres."""
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    table = str(CreateTable(done_table, if_not_exists=True).compile(dialect=dialect))
+    index = str(CreateIndex(_finished_index, if_not_exists=True).compile(dialect=dialect))
+    return [table, index]
