@@ -1,0 +1,200 @@
+"""`stream-jobs stats [TYPE]` and `stream-jobs job JOB_ID`: watch the types, find one job."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from stream_jobs.cli.common import settings_of
+from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, JobLocation, locate_job
+from stream_jobs.settings import Settings
+from stream_jobs.stats import DEFAULT_WINDOW_S, StatsSnapshot, TopicLag, collect
+from stream_jobs.topics import JobTypePolicy, get_job_type, load_job_types
+
+console = Console()
+status_console = Console(stderr=True)
+
+_STATUS_STYLE = {"done": "green", "finished": "green", "pending": "cyan", "retrying": "yellow",
+                 "dead_lettered": "red", "not_seen": "magenta"}
+
+
+def stats(
+    ctx: typer.Context,
+    job_type: str | None = typer.Argument(None, metavar="TYPE", show_default=False,
+                                          help="One job type (default: every declared type)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (for scripts "
+                                 "and alerting); with --watch, one per line per refresh."),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C."),
+    interval_s: float = typer.Option(2.0, "--interval", min=0.2, help="Seconds between "
+                                     "refreshes with --watch."),
+    partitions: bool = typer.Option(False, "--partitions", help="Show every partition."),
+    window_s: float = typer.Option(DEFAULT_WINDOW_S, "--window", min=1.0,
+                                   help="Seconds the rates are averaged over."),
+) -> None:
+    """Lag and oldest job per lane, delay-tier and DLQ depths, recent rates and live
+    workers per type. Reads Kafka only (worker reports in P._stats give the rates)."""
+    settings, types = _load(ctx, job_type)
+
+    async def snapshot() -> StatsSnapshot:
+        return await collect(settings, types, job_type=job_type, per_partition=partitions,
+                             window_s=window_s)
+
+    async def run() -> None:
+        if not watch:
+            shot = await snapshot()
+            if as_json:
+                _print_json(shot.to_dict(per_partition=partitions))
+            else:
+                console.print(_render(shot, settings, partitions))
+            return
+        if as_json:
+            while True:
+                _print_json((await snapshot()).to_dict(per_partition=partitions), indent=False)
+                await asyncio.sleep(interval_s)  # the refresh period, not a wait for a state
+        with Live(console=console, auto_refresh=False) as live:
+            while True:
+                live.update(_render(await snapshot(), settings, partitions), refresh=True)
+                await asyncio.sleep(interval_s)
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        return  # Ctrl-C ends --watch; nothing is left half done
+
+
+def job(
+    ctx: typer.Context,
+    job_id: str = typer.Argument(..., metavar="JOB_ID", help="The ID enqueue returned."),
+    job_type: str | None = typer.Option(None, "--type", "-t", help="Scan only this type's "
+                                        "topics (default: every declared type)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    max_records: int = typer.Option(DEFAULT_MAX_RECORDS_PER_TOPIC, "--max-records", min=1,
+                                    help="Records read per topic at most."),
+) -> None:
+    """What happened to a job: done (dedup row), dead-lettered (with the reason), waiting
+    in a delay tier or a lane, finished without a dedup row, or not seen."""
+    settings, types = _load(ctx, job_type)
+
+    async def run() -> JobLocation:
+        return await locate_job(settings, types, job_id, job_type=job_type,
+                                max_records_per_topic=max_records)
+
+    if as_json:
+        _print_json(asyncio.run(run()).to_dict())
+        return
+    with status_console.status(f"looking for job {job_id}"):
+        found = asyncio.run(run())
+    style = _STATUS_STYLE[found.status]
+    console.print(f"[bold {style}]{found.status}[/] {found.summary()}", highlight=False,
+                  soft_wrap=True)
+    for note in found.notes:
+        console.print(f"[dim]{note}[/]", highlight=False, soft_wrap=True)
+    if found.sightings:
+        table = Table(title=f"records of job {job_id} ({found.scanned_records:,} scanned)")
+        table.add_column("topic", overflow="fold")
+        for column in ("part", "offset", "written (UTC)", "attempt", "state"):
+            table.add_column(column, no_wrap=True,
+                             justify="right" if column in ("part", "offset", "attempt")
+                             else "left")
+        for seen in found.sightings:
+            if seen.role == "dlq":
+                state = seen.failure.reason if seen.failure else "dead letter"
+            else:
+                done = "relayed" if seen.role == "tier" else "finished"
+                state = done if seen.behind_commit else "waiting"
+            table.add_row(seen.topic, str(seen.partition), str(seen.offset),
+                          _when(seen.timestamp_ms), str(seen.attempt), state)
+        console.print(table)
+
+
+def _load(ctx: typer.Context, job_type: str | None
+          ) -> tuple[Settings, dict[str, JobTypePolicy]]:
+    settings = settings_of(ctx)
+    types = load_job_types(settings.topics_dir)
+    if job_type is not None:
+        get_job_type(types, job_type)  # an unknown type is one sentence, before any I/O
+    return settings, types
+
+
+def _print_json(document: dict[str, Any], *, indent: bool = True) -> None:
+    option = orjson.OPT_INDENT_2 if indent else 0
+    sys.stdout.write(orjson.dumps(document, option=option).decode() + "\n")
+    sys.stdout.flush()
+
+
+def _render(shot: StatsSnapshot, settings: Settings, partitions: bool) -> Group:
+    waiting = Table(title=f"waiting under {shot.prefix!r} on {settings.kafka_bootstrap}")
+    waiting.add_column("type", no_wrap=True)
+    waiting.add_column("where", no_wrap=True)
+    waiting.add_column("jobs", justify="right")
+    waiting.add_column("oldest", justify="right")
+    rates = Table(title=f"last {shot.window_s:g} s, from worker reports")
+    rates.add_column("type", no_wrap=True)
+    for column in ("done/s", "retried/s", "dead/s", "expired/s", "workers", "in flight"):
+        rates.add_column(column, justify="right")
+    notes: list[str] = []
+    for t in shot.types:
+        rows = [(f"lane {lane.name}", _count(lane.lag), _age(lane.oldest_age_s))
+                for lane in t.lanes]
+        rows += [(f"tier {tier.name}", _count(tier.lag), "") for tier in t.tiers]
+        rows.append(("dlq", _count(t.dlq_depth, alarm=True), ""))
+        for i, row in enumerate(rows):
+            waiting.add_row(t.job_type if i == 0 else "", *row, end_section=i == len(rows) - 1)
+        per_s = t.rates.per_s()
+        rates.add_row(t.job_type, *(f"{per_s[k]:.2f}" for k in ("done", "retried",
+                                                              "dead_lettered", "expired")),
+                      str(len(t.workers)), f"{sum(w.in_flight for w in t.workers):,}")
+        if t.missing_topics:
+            notes.append(f"{t.job_type}: {len(t.missing_topics)} topics missing "
+                         f"({', '.join(t.missing_topics)}): run `stream-jobs topics apply`.")
+    parts: list[Any] = [waiting, rates]
+    if partitions:
+        parts.append(_partition_table(shot))
+    parts.extend(f"[yellow]{note}[/]" for note in notes)
+    return Group(*parts)
+
+
+def _partition_table(shot: StatsSnapshot) -> Table:
+    table = Table(title="per partition (lanes: lag behind the worker group; tiers: not yet "
+                        "relayed)")
+    table.add_column("topic", overflow="fold")
+    # Short headers: with long topic names the table still fits 80 columns.
+    for column in ("part", "start", "end", "commit", "lag", "oldest"):
+        table.add_column(column, justify="right", no_wrap=True)
+    rows: list[TopicLag] = [lag for t in shot.types for lag in (*t.lanes, *t.tiers)]
+    for lag in rows:
+        for p in lag.partitions:
+            table.add_row(lag.topic, str(p.partition), f"{p.beginning:,}", f"{p.end:,}",
+                          "-" if p.committed is None else f"{p.committed:,}", f"{p.lag:,}",
+                          _age(p.oldest_age_s))
+    return table
+
+
+def _count(value: int | None, *, alarm: bool = False) -> str:
+    if value is None:
+        return "[red]missing[/]"
+    return f"[red]{value:,}[/]" if alarm and value else f"{value:,}"
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours < 48 else f"{hours // 24}d{hours % 24:02d}h"
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")

@@ -1,0 +1,282 @@
+"""`stream-jobs job JOB_ID`: what happened to one job.
+
+In order: the dedup table (a row means the job's `ctx.once()` transaction committed:
+done), then a bounded scan of the type's lanes, delay tiers and DLQ for records carrying
+the job ID. The latest sighting tells where the job is: dead-lettered, waiting in a tier,
+waiting (or running) in a lane, or finished in its lane without a dedup row.
+
+Cost: the scan reads every record (payloads included) written to those topics since the
+job ID's creation time less a minute of clock slack (UUIDv7 IDs carry it), and at most
+`max_records_per_topic` records per topic; an ID without a time (one given by the
+producer) is looked for from the beginning of each topic within the same cap. Without
+`--type` every declared type is scanned. When the cap cuts a scan short the result says
+so (`complete` is False).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import asyncpg
+from aiokafka import TopicPartition
+
+from stream_jobs import scan
+from stream_jobs.admin import admin_client
+from stream_jobs.consumer import Record
+from stream_jobs.dedup import DedupStore
+from stream_jobs.errors import DatabaseUnavailable
+from stream_jobs.naming import TopicRole, relay_group, worker_group
+from stream_jobs.record import (
+    HEADER_ATTEMPT,
+    HEADER_ERROR,
+    HEADER_JOB_ID,
+    HEADER_NOT_BEFORE,
+    HEADER_REQUEUES,
+    FailureInfo,
+    job_id_time_ms,
+    parse_failure,
+)
+from stream_jobs.settings import Settings
+from stream_jobs.stats import committed_offsets
+from stream_jobs.topics import JobTypePolicy, get_job_type
+
+Status = Literal["done", "dead_lettered", "retrying", "pending", "finished", "not_seen"]
+
+DEFAULT_MAX_RECORDS_PER_TOPIC = 100_000
+# Producers', workers' and brokers' clocks disagree a little; look this much earlier.
+SCAN_SLACK_MS = 60_000
+# Of two sightings with the same requeue count, attempt and timestamp, the later role.
+_ROLE_ORDER: dict[TopicRole, int] = {"tier": 0, "lane": 1, "dlq": 2}
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """One record carrying the job ID."""
+
+    topic: str
+    role: TopicRole
+    name: str  # the lane ("default"), the tier ("5s") or "dlq"
+    partition: int
+    offset: int
+    timestamp_ms: int
+    attempt: int
+    requeues: int = 0
+    # Its group committed past it: a lane record's job reached an outcome, a tier
+    # record was put back in its lane. Always False in the DLQ.
+    behind_commit: bool = False
+    not_before_ms: int | None = None
+    failure: FailureInfo | None = None
+
+
+@dataclass(frozen=True)
+class JobLocation:
+    """Where a job is, as far as the dedup table and the scanned topics tell."""
+
+    job_id: str
+    status: Status
+    job_type: str | None = None
+    attempt: int | None = None
+    finished_at: datetime | None = None  # from the dedup row
+    last: Sighting | None = None  # the sighting the status rests on
+    sightings: tuple[Sighting, ...] = ()
+    scanned_records: int = 0
+    complete: bool = True  # False: a scan stopped at its cap, the job may be further on
+    notes: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        """One sentence for a person."""
+        job, last = f"Job {self.job_id}", self.last
+        if self.status == "done":
+            when = self.finished_at.isoformat() if self.finished_at else "an unknown time"
+            return (f"{job} is done: a {self.job_type} job whose attempt {self.attempt} "
+                    f"committed its effects at {when}.")
+        if last is None:
+            scope = "" if self.complete else " (the scan stopped at its cap; it may be further on)"
+            return (f"{job} has no dedup row and is in none of the topics scanned "
+                    f"({self.scanned_records} records){scope}.")
+        where = f"{last.topic} partition {last.partition} offset {last.offset}"
+        if self.status == "dead_lettered":
+            why = (f": {last.failure.reason}, {last.failure.error_class}: "
+                   f"{last.failure.message}" if last.failure else "")
+            return f"{job} is dead-lettered after attempt {last.attempt} ({where}){why}."
+        if self.status == "retrying":
+            due = _iso(last.not_before_ms) if last.not_before_ms else "when due"
+            return (f"{job} waits in delay tier {last.name} ({where}) for attempt "
+                    f"{last.attempt}, due {due}.")
+        if self.status == "pending":
+            return f"{job} waits in its {last.name} lane, or is running ({where})."
+        return (f"{job} left its {last.name} lane after attempt {last.attempt} ({where}) "
+                "without a dedup row: it succeeded without ctx.once(), or expired.")
+
+    def to_dict(self) -> dict[str, Any]:
+        def sighting(s: Sighting) -> dict[str, Any]:
+            out = asdict(s)
+            out["failure"] = None if s.failure is None else asdict(s.failure)
+            return out
+
+        return {
+            "job_id": self.job_id, "status": self.status, "summary": self.summary(),
+            "job_type": self.job_type, "attempt": self.attempt,
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            "last": None if self.last is None else sighting(self.last),
+            "sightings": [sighting(s) for s in self.sightings],
+            "scanned_records": self.scanned_records, "complete": self.complete,
+            "notes": list(self.notes),
+        }
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+
+
+# ---------------------------------------------------------------------------------------
+# Pure parts.
+
+
+def sighting_of(record: Record, job_id: str, *, role: TopicRole, name: str,
+                committed: int | None) -> Sighting | None:
+    """The sighting in `record` if it carries `job_id`, else None. Tolerates bad headers
+    (a DLQ holds records that failed to decode): a header that does not parse is left out."""
+    wanted = job_id.encode()
+    found: dict[str, bytes] = {}
+    for item in record.headers or ():
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], bytes):
+            found[item[0]] = item[1]
+    if found.get(HEADER_JOB_ID) != wanted:
+        return None
+    return Sighting(
+        topic=record.topic, role=role, name=name, partition=record.partition,
+        offset=record.offset, timestamp_ms=int(record.timestamp),
+        attempt=_number(found.get(HEADER_ATTEMPT)) or 1,
+        requeues=_number(found.get(HEADER_REQUEUES)) or 0,
+        behind_commit=committed is not None and record.offset < committed,
+        not_before_ms=_number(found.get(HEADER_NOT_BEFORE)),
+        failure=parse_failure(found.get(HEADER_ERROR)),
+    )
+
+
+def _number(raw: bytes | None) -> int | None:
+    return int(raw) if raw is not None and raw.isdigit() and len(raw) <= 18 else None
+
+
+def judge(sightings: Iterable[Sighting]) -> tuple[Status, Sighting | None]:
+    """The status the latest sighting gives (without a dedup row), and that sighting.
+
+    Latest means: most requeues, then highest attempt, then newest timestamp, then
+    tier < lane < DLQ (a retry record precedes its release to the lane, which precedes
+    a dead letter of the same attempt).
+    """
+    ordered = sorted(sightings, key=lambda s: (s.requeues, s.attempt, s.timestamp_ms,
+                                               _ROLE_ORDER[s.role]))
+    if not ordered:
+        return "not_seen", None
+    last = ordered[-1]
+    if last.role == "dlq":
+        return "dead_lettered", last
+    if last.role == "tier":
+        # Committed by the relay: released to its lane, where the scan may not reach yet.
+        return ("pending" if last.behind_commit else "retrying"), last
+    return ("finished" if last.behind_commit else "pending"), last
+
+
+def capped(ranges: Sequence[scan.PartitionRange], max_records: int
+           ) -> tuple[list[scan.PartitionRange], bool]:
+    """The ranges cut to share `max_records` between partitions (from each range's
+    start), and whether anything was cut."""
+    if not ranges:
+        return [], False
+    each = max(1, max_records // len(ranges))
+    cut = [scan.PartitionRange(r.partition, r.start, min(r.end, r.start + each))
+           for r in ranges]
+    return cut, any(c.end < r.end for c, r in zip(cut, ranges, strict=True))
+
+
+# ---------------------------------------------------------------------------------------
+# Looking.
+
+
+async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job_id: str, *,
+                     job_type: str | None = None,
+                     max_records_per_topic: int = DEFAULT_MAX_RECORDS_PER_TOPIC) -> JobLocation:
+    """Where `job_id` is: done, dead-lettered, retrying, pending, finished or not seen.
+
+    `job_type` narrows the scan to one type (UnknownJobType if undeclared). Postgres
+    being unreachable is a note, not an error: the topics still tell most of the story.
+    """
+    chosen = ([get_job_type(types, job_type)] if job_type is not None
+              else [types[name] for name in sorted(types)])
+    notes: list[str] = []
+    row = await _dedup_row(settings, job_id, notes)
+    if row is not None:
+        row_type, attempt, finished_at = row
+        return JobLocation(job_id, "done", row_type, attempt, finished_at, notes=tuple(notes))
+
+    created_ms = job_id_time_ms(job_id)
+    since_ms = None if created_ms is None else created_ms - SCAN_SLACK_MS
+    if since_ms is None:
+        notes.append("The ID carries no time (not a UUIDv7), so topics were scanned from "
+                     "their beginning.")
+    sightings: list[Sighting] = []
+    type_of: dict[str, str] = {}  # topic -> job type
+    scanned, complete = 0, True
+    async with scan.reader(settings) as consumer, admin_client(settings) as admin:
+        # Plan every scan before the first read: reading assigns partitions, after which
+        # the consumer's metadata covers only the assigned topics.
+        await consumer._client.force_metadata_update()
+        plans = []
+        for policy in chosen:
+            for topic, role, name, group in _topics(settings.topic_prefix, policy):
+                if not consumer.partitions_for_topic(topic):
+                    continue  # never applied: nothing to find there
+                type_of[topic] = policy.job_type
+                ranges, cut = capped(await scan.ranges(consumer, topic, from_time_ms=since_ms),
+                                     max_records_per_topic)
+                complete = complete and not cut
+                committed = (await committed_offsets(
+                    admin, group, [TopicPartition(topic, r.partition) for r in ranges])
+                    if group is not None else {})
+                plans.append((topic, role, name, ranges, committed))
+        for topic, role, name, ranges, committed in plans:
+            async for record in scan.scan(consumer, topic, ranges):
+                scanned += 1
+                seen = sighting_of(
+                    record, job_id, role=role, name=name,
+                    committed=committed.get(TopicPartition(topic, record.partition)))
+                if seen is not None:
+                    sightings.append(seen)
+    status, last = judge(sightings)
+    return JobLocation(job_id, status, type_of[last.topic] if last else None,
+                       last.attempt if last else None, None, last, tuple(sightings), scanned,
+                       complete, tuple(notes))
+
+
+def _topics(prefix: str, policy: JobTypePolicy
+            ) -> list[tuple[str, TopicRole, str, str | None]]:
+    """(topic, role, lane/tier/"dlq", the group whose commits mark progress there)."""
+    work, relay = worker_group(prefix, policy.job_type), relay_group(prefix, policy.job_type)
+    return [*((t, "lane", lane, work) for lane, t in policy.lane_topics(prefix).items()),
+            *((t, "tier", tier, relay) for tier, t in policy.tier_topics(prefix).items()),
+            (policy.dlq_topic(prefix), "dlq", "dlq", None)]
+
+
+async def _dedup_row(settings: Settings, job_id: str, notes: list[str]
+                     ) -> tuple[str, int, datetime] | None:
+    store = DedupStore(settings)
+    try:
+        return await asyncio.wait_for(store.finished(job_id), 15)
+    except asyncpg.UndefinedTableError:
+        notes.append(f"There is no dedup table in schema {settings.database_schema!r} "
+                     "(`stream-jobs db migrate` creates it), so done jobs cannot be told.")
+    except (DatabaseUnavailable, asyncpg.PostgresError, OSError, TimeoutError) as exc:
+        notes.append(f"The dedup table was not checked ({exc}); a done job shows as "
+                     "finished or not seen.")
+    finally:
+        await store.close()
+    return None
+
+
+__all__ = ["JobLocation", "Sighting", "Status", "capped", "judge", "locate_job", "sighting_of"]

@@ -1,0 +1,585 @@
+"""Operator tools for a range of records: replay it to a lane, or move a group's offsets.
+
+`replay` reads a range of any of our topics (a lane, a delay tier, a DLQ) without a
+consumer group and writes each job again to its lane, waiting for every acknowledgement.
+It never changes the source, so stopping it part-way loses nothing: the result (or the
+`ReplayInterrupted` message) says where to resume. Without `rerun` the job IDs are kept,
+so `ctx.once()` acknowledges jobs that already finished without running them; with
+`rerun` each job gets a new ID and `sj-rerun-of` names the original.
+
+`reset_offsets` rewinds or forwards a consumer group's committed offsets while the group
+has no members: it commits from outside the group (manual assignment, no join), which
+Kafka accepts only for an empty group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, NamedTuple, Protocol
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalGenerationError,
+    KafkaConnectionError,
+    KafkaError,
+    RebalanceInProgressError,
+    UnknownMemberIdError,
+    for_code,
+)
+
+from stream_jobs.admin import admin_client
+from stream_jobs.connection import broker_unavailable, kafka_client_kwargs
+from stream_jobs.durations import parse_duration
+from stream_jobs.errors import BadRecord, ConfigError, PublishError, StreamJobsError
+from stream_jobs.naming import DEFAULT_LANE, TopicRef, lane_topic, parse_topic
+from stream_jobs.producer import JobProducer
+from stream_jobs.record import JobRecord, decode_record, new_job_id
+from stream_jobs.scan import PartitionRange, partitions_of, ranges, reader, scan
+from stream_jobs.settings import Settings
+from stream_jobs.topics import JobTypePolicy, get_job_type, load_job_types
+
+log = logging.getLogger("stream_jobs.replay")
+
+BATCH_RECORDS = 500  # written pipelined, then every acknowledgement awaited
+SEND_ATTEMPTS = 5  # per batch; a batch sent again keeps its job IDs, so dedup covers it
+MAX_LISTED_SKIPS = 1_000
+_AGO = re.compile(r"^\s*(.+?)\s*(?:ago)?\s*$")
+
+
+class ReplayInterrupted(StreamJobsError):
+    """A replay stopped part-way (the broker failed); the message says where to resume."""
+
+
+class GroupInUse(StreamJobsError):
+    """A consumer group has active members, so its committed offsets cannot be moved."""
+
+
+# -- pure parts ---------------------------------------------------------------------------
+
+
+def parse_time_ms(text: str, *, now_ms: int) -> int:
+    """Unix ms of `text`: ISO 8601 ("2024-05-01T03:00:00Z"; no zone means UTC) or a
+    duration ago ("2h", "30m ago"). Raises ConfigError."""
+    match = _AGO.match(text)
+    spoken = match.group(1) if match else text
+    with contextlib.suppress(ConfigError):
+        return now_ms - round(parse_duration(spoken) * 1000)
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ConfigError(
+            f"{text!r} is not a time: write ISO 8601 such as 2024-05-01T03:00:00Z, or a "
+            "duration ago such as 2h.") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return round(when.timestamp() * 1000)
+
+
+def parse_lane_target(text: str) -> tuple[str, str | None]:
+    """("email.send", "high") from "email.send:high"; the lane is None without ":"."""
+    job_type, sep, lane = text.partition(":")
+    if not job_type or (sep and not lane):
+        raise ConfigError(f"{text!r} is not a lane: write TYPE or TYPE:priority, e.g. "
+                          "email.send:high.")
+    return job_type, lane or None
+
+
+def check_selection(*, partition: int | None, from_offset: int | None, to_offset: int | None,
+                    from_time_ms: int | None, to_time_ms: int | None) -> None:
+    """ConfigError for a selection that cannot be meant: no start, offsets without a
+    partition, negative numbers, or an end before the start."""
+    if from_offset is None and from_time_ms is None:
+        raise ConfigError("Say where to start: give --from-offset N or --from-time T.")
+    if partition is not None and partition < 0:
+        raise ConfigError(f"Partition {partition} does not exist; partitions count from 0.")
+    if (from_offset is not None or to_offset is not None) and partition is None:
+        raise ConfigError("Offsets are per partition: give --partition with --from-offset "
+                          "and --to-offset.")
+    for name, offset in (("--from-offset", from_offset), ("--to-offset", to_offset)):
+        if offset is not None and offset < 0:
+            raise ConfigError(f"{name} {offset} is negative; offsets count from 0.")
+    if from_offset is not None and to_offset is not None and to_offset < from_offset:
+        raise ConfigError(f"--to-offset {to_offset} is before --from-offset {from_offset}.")
+    if from_time_ms is not None and to_time_ms is not None and to_time_ms < from_time_ms:
+        raise ConfigError("--to-time is before --from-time.")
+
+
+def replayed(job: JobRecord, *, job_type: str, lane: str, rerun: bool, now_ms: int,
+             new_id: Callable[[], str] = new_job_id) -> JobRecord:
+    """The record a replay writes for `job`: a first attempt, due now, with no last error.
+
+    Without `rerun` the job ID (hence its dedup row) is kept. With `rerun` the job is a
+    new one: new ID, `rerun_of` = the replayed ID, enqueued now, no origin yet.
+    The key, payload, expiry, trace context and requeue count are kept.
+    """
+    fresh = job.with_(job_type=job_type, lane=lane, attempt=1, not_before_ms=None,
+                      failure=None)
+    if not rerun:
+        return fresh
+    return fresh.with_(job_id=new_id(), rerun_of=job.job_id, enqueued_at_ms=now_ms,
+                       origin=None)
+
+
+# -- replay -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A record in the range that is not a job (it is left where it is)."""
+
+    partition: int
+    offset: int
+    reason: str
+    message: str
+
+
+@dataclass
+class ReplayResult:
+    """What a replay selected, wrote and skipped; filled in as it runs."""
+
+    topic: str
+    selected: list[PartitionRange]
+    target: str  # where the jobs go, in words
+    rerun: bool
+    dry_run: bool
+    read: int = 0
+    written: int = 0  # acknowledged by the broker (in a dry run: would be written)
+    # (source partition, job type, destination topic) -> records
+    counts: Counter[tuple[int, str, str]] = field(default_factory=Counter)
+    skipped: list[Skipped] = field(default_factory=list)
+    skipped_total: int = 0
+    expired: int = 0  # past their expiry: the worker will count them expired, not run them
+    # source partition -> last offset whose record is written (acknowledged) or skipped
+    done_through: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def planned(self) -> int:
+        return sum(part.size for part in self.selected)
+
+    def resume_offsets(self) -> dict[int, int]:
+        """Partition -> the offset to start again from, for each partition not finished."""
+        todo: dict[int, int] = {}
+        for part in self.selected:
+            next_offset = max(part.start, self.done_through.get(part.partition, -1) + 1)
+            if part.size and next_offset < part.end:
+                todo[part.partition] = next_offset
+        return todo
+
+    def headers_note(self) -> str:
+        """One sentence on what happens to the jobs' headers, for plans and summaries."""
+        common = "attempt reset to 1, not-before and last error cleared"
+        if self.rerun:
+            return (f"New job IDs, each with sj-rerun-of = the original ID ({common}): "
+                    "handlers run again.")
+        return (f"Job IDs kept ({common}): ctx.once() acknowledges jobs that already "
+                "finished without running them.")
+
+
+class ReplayProgress(Protocol):
+    """What a caller (the CLI's progress bar) is told while a replay runs."""
+
+    def started(self, result: ReplayResult) -> None:
+        """The range is known (`result.selected`, `planned`); nothing is read yet."""
+
+    def advanced(self, result: ReplayResult) -> None:
+        """More records were read and, unless a dry run, acknowledged."""
+
+
+@dataclass(frozen=True)
+class _Target:
+    policy: JobTypePolicy
+    lane: str | None  # None: each job's own lane
+
+    def lane_of(self, job: JobRecord) -> str:
+        lane = self.lane or job.lane
+        # A lane the type no longer declares goes to default, as the relay does.
+        return lane if lane in self.policy.priorities else DEFAULT_LANE
+
+    def describe(self, prefix: str) -> str:
+        if self.lane is not None:
+            return lane_topic(prefix, self.policy.job_type, self.lane)
+        return f"each job's lane of {self.policy.job_type}"
+
+
+async def replay(settings: Settings, topic: str, *, partition: int | None,
+                 from_offset: int | None, to_offset: int | None = None,
+                 from_time_ms: int | None = None, to_time_ms: int | None = None,
+                 to_lane: str | None = None, rerun: bool = False, dry_run: bool = False,
+                 rate_per_s: float | None = None,
+                 progress: ReplayProgress | None = None) -> ReplayResult:
+    """Write the jobs in a range of `topic` again to their lane (or `to_lane`).
+
+    The range: one partition (or all, for a time range) from `from_offset` (inclusive)
+    to `to_offset` (inclusive), and/or records stamped from `from_time_ms` (inclusive)
+    to `to_time_ms` (exclusive); the end is the partition's end when the replay starts.
+    Records that are not jobs are skipped and listed. A dry run reads and counts, and
+    writes nothing. Raises ConfigError (one sentence) before anything is written when the
+    selection or the target is wrong, and `ReplayInterrupted` if the broker fails midway.
+    """
+    check_selection(partition=partition, from_offset=from_offset, to_offset=to_offset,
+                    from_time_ms=from_time_ms, to_time_ms=to_time_ms)
+    if rate_per_s is not None and rate_per_s <= 0:
+        raise ConfigError("--rate must be above zero, e.g. 200/s.")
+    prefix = settings.topic_prefix
+    source = parse_topic(prefix, topic)
+    async with reader(settings) as consumer:
+        await partitions_of(consumer, topic)  # a typo says so before anything else
+        types = load_job_types(settings.topics_dir)
+        target = _target(types, get_job_type(types, source.job_type), to_lane)
+        selected = await _select(consumer, topic, partition, from_offset, to_offset,
+                                 from_time_ms, to_time_ms)
+        await _lanes_exist(consumer, prefix, target)
+        result = ReplayResult(topic, selected, target.describe(prefix), rerun, dry_run)
+        if progress is not None:
+            progress.started(result)
+        if result.planned == 0:
+            return result
+        async with contextlib.AsyncExitStack() as stack:
+            producer = None
+            if not dry_run:
+                producer = await stack.enter_async_context(JobProducer(settings))
+            pace = None if dry_run else rate_per_s  # reading alone needs no pacing
+            copier = _Copier(settings, source, target, result, producer, pace, progress)
+            try:
+                async for record in scan(consumer, topic, selected):
+                    await copier.take(record)
+                await copier.flush()
+            except (StreamJobsError, KafkaError) as exc:
+                raise ReplayInterrupted(_stopped(result, exc)) from exc
+    return result
+
+
+def _target(types: Mapping[str, JobTypePolicy], source: JobTypePolicy,
+            to_lane: str | None) -> _Target:
+    if to_lane is None:
+        return _Target(source, None)
+    job_type, lane = parse_lane_target(to_lane)
+    policy = get_job_type(types, job_type)
+    lane = lane or DEFAULT_LANE
+    if lane not in policy.priorities:
+        raise ConfigError(f"Job type {job_type!r} has no {lane!r} lane; it declares "
+                          f"{', '.join(policy.priorities)} (priorities in its TOML file).")
+    return _Target(policy, lane)
+
+
+async def _select(consumer: Any, topic: str, partition: int | None, from_offset: int | None,
+                  to_offset: int | None, from_time_ms: int | None,
+                  to_time_ms: int | None) -> list[PartitionRange]:
+    chosen = None if partition is None else [partition]
+    selected = await ranges(consumer, topic, partitions=chosen, from_offset=from_offset,
+                            to_offset=to_offset, from_time_ms=from_time_ms,
+                            to_time_ms=to_time_ms)
+    if partition is not None and to_offset is not None:
+        # `ranges` stops at the end; an end past it is a typo worth a question.
+        tp = TopicPartition(topic, partition)
+        first = (await consumer.beginning_offsets([tp]))[tp]
+        end = (await consumer.end_offsets([tp]))[tp]
+        if to_offset >= end:
+            held = f"offsets {first} to {end - 1}" if end > first else "no records"
+            raise ConfigError(f"Offset {to_offset} is out of range for {topic} partition "
+                              f"{partition}, which holds {held}.")
+    return selected
+
+
+async def _lanes_exist(consumer: Any, prefix: str, target: _Target) -> None:
+    lanes = ([target.lane] if target.lane is not None else list(target.policy.priorities))
+    for lane in lanes:
+        name = lane_topic(prefix, target.policy.job_type, lane)
+        try:
+            await partitions_of(consumer, name)
+        except ConfigError:
+            raise ConfigError(f"The lane {name} does not exist yet: run "
+                              "`stream-jobs topics apply` first.") from None
+
+
+class _Copier:
+    """Decodes, rewrites and batches the records of a replay; a batch is written pipelined
+    and every acknowledgement awaited before the next, so `done_through` is durable."""
+
+    def __init__(self, settings: Settings, source: TopicRef, target: _Target,
+                 result: ReplayResult, producer: JobProducer | None,
+                 rate_per_s: float | None, progress: ReplayProgress | None) -> None:
+        self.source = source
+        self.target = target
+        self.result = result
+        self.producer = producer
+        self.progress = progress
+        self.prefix = settings.topic_prefix
+        self.max_payload_bytes = (target.policy.max_payload_bytes
+                                  or settings.max_payload_bytes)
+        self.rate_per_s = rate_per_s
+        self.batch_limit = BATCH_RECORDS if rate_per_s is None else max(
+            1, min(BATCH_RECORDS, int(rate_per_s)))
+        self.batch: list[tuple[str, JobRecord]] = []
+        self.marks: dict[int, int] = {}
+        self.pending = 0  # records read into this batch, skipped ones included
+        self.started = time.monotonic()
+
+    async def take(self, record: Any) -> None:
+        if self.rate_per_s is not None:
+            due = self.started + self.result.read / self.rate_per_s
+            wait_s = due - time.monotonic()
+            if wait_s > 0:
+                await self.flush()
+                await asyncio.sleep(wait_s)  # pacing to --rate, not waiting for a condition
+        self.result.read += 1
+        self.pending += 1
+        self.marks[record.partition] = record.offset
+        try:
+            job = decode_record(key=record.key, value=record.value, headers=record.headers,
+                                expected_type=self.source.job_type,
+                                max_payload_bytes=self.max_payload_bytes)
+        except BadRecord as bad:
+            self._skip(record, bad)
+        else:
+            now_ms = int(time.time() * 1000)
+            lane = self.target.lane_of(job)
+            out = replayed(job, job_type=self.target.policy.job_type, lane=lane,
+                           rerun=self.result.rerun, now_ms=now_ms)
+            if out.expires_at_ms is not None and out.expires_at_ms <= now_ms:
+                self.result.expired += 1
+            destination = lane_topic(self.prefix, out.job_type, lane)
+            self.batch.append((destination, out))
+            self.result.counts[(record.partition, out.job_type, destination)] += 1
+        if self.pending >= self.batch_limit:
+            await self.flush()
+
+    def _skip(self, record: Any, bad: BadRecord) -> None:
+        self.result.skipped_total += 1
+        if len(self.result.skipped) < MAX_LISTED_SKIPS:
+            self.result.skipped.append(
+                Skipped(record.partition, record.offset, bad.reason, bad.message))
+
+    async def flush(self) -> None:
+        if self.batch and self.producer is not None:
+            await _send(self.producer, self.batch)
+        self.result.written += len(self.batch)
+        self.result.done_through.update(self.marks)
+        self.batch = []
+        self.marks = {}
+        if self.pending and self.progress is not None:
+            self.progress.advanced(self.result)
+        self.pending = 0
+
+
+async def _send(producer: JobProducer, batch: Sequence[tuple[str, JobRecord]]) -> None:
+    backoff_s = 0.5
+    for attempt in range(1, SEND_ATTEMPTS + 1):
+        try:
+            await producer.send_many(batch)
+            return
+        except PublishError as exc:
+            if attempt == SEND_ATTEMPTS:
+                raise
+            log.warning("replay batch not acknowledged, sending it again in %.1f s: %s",
+                        backoff_s, exc)
+            await asyncio.sleep(backoff_s)  # backoff before a retry
+            backoff_s *= 2
+
+
+def _stopped(result: ReplayResult, exc: BaseException) -> str:
+    cause = str(exc).rstrip(".")
+    text = (f"Replay of {result.topic} stopped after {result.written} of {result.planned} "
+            f"records were written ({cause}).")
+    return f"{text} {resume_hint(result)}"
+
+
+def resume_hint(result: ReplayResult) -> str:
+    """How to continue an interrupted replay, as a sentence or two."""
+    todo = result.resume_offsets()
+    if not todo:
+        return "Every record of the range was written."
+    where = "; ".join(f"--partition {p} --from-offset {o}" for p, o in sorted(todo.items()))
+    text = f"To continue, run it again with {where} (keeping the other options)"
+    if result.rerun:
+        return (f"{text}; do not replay the whole range again with --rerun, or the "
+                "records already written run twice.")
+    return f"{text}; replaying the whole range again is also safe, as job IDs are kept."
+
+
+# -- consumer-group offsets ---------------------------------------------------------------
+
+
+class OffsetChange(NamedTuple):
+    """One partition of a reset: the committed offset before (None: none) and after."""
+
+    tp: TopicPartition
+    old: int | None
+    new: int
+
+
+async def reset_offsets(settings: Settings, group: str, *, topic: str | None = None,
+                        to_offset: int | None = None, to_time_ms: int | None = None,
+                        to_earliest: bool = False, to_latest: bool = False,
+                        force: bool = False, dry_run: bool = False,
+                        on_plan: Callable[[list[OffsetChange]], None] | None = None,
+                        ) -> list[OffsetChange]:
+    """Move `group`'s committed offsets on `topic` (default: the topics it has offsets
+    for, plus the topics its name says it reads) to one target, and return the changes.
+
+    Refuses with `GroupInUse` while the group has members, since a running worker keeps
+    its own positions and would commit over the reset. `force` skips that check (e.g.
+    when the credentials may not describe groups); Kafka itself still refuses offsets
+    from outside a group that has members. `on_plan` sees the changes before anything is
+    committed; a dry run stops there. The committed offsets are read back and checked.
+    """
+    chosen = [to_offset is not None, to_time_ms is not None, to_earliest, to_latest]
+    if sum(chosen) != 1:
+        raise ConfigError("Give exactly one target: --to-offset, --to-time, --to-earliest "
+                          "or --to-latest.")
+    if to_offset is not None and to_offset < 0:
+        raise ConfigError(f"--to-offset {to_offset} is negative; offsets count from 0.")
+    try:
+        async with admin_client(settings) as admin:
+            if not force:
+                await _refuse_members(admin, group)
+            committed = await admin.list_consumer_group_offsets(group)
+            topics = await _group_topics(admin, settings, group, topic, committed)
+        async with reader(settings) as consumer:
+            tps = [TopicPartition(t, p) for t in topics for p in await partitions_of(consumer, t)]
+            targets = await _targets(consumer, tps, to_offset, to_time_ms, to_latest)
+    except KafkaError as exc:
+        raise StreamJobsError(f"Kafka refused a request about group {group!r}: {exc}.") \
+            from exc
+    changes = [OffsetChange(tp, committed[tp].offset if tp in committed else None,
+                            targets[tp]) for tp in tps]
+    if on_plan is not None:
+        on_plan(changes)
+    if dry_run or not changes:
+        return changes
+    await _commit(settings, group, {c.tp: c.new for c in changes})
+    await _check_committed(settings, group, changes)
+    return changes
+
+
+async def _refuse_members(admin: Any, group: str) -> None:
+    described = (await admin.describe_consumer_groups([group]))[0].to_object()["groups"][0]
+    if described["error_code"]:
+        error = for_code(described["error_code"])
+        raise StreamJobsError(f"Kafka did not describe consumer group {group!r} "
+                              f"({error.__name__}); --force skips this check.")
+    members = described["members"]
+    if members:
+        hosts = sorted({str(m["client_host"]).lstrip("/") for m in members})
+        count = f"{len(members)} active member{'s' if len(members) != 1 else ''}"
+        raise GroupInUse(
+            f"Consumer group {group!r} has {count} (on {', '.join(hosts)}): stop its "
+            "workers first; a worker killed without draining leaves the group once its "
+            "session times out (10 s).")
+
+
+async def _group_topics(admin: Any, settings: Settings, group: str, topic: str | None,
+                        committed: Mapping[TopicPartition, Any]) -> list[str]:
+    existing = set(await admin.list_topics())
+    if topic is not None:
+        if topic not in existing:
+            raise ConfigError(f"Topic {topic!r} does not exist: check the name with "
+                              "`stream-jobs topics list`.")
+        return [topic]
+    topics = {tp.topic for tp in committed if tp.topic in existing}
+    topics.update(_topics_named_by(settings.topic_prefix, group, existing))
+    if not topics:
+        raise ConfigError(
+            f"Consumer group {group!r} has no committed offsets and reads none of our "
+            f"topics: check the name ({settings.topic_prefix}.TYPE.worker, .relay or .dlq), "
+            "or give --topic.")
+    return sorted(topics)
+
+
+def _topics_named_by(prefix: str, group: str, existing: set[str]) -> set[str]:
+    """The topics a group of ours reads: T.worker the lanes, T.relay the tiers, T.dlq the DLQ."""
+    roles = {"worker": "lane", "relay": "tier", "dlq": "dlq"}
+    body, _, role_name = group.rpartition(".")
+    role = roles.get(role_name)
+    if role is None or not body.startswith(f"{prefix}."):
+        return set()
+    job_type = body[len(prefix) + 1:]
+    found = set()
+    for name in existing:
+        with contextlib.suppress(ConfigError):
+            ref = parse_topic(prefix, name)
+            if ref.job_type == job_type and ref.role == role:
+                found.add(name)
+    return found
+
+
+async def _targets(consumer: Any, tps: list[TopicPartition], to_offset: int | None,
+                   to_time_ms: int | None, to_latest: bool) -> dict[TopicPartition, int]:
+    firsts = await consumer.beginning_offsets(tps)
+    ends = await consumer.end_offsets(tps)
+    if to_latest:
+        return dict(ends)
+    if to_time_ms is not None:
+        found = await consumer.offsets_for_times(dict.fromkeys(tps, to_time_ms))
+        return {tp: found[tp].offset if found.get(tp) is not None else ends[tp] for tp in tps}
+    if to_offset is None:  # to earliest
+        return dict(firsts)
+    for tp in tps:
+        if not firsts[tp] <= to_offset <= ends[tp]:
+            raise ConfigError(f"Offset {to_offset} is out of range for {tp.topic} partition "
+                              f"{tp.partition}, which can be set to {firsts[tp]} to {ends[tp]}.")
+    return dict.fromkeys(tps, to_offset)
+
+
+async def _commit(settings: Settings, group: str, offsets: dict[TopicPartition, int]) -> None:
+    # assign() instead of subscribe(): the consumer never joins the group, so the commit
+    # goes in as one from outside it (generation -1), which Kafka takes for an empty group.
+    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings, client_id="stream-jobs-admin"),
+                                group_id=group, enable_auto_commit=False)
+    try:
+        await consumer.start()
+    except KafkaConnectionError as exc:
+        await consumer.stop()
+        raise broker_unavailable(settings, exc) from exc
+    try:
+        consumer.assign(list(offsets))
+        await consumer.commit(offsets)
+    except (CommitFailedError, UnknownMemberIdError, IllegalGenerationError,
+            RebalanceInProgressError) as exc:
+        raise GroupInUse(
+            f"Kafka refused the new offsets because consumer group {group!r} has active "
+            "members (it takes offsets from outside a group only when the group is empty): "
+            "stop its workers first.") from exc
+    except KafkaError as exc:
+        raise StreamJobsError(f"Kafka refused the new offsets of group {group!r}: {exc}.") \
+            from exc
+    finally:
+        await consumer.stop()
+
+
+async def _check_committed(settings: Settings, group: str, changes: list[OffsetChange]) -> None:
+    async with admin_client(settings) as admin:
+        now = await admin.list_consumer_group_offsets(group, partitions=[c.tp for c in changes])
+    wrong = [c for c in changes if c.tp not in now or now[c.tp].offset != c.new]
+    if wrong:
+        first = wrong[0]
+        raise StreamJobsError(
+            f"Group {group!r} reads back a different offset for {first.tp.topic} partition "
+            f"{first.tp.partition} than the {first.new} just committed: did a worker start? "
+            "Check with --dry-run and run the reset again.")
+
+
+__all__ = [
+    "GroupInUse",
+    "OffsetChange",
+    "ReplayInterrupted",
+    "ReplayProgress",
+    "ReplayResult",
+    "Skipped",
+    "check_selection",
+    "parse_lane_target",
+    "parse_time_ms",
+    "replay",
+    "replayed",
+    "reset_offsets",
+    "resume_hint",
+]
