@@ -52,6 +52,9 @@ class JobHandler:
             try:
                 return self.model.model_validate_json(raw)
             except ValidationError as exc:
+                if any(err["type"] == "json_invalid" for err in exc.errors()):
+                    raise BadRecord("bad-json", f"the value is not JSON: {exc.errors()[0]['msg']}"
+                                    ) from exc
                 raise BadRecord("invalid-payload", _validation_summary(exc)) from exc
         try:
             payload = orjson.loads(raw)

@@ -47,6 +47,18 @@ class Record(Protocol):
 
 
 @dataclass(eq=False)
+class Chain:
+    """Records that run one after another in offset order (one key, or one partition).
+
+    A chain is either running its head or waiting in the member's ready queue, never both.
+    """
+
+    work: PartitionWork
+    key: Hashable
+    records: deque[Record] = field(default_factory=deque)
+
+
+@dataclass(eq=False)
 class PartitionWork:
     """What one member holds for one assigned partition."""
 
@@ -56,8 +68,7 @@ class PartitionWork:
     paused: bool = False
     buffered: int = 0
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    # Records waiting behind one another: one chain runs its records in offset order.
-    chains: dict[Hashable, deque[Record]] = field(default_factory=dict)
+    chains: dict[Hashable, Chain] = field(default_factory=dict)
 
     def dispatched(self, offset: int) -> None:
         if self.tracker is None:
@@ -87,13 +98,16 @@ class GroupMember(ABC):
     """One member of a consumer group that dispatches records and commits finished offsets."""
 
     def __init__(self, settings: Settings, group_id: str, topics: list[str], *,
-                 job_type: str, producer: JobProducer, grace_s: float,
+                 job_type: str, producer: JobProducer, concurrency: int, grace_s: float,
                  commit_interval_s: float, max_buffered: int, fetch_records: int = 500) -> None:
         self.settings = settings
         self.job_type = job_type
         self.producer = producer
         # Set when the member is asked to stop: writes still failing then are abandoned.
         self.stopping = asyncio.Event()
+        self.concurrency = concurrency
+        self._ready: deque[Chain] = deque()
+        self._running = 0
         self.group_id = group_id
         self.topics = topics
         self.grace_s = grace_s
@@ -131,26 +145,41 @@ class GroupMember(ABC):
     # -- dispatch ---------------------------------------------------------------------------
 
     def dispatch(self, work: PartitionWork, records: list[Record]) -> None:
-        """Track fetched records (offset order) and start or extend their chains."""
+        """Track fetched records (offset order), extend their chains, start what fits."""
         for record in records:
             work.dispatched(record.offset)
             key = self.chain_of(record)
             chain = work.chains.get(key)
             if chain is None:
-                chain = work.chains[key] = deque()
-                task = asyncio.create_task(self._run_chain(work, key, chain))
-                work.tasks.add(task)
-                task.add_done_callback(work.tasks.discard)
-            chain.append(record)
+                chain = work.chains[key] = Chain(work, key)
+                self._ready.append(chain)
+            chain.records.append(record)
+        self._pump()
 
-    async def _run_chain(self, work: PartitionWork, key: Hashable, chain: deque[Record]) -> None:
+    def _pump(self) -> None:
+        """Start the heads of ready chains while fewer than `concurrency` records run.
+
+        A task exists only for a running record, so a deep buffer costs no tasks and no
+        waiters. Chains of a revoked partition (or all, once stopping) are dropped
+        unstarted: their records stay unfinished and go to the next owner.
+        """
+        while self._running < self.concurrency and self._ready:
+            chain = self._ready.popleft()
+            work = chain.work
+            if work.revoked or self.stopping.is_set():
+                work.chains.pop(chain.key, None)
+                continue
+            self._running += 1
+            task = asyncio.create_task(self._execute(chain, chain.records[0]))
+            work.tasks.add(task)
+            task.add_done_callback(work.tasks.discard)
+
+    async def _execute(self, chain: Chain, record: Record) -> None:
+        work = chain.work
+        finished = False
         try:
-            while chain and not work.revoked:
-                record = chain[0]
-                await self.handle(work, record)
-                chain.popleft()
-                work.finished(record.offset)
-                self.relieve(work)
+            await self.handle(work, record)
+            finished = True
         except Abandoned:
             pass
         except Exception:
@@ -159,7 +188,16 @@ class GroupMember(ABC):
             log.exception("%s: unexpected error on %s; its offset stays uncommitted",
                           self.group_id, work.tp)
         finally:
-            work.chains.pop(key, None)
+            self._running -= 1
+            if finished:
+                chain.records.popleft()
+                work.finished(record.offset)
+                self.relieve(work)
+            if finished and chain.records and not work.revoked:
+                self._ready.append(chain)
+            else:
+                work.chains.pop(chain.key, None)
+            self._pump()
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -93,14 +93,17 @@ class JobProducer:
         """
         futures = [await self._enqueue(topic, rec.key, rec.payload, rec.headers(), None)
                    for topic, rec in items]
-        results = await asyncio.gather(
-            *(self._acked(topic, fut) for (topic, _), fut in zip(items, futures, strict=True)),
-            return_exceptions=True,
-        )
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-        return [r for r in results if isinstance(r, Written)]
+        # The broker's futures are awaited as they are: no task per record.
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        written = []
+        for (topic, _), meta in zip(items, results, strict=True):
+            if isinstance(meta, KafkaError):
+                raise PublishError(f"Kafka did not acknowledge a record for {topic}: {meta}"
+                                   ) from meta
+            if isinstance(meta, BaseException):
+                raise meta
+            written.append(Written(meta.topic, meta.partition, meta.offset))
+        return written
 
     async def _enqueue(self, topic: str, key: bytes | None, value: bytes | None,
                        headers: Sequence[tuple[str, bytes]],

@@ -241,12 +241,15 @@ def decode_record(
     headers: Sequence[tuple[str, bytes]],
     expected_type: str,
     max_payload_bytes: int,
+    check_json: bool = True,
 ) -> JobRecord:
     """The job in a consumed record, or `BadRecord` saying why it is not one.
 
     Checks run in this order, so the reason is predictable: missing-value / too-large,
     missing-header (job ID, type), bad-header, wrong-type, bad-json. When a header
     repeats, the last one wins. Raises nothing but `BadRecord`, whatever the input.
+    `check_json=False` skips parsing the payload, for a caller that parses it next anyway
+    (the worker, whose handler's model does; it raises bad-json itself).
     """
     if value is None:
         raise BadRecord(
@@ -299,10 +302,11 @@ def decode_record(
             REASON_WRONG_TYPE,
             f"The record is a {job_type!r} job on a topic for {expected_type!r} jobs.",
         )
-    try:
-        orjson.loads(payload)
-    except Exception as exc:
-        raise BadRecord(REASON_BAD_JSON, f"The payload is not valid JSON: {exc}.") from exc
+    if check_json:
+        try:
+            orjson.loads(payload)
+        except Exception as exc:
+            raise BadRecord(REASON_BAD_JSON, f"The payload is not valid JSON: {exc}.") from exc
 
     return JobRecord(
         job_id=job_id,

@@ -36,6 +36,10 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+# One chain per tier partition bounds the relay's work; no further limit is needed.
+_UNBOUNDED = 1_000_000
+
+
 class Relay(GroupMember):
     """Moves due records from a type's delay tiers back to its lanes."""
 
@@ -45,7 +49,8 @@ class Relay(GroupMember):
         prefix = settings.topic_prefix
         tiers = [tier_topic(prefix, policy.job_type, tier) for tier in policy.retry_tiers]
         super().__init__(settings, relay_group(prefix, policy.job_type), tiers,
-                         job_type=policy.job_type, producer=producer, grace_s=grace_s,
+                         job_type=policy.job_type, producer=producer,
+                         concurrency=_UNBOUNDED, grace_s=grace_s,
                          commit_interval_s=commit_interval_s, max_buffered=max_buffered)
         self.policy = policy
         self.released = 0

@@ -22,7 +22,7 @@ from stream_jobs.app import JobHandler
 from stream_jobs.consumer import GroupMember, PartitionWork, Record
 from stream_jobs.context import JobContext, ms_to_datetime
 from stream_jobs.dedup import DedupStore
-from stream_jobs.errors import Abandoned, AlreadyDone, BadRecord, PermanentError, StreamJobsError
+from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError, StreamJobsError
 from stream_jobs.naming import dlq_topic, lane_topic, stats_topic, tier_topic, worker_group
 from stream_jobs.producer import JobProducer
 from stream_jobs.record import (
@@ -65,7 +65,8 @@ class Worker(GroupMember):
         lanes = [lane_topic(prefix, policy.job_type, lane) for lane in policy.priorities]
         super().__init__(settings, worker_group(prefix, policy.job_type), lanes,
                          job_type=policy.job_type, producer=JobProducer(settings),
-                         grace_s=grace_s, commit_interval_s=commit_interval_s,
+                         concurrency=handler.concurrency, grace_s=grace_s,
+                         commit_interval_s=commit_interval_s,
                          max_buffered=max_buffered or max(2 * handler.concurrency, 256))
         self.policy = policy
         self.handler = handler
@@ -76,7 +77,6 @@ class Worker(GroupMember):
         self.relay = Relay(settings, policy, self.producer, grace_s=grace_s) if relay else None
         self.outcomes: Counter[str] = Counter()
         self.dead_letter_reasons: Counter[str] = Counter()
-        self._slots = asyncio.Semaphore(handler.concurrency)
         self.worker_id = new_worker_id()
         self.report_interval_s = report_interval_s
         self._started_at_ms = _now_ms()
@@ -172,20 +172,13 @@ class Worker(GroupMember):
         return record.offset
 
     async def handle(self, work: PartitionWork, record: Record) -> None:
-        async with self._slots:
-            # A record may wait here for a slot across a revocation or a stop request; it
-            # has not started, so it must not start now (its next owner runs it). Only jobs
-            # already running get the grace period.
-            if work.revoked or self.stopping.is_set():
-                raise Abandoned("revoked or stopping before the job started")
-            outcome = await self._run_job(record)
-        self.outcomes[outcome] += 1
+        self.outcomes[await self._run_job(record)] += 1
 
     async def _run_job(self, record: Record) -> Outcome:
         try:
             job = decode_record(key=record.key, value=record.value, headers=record.headers,
                                 expected_type=self.policy.job_type,
-                                max_payload_bytes=self._payload_limit())
+                                max_payload_bytes=self._payload_limit(), check_json=False)
         except BadRecord as bad:
             await self.dead_letter_raw(record, bad)
             self.dead_letter_reasons[bad.reason] += 1
@@ -209,7 +202,8 @@ class Worker(GroupMember):
             _dedup=self.dedup,
         )
         try:
-            await asyncio.wait_for(self.handler.func(payload, ctx), self.handler.timeout_s)
+            async with asyncio.timeout(self.handler.timeout_s):
+                await self.handler.func(payload, ctx)
         except AlreadyDone:
             return Outcome.DUPLICATE
         except TimeoutError as exc:

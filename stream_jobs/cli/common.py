@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import typer
 
 from stream_jobs.settings import Settings, load_settings
+
+T = TypeVar("T")
 
 app = typer.Typer(
     name="stream-jobs",
@@ -46,3 +50,14 @@ def settings_of(ctx: typer.Context, **extra: object) -> Settings:
     given = dict(ctx.find_root().obj or {})
     given.update(extra)
     return load_settings(**given)
+
+
+def run_fast(main: Coroutine[Any, Any, T]) -> T:
+    """Run a long-lived coroutine (worker, demo) on uvloop where it is installed."""
+    try:
+        import uvloop
+    except ImportError:  # not on this platform: the standard loop works, only slower
+        import asyncio
+
+        return asyncio.run(main)
+    return uvloop.run(main)

@@ -28,7 +28,7 @@ from rich.table import Table
 
 from stream_jobs.admin import apply
 from stream_jobs.app import App
-from stream_jobs.cli.common import app, settings_of
+from stream_jobs.cli.common import app, run_fast, settings_of
 from stream_jobs.client import Job, JobClient
 from stream_jobs.connection import kafka_client_kwargs
 from stream_jobs.dedup import DedupStore
@@ -84,7 +84,7 @@ def demo(
     except ImportError as exc:
         raise ConfigError("The demo app consumers/demo.py was not found: run the demo from "
                           "the project's checkout.") from exc
-    ok = asyncio.run(_run(settings, module, random.Random(seed)))
+    ok = run_fast(_run(settings, module, random.Random(seed)))
     if not ok:
         raise typer.Exit(1)
 

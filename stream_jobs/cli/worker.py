@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from stream_jobs.app import load_app
-from stream_jobs.cli.common import app, settings_of
+from stream_jobs.cli.common import app, run_fast, settings_of
 from stream_jobs.dedup import DedupStore
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def worker(
         await runner.run(until_idle=until_idle)
         return runner
 
-    runner = asyncio.run(main())
+    runner = run_fast(main())
     totals = ", ".join(f"{k} {v}" for k, v in sorted(runner.outcomes.items())) or "no jobs"
     console.print(f"stopped: {totals}")
 
