@@ -20,12 +20,8 @@ from typing import Any
 import asyncpg
 
 from stream_jobs.errors import AlreadyDone, DatabaseUnavailable
+from stream_jobs.group_commit import INSERT_DONE, GroupCommitter
 from stream_jobs.settings import Settings
-
-_INSERT = (
-    "INSERT INTO stream_jobs_done (job_id, job_type, attempt) VALUES ($1, $2, $3) "
-    "ON CONFLICT (job_id) DO NOTHING"
-)
 
 
 class DedupStore:
@@ -35,6 +31,7 @@ class DedupStore:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._pool: asyncpg.Pool | None = None
+        self._committer: GroupCommitter | None = None
 
     async def _get_pool(self) -> asyncpg.Pool:
         if self._pool is None:
@@ -43,7 +40,9 @@ class DedupStore:
                     self._settings.database_url,
                     min_size=0,
                     max_size=self._settings.database_pool_size,
-                    server_settings={"search_path": self._settings.database_schema},
+                    server_settings={"search_path": self._settings.database_schema,
+                                     # group_commit quotes literals under this rule
+                                     "standard_conforming_strings": "on"},
                     timeout=10,
                 )
             except (OSError, asyncpg.PostgresError) as exc:
@@ -71,11 +70,23 @@ class DedupStore:
     async def once(self, job_id: str, job_type: str, attempt: int) -> AsyncIterator[Any]:
         """A connection in an open transaction that already holds the job's dedup row.
 
-        Raises `AlreadyDone` (before the body runs) when the row exists.
+        Raises `AlreadyDone` (before the body runs) when the row exists. Returns only
+        once the row and the body's writes are committed. With group commit (the
+        default, `STREAM_JOBS_DEDUP_GROUP_COMMIT`) the transaction is shared with other
+        jobs and the body runs in its own savepoint; see `stream_jobs.group_commit`.
         """
+        if self._settings.dedup_group_commit:
+            if self._committer is None:
+                self._committer = GroupCommitter(
+                    await self._get_pool(), batch_max=self._settings.dedup_batch_max,
+                    linger_s=self._settings.dedup_linger_ms / 1000,
+                    parallel=max(1, self._settings.database_pool_size - 2))
+            async with self._committer.once(job_id, job_type, attempt) as conn:
+                yield conn
+            return
         pool = await self._get_pool()
         async with pool.acquire() as conn, conn.transaction():
-            status = await conn.execute(_INSERT, job_id, job_type, attempt)
+            status = await conn.execute(INSERT_DONE, job_id, job_type, attempt)
             if status.endswith(" 0"):
                 raise AlreadyDone(f"job {job_id} already finished")
             yield conn
