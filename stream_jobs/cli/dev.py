@@ -1,12 +1,18 @@
-"""`stream-jobs dev up|down|status`: the local Kafka + Postgres stack."""
+"""`stream-jobs dev up|down|status|check`: the local Kafka + Postgres stack."""
 
 from __future__ import annotations
+
+import asyncio
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from stream_jobs.cli.common import settings_of
+from stream_jobs.dedup import DedupStore
+from stream_jobs.errors import StreamJobsError
+from stream_jobs.probe import probe_stack, redact
+from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster, PostgresServer, ServiceStatus
 
 dev_app = typer.Typer(help="Run a real Kafka and Postgres locally (development and tests).",
@@ -32,6 +38,7 @@ def up(
         server = PostgresServer(settings)
         with console.status("starting postgres"):
             server.up()
+            asyncio.run(_migrate(settings.model_copy(update={"database_url": server.dsn})))
         services.append(server.status())
     _print_table(services)
 
@@ -52,6 +59,35 @@ def status(ctx: typer.Context) -> None:
     rows = [*KafkaCluster(settings, 1).status(), *KafkaCluster(settings, 3).status(),
             PostgresServer(settings).status()]
     _print_table(rows)
+
+
+@dev_app.command("check")
+def check(ctx: typer.Context) -> None:
+    """Connect to the configured Kafka and Postgres and say whether each answers."""
+    settings = settings_of(ctx)
+    results = asyncio.run(probe_stack(settings))
+    table = Table(title="stream-jobs connections")
+    for column in ("service", "address", "state", "detail"):
+        table.add_column(column, overflow="fold")
+    configured = (settings.kafka_bootstrap, redact(settings.database_url))
+    for service, address, result in zip(("kafka", "postgres"), configured, results, strict=True):
+        if isinstance(result, StreamJobsError):
+            table.add_row(service, address, "[red]no answer[/]", type(result).__name__)
+        else:
+            table.add_row(service, address, "[green]answers[/]", result.detail)
+    console.print(table)
+    for result in results:
+        if isinstance(result, StreamJobsError):
+            raise result
+
+
+async def _migrate(settings: Settings) -> None:
+    """The dedup table, so the stack is ready for workers using ctx.once()."""
+    store = DedupStore(settings)
+    try:
+        await store.migrate()
+    finally:
+        await store.close()
 
 
 def _print_table(rows: list[ServiceStatus]) -> None:

@@ -58,10 +58,41 @@ def read_pid(pid_file: Path, marker: str) -> int | None:
         pid = int(pid_file.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    if pid_alive(pid) and marker in cmdline(pid):
+    alive = pid_alive(pid)
+    if alive and marker in cmdline(pid):
         return pid
+    if not alive:
+        _wait_released(pid)
     pid_file.unlink(missing_ok=True)
     return None
+
+
+def _wait_released(pid: int, timeout_s: float = 10.0) -> None:
+    """Return once no thread of the dead process `pid` runs (or after `timeout_s`).
+
+    After SIGKILL the thread-group leader turns zombie while the other threads are still
+    exiting, and until the last one is gone the process keeps its listening sockets: a
+    restart in that window would find its own old port taken.
+    """
+    deadline = time.monotonic() + timeout_s
+    while _has_live_thread(pid) and time.monotonic() < deadline:
+        _reap(pid)
+        time.sleep(0.02)
+
+
+def _has_live_thread(pid: int) -> bool:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
@@ -72,6 +103,9 @@ def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
 
 def ensure_port_free(host: str, port: int, what: str, setting: str) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # Kafka binds with SO_REUSEADDR; without it here, the TIME_WAIT connections a
+        # stopped or killed broker leaves behind would read as a stranger for a minute.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
@@ -93,6 +127,11 @@ def spawn(argv: Sequence[str], log_file: Path, pid_file: Path, cwd: Path) -> int
             cwd=cwd,
             start_new_session=True,
         )
+    # Just after exec, /proc/<pid>/cmdline can read empty, and read_pid would then take the
+    # new process for a stranger and drop its pid file; so the file waits for the cmdline.
+    deadline = time.monotonic() + 5.0
+    while not cmdline(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     pid_file.write_text(f"{proc.pid}\n")
     return proc.pid
 
@@ -142,6 +181,7 @@ def stop_pid(pid: int, grace_s: float = 30.0) -> None:
         while pid_alive(pid):
             _reap(pid)
             time.sleep(0.05)
+    _wait_released(pid)
     _reap(pid)
 
 

@@ -1,0 +1,380 @@
+"""The local stack itself: cluster formation, idempotent up/down, crash recovery, clear errors.
+
+Every test that starts, stops or kills something does it to a stack of its own, in a
+folder of its own on ports of its own, so the shared stack that the other integration
+tests use (127.0.0.1:9092, Postgres 54320) is never disturbed; `dev check` only reads it.
+The three-node cluster has fixed ports (19092/29092/39092 and +1), so the single-node
+ports are drawn from a range that cannot meet them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+
+from stream_jobs.errors import BrokerUnavailable, DatabaseUnavailable
+from stream_jobs.probe import probe_kafka, probe_postgres
+from stream_jobs.settings import Settings
+from stream_jobs.stack import KafkaCluster, PostgresServer
+from stream_jobs.stack.process import pid_alive
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = Path(sys.executable).parent / "stream-jobs"
+# Below Linux's ephemeral range (32768+) and clear of the cluster's 19092-39093.
+PORT_RANGE = (20_000, 28_999)
+
+
+def bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(span: int = 1) -> int:
+    """A port such that it and the `span - 1` after it are free (Kafka's controller is +1)."""
+    for _ in range(200):
+        port = random.randint(*PORT_RANGE)
+        if all(bindable(port + i) for i in range(span)):
+            return port
+    raise RuntimeError("no free port pair found in the test range")
+
+
+async def apoll(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Await `condition()` until it returns truthy; KafkaError counts as not yet."""
+    deadline = time.monotonic() + timeout_s
+    last: BaseException | None = None
+    while True:
+        try:
+            result = condition()
+            if asyncio.iscoroutine(result):
+                result = await result
+            if result:
+                return
+        except KafkaError as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout_s:.0f} s (last: {last!r})")
+        await asyncio.sleep(0.2)  # polling a condition with a deadline
+
+
+async def create_topic(admin: AIOKafkaAdminClient, topic: str, partitions: int,
+                       replication: int) -> bool:
+    """Whether the topic now exists; the admin client reports refusals without raising."""
+    response = await admin.create_topics([NewTopic(topic, partitions, replication)])
+    [outcome] = response.to_object()["topic_errors"]
+    # 36 (already exists): an earlier attempt of the same poll got through.
+    return outcome["error_code"] in (0, 36)
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live pids whose command line contains `text` (zombies have an empty one)."""
+    needle = text.encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def cli_env(settings: Settings, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_JOBS_")}
+    env.update(
+        STREAM_JOBS_STACK_DIR=str(settings.stack_dir),
+        STREAM_JOBS_DEV_KAFKA_PORT=str(settings.dev_kafka_port),
+        STREAM_JOBS_DEV_POSTGRES_PORT=str(settings.dev_postgres_port),
+        STREAM_JOBS_JARS_CACHE_DIR=str(settings.jars_cache_dir),
+        **extra,
+    )
+    return env
+
+
+def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CLI), *args], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=180, check=False)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    """The CLI failed with exactly one `error:` sentence, no traceback; returns that line."""
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    line = lines[0]
+    assert line.startswith("error: "), line
+    assert line.count("error:") == 1, line
+    assert line.rstrip().endswith("."), line
+    for fragment in fragments:
+        assert fragment in line, line
+    return line
+
+
+def stop_everything(settings: Settings) -> None:
+    KafkaCluster(settings, 1).down()
+    KafkaCluster(settings, 3).down()
+    PostgresServer(settings).down()
+
+
+@pytest.fixture(scope="module")
+def stack_root() -> Iterator[Path]:
+    """A folder for this module's stacks that the `postgres` OS user can traverse.
+
+    pytest's tmp_path lives under a root-only folder, where Postgres could not keep its
+    data beside Kafka's; this keeps every byte of a test stack in one removable place.
+    """
+    root = Path(tempfile.mkdtemp(prefix="stream-jobs-stack-test-"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def isolated(stack_root: Path) -> Iterator[Callable[[], Settings]]:
+    """Makes settings for a fresh stack; whatever it started is stopped afterwards."""
+    made: list[Settings] = []
+
+    def make() -> Settings:
+        settings = Settings(stack_dir=stack_root / uuid.uuid4().hex[:8],
+                            dev_kafka_port=free_port(span=2), dev_postgres_port=free_port())
+        made.append(settings)
+        return settings
+
+    yield make
+    for settings in made:
+        stop_everything(settings)
+
+
+@pytest.fixture(scope="module")
+def solo_settings(stack_root: Path) -> Iterator[Settings]:
+    settings = Settings(stack_dir=stack_root / "solo", dev_kafka_port=free_port(span=2),
+                        dev_postgres_port=free_port())
+    yield settings
+    stop_everything(settings)
+
+
+@pytest.fixture
+def solo(solo_settings: Settings) -> Settings:
+    """A running single-node broker of our own, started once and shared; `up` is a no-op
+    while it runs, so a test that kills it does not take the next test down with it."""
+    KafkaCluster(solo_settings, 1).up()
+    return solo_settings
+
+
+async def test_three_brokers_form_one_cluster_and_replicate_a_topic(stack_root: Path) -> None:
+    settings = Settings(stack_dir=stack_root / "cluster")
+    cluster = KafkaCluster(settings, 3)
+    topic = f"replicated-{uuid.uuid4().hex[:8]}"
+    try:
+        await asyncio.to_thread(cluster.up)
+        admin = AIOKafkaAdminClient(bootstrap_servers=cluster.bootstrap)
+        await admin.start()
+        try:
+            async def three_brokers() -> bool:
+                return len((await admin.describe_cluster())["brokers"]) == 3
+
+            await apoll(three_brokers, 60, "three brokers in the metadata")
+            # Until every broker is unfenced, the controller refuses replication factor 3.
+            await apoll(lambda: create_topic(admin, topic, 3, 3), 60,
+                        "creating a topic with replication factor 3")
+
+            async def fully_replicated() -> bool:
+                [described] = await admin.describe_topics([topic])
+                partitions = described["partitions"]
+                return len(partitions) == 3 and all(
+                    len(p["replicas"]) == 3 and len(p["isr"]) == 3 for p in partitions)
+
+            await apoll(fully_replicated, 60, "three in-sync replicas per partition")
+        finally:
+            await admin.close()
+
+        # acks=all needs min.insync.replicas=2 of 3: a write proves replication is live.
+        producer = AIOKafkaProducer(bootstrap_servers=cluster.bootstrap, acks="all",
+                                    enable_idempotence=True)
+        await producer.start()
+        try:
+            written = await producer.send_and_wait(topic, b"replicated", key=b"k")
+        finally:
+            await producer.stop()
+        assert written.offset == 0
+    finally:
+        stopped = await asyncio.to_thread(cluster.down)
+    assert len(stopped) == 3
+    assert processes_mentioning(str(cluster.home)) == []
+
+
+def test_up_twice_is_a_no_op_and_down_leaves_nothing_running(
+    isolated: Callable[[], Settings],
+) -> None:
+    settings = isolated()
+    env = cli_env(settings)
+    kafka, postgres = KafkaCluster(settings, 1), PostgresServer(settings)
+
+    first = run_cli("dev", "up", env=env)
+    assert first.returncode == 0, first.stderr
+    kafka_pid, postgres_pid = kafka.status()[0].pid, postgres.running_pid()
+    assert kafka_pid is not None
+    assert postgres_pid is not None
+
+    second = run_cli("dev", "up", env=env)
+    assert second.returncode == 0, second.stderr
+    assert (kafka.status()[0].pid, postgres.running_pid()) == (kafka_pid, postgres_pid)
+
+    down = run_cli("dev", "down", env=env)
+    assert down.returncode == 0, down.stderr
+    assert f"pid {kafka_pid}" in down.stdout
+    assert f"pid {postgres_pid}" in down.stdout
+    assert not pid_alive(kafka_pid)
+    assert not pid_alive(postgres_pid)
+    assert processes_mentioning(str(settings.stack_dir.resolve())) == []
+    assert processes_mentioning(str(postgres.data)) == []
+    assert not kafka.status()[0].running
+    assert not postgres.status().running
+
+
+async def test_broker_killed_with_sigkill_comes_back_with_its_data(solo: Settings) -> None:
+    cluster = KafkaCluster(solo, 1)
+    bootstrap = cluster.bootstrap
+    topic = f"survivor-{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        assert await create_topic(admin, topic, 1, 1)
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        for i in range(3):
+            await producer.send_and_wait(topic, f"before-{i}".encode())
+    finally:
+        await producer.stop()
+
+    killed = cluster.kill_node(1)
+    await apoll(lambda: not pid_alive(killed), 30, "the killed broker to disappear")
+    await asyncio.to_thread(cluster.up)
+    restarted = cluster.status()[0].pid
+    assert restarted is not None
+    assert restarted != killed
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        # Log recovery after an unclean stop can keep the partition leaderless for a moment.
+        await apoll(lambda: producer.send_and_wait(topic, b"after"), 60, "a write after restart")
+    finally:
+        await producer.stop()
+
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    seen: list[bytes] = []
+    try:
+        async def all_four() -> bool:
+            batches = await consumer.getmany(timeout_ms=1_000)
+            seen.extend(r.value for records in batches.values() for r in records if r.value)
+            return len(seen) >= 4
+
+        await apoll(all_four, 60, "reading back the records from before and after the kill")
+    finally:
+        await consumer.stop()
+    assert seen == [b"before-0", b"before-1", b"before-2", b"after"]
+
+
+def test_kafka_port_in_use_is_one_clear_sentence(isolated: Callable[[], Settings]) -> None:
+    settings = isolated()
+    port = settings.dev_kafka_port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        result = run_cli("dev", "up", "--no-postgres", env=cli_env(settings))
+    assert_one_line_error(result, f"127.0.0.1:{port}", "already in use",
+                          "STREAM_JOBS_DEV_KAFKA_PORT")
+    assert processes_mentioning(str(settings.stack_dir.resolve())) == []
+
+
+def test_root_owned_postgres_data_is_one_clear_sentence(solo: Settings) -> None:
+    # `dev up` starts Kafka before Postgres; the module's broker is already up, so this
+    # reaches the Postgres check without another JVM start.
+    server = PostgresServer(solo)
+    server.data.mkdir(parents=True)
+    (server.data / "PG_VERSION").write_text("15\n")
+    assert server.data.stat().st_uid == 0, "this test needs to run as root"
+    try:
+        result = run_cli("dev", "up", env=cli_env(solo))
+        assert_one_line_error(result, str(server.data), "owned by root", "chown")
+        assert server.running_pid() is None
+        assert processes_mentioning(str(server.data)) == []
+    finally:
+        shutil.rmtree(server.data)
+
+
+def check_env(kafka_bootstrap: str, database_url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_JOBS_")}
+    env.update(STREAM_JOBS_KAFKA_BOOTSTRAP=kafka_bootstrap, STREAM_JOBS_DATABASE_URL=database_url)
+    return env
+
+
+# `dev check` only connects and asks, so these three read the shared stack (the conftest's
+# `settings`) for whichever service is meant to answer.
+
+
+def test_dev_check_names_the_silent_kafka_setting(settings: Settings) -> None:
+    wrong = f"127.0.0.1:{free_port()}"
+    result = run_cli("dev", "check", env=check_env(wrong, settings.database_url))
+    assert_one_line_error(result, f"at {wrong} ", "STREAM_JOBS_KAFKA_BOOTSTRAP",
+                          "stream-jobs dev up")
+    assert "no answer" in result.stdout
+    assert "PostgreSQL" in result.stdout, "the table should still show Postgres answering"
+
+
+def test_dev_check_names_the_silent_postgres_setting(settings: Settings) -> None:
+    wrong = f"postgresql://stream_jobs:hunter2@127.0.0.1:{free_port()}/stream_jobs"
+    result = run_cli("dev", "check", env=check_env(settings.kafka_bootstrap, wrong))
+    line = assert_one_line_error(result, "STREAM_JOBS_DATABASE_URL", "stream-jobs dev up",
+                                 wrong.replace("hunter2", "***"))
+    assert "hunter2" not in line + result.stdout
+    assert "broker" in result.stdout, "the table should still show Kafka answering"
+
+
+def test_dev_check_passes_when_both_answer(settings: Settings) -> None:
+    result = run_cli("dev", "check", env=check_env(settings.kafka_bootstrap,
+                                                   settings.database_url))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("answers") == 2
+    assert "broker" in result.stdout
+    assert "PostgreSQL" in result.stdout
+
+
+async def test_probes_wrap_driver_errors() -> None:
+    silent = Settings(kafka_bootstrap=f"127.0.0.1:{free_port()}",
+                      database_url=f"postgresql://stream_jobs@127.0.0.1:{free_port()}/x")
+    with pytest.raises(BrokerUnavailable) as kafka_error:
+        await probe_kafka(silent, timeout_s=5)
+    with pytest.raises(DatabaseUnavailable) as postgres_error:
+        await probe_postgres(silent, timeout_s=5)
+    assert kafka_error.value.__cause__ is not None
+    assert postgres_error.value.__cause__ is not None
+

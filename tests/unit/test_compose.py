@@ -1,0 +1,126 @@
+"""docker-compose.yml agrees with the code: ports, settings names, Kafka version, build files.
+
+We cannot run Docker here, so this is what keeps the file from drifting away from
+stream_jobs.settings and ops/ while nobody is looking.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from stream_jobs.settings import DEFAULT_KAFKA_PORT, DEFAULT_POSTGRES_PORT, Settings
+from stream_jobs.stack.kafka import kafka_version
+
+REPO = Path(__file__).resolve().parents[2]
+PREFIX = "STREAM_JOBS_"
+
+
+@pytest.fixture(scope="module")
+def services() -> dict[str, Any]:
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    found: dict[str, Any] = compose["services"]
+    return found
+
+
+def published(service: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(host ip, host port, container port) for each published port, short or long syntax."""
+    out = []
+    for port in service.get("ports", []):
+        if isinstance(port, dict):
+            out.append((str(port.get("host_ip", "0.0.0.0")), int(port["published"]),
+                        int(port["target"])))
+            continue
+        parts = str(port).split(":")
+        if len(parts) == 3:
+            out.append((parts[0], int(parts[1]), int(parts[2])))
+        elif len(parts) == 2:
+            out.append(("0.0.0.0", int(parts[0]), int(parts[1])))
+    return out
+
+
+def default_of(field: str) -> str:
+    # The field's declared default, not Settings(), so a developer's environment can't leak in.
+    return str(Settings.model_fields[field].default)
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def test_the_stack_and_a_worker_are_declared(services: dict[str, Any]) -> None:
+    assert {"kafka", "postgres", "worker"} <= set(services)
+
+
+@pytest.mark.parametrize("name", ["kafka", "postgres"])
+def test_each_service_has_a_healthcheck(services: dict[str, Any], name: str) -> None:
+    check = services[name].get("healthcheck")
+    assert check, f"{name} has no healthcheck"
+    assert check["test"], f"{name}'s healthcheck runs nothing"
+
+
+def test_kafka_is_published_where_the_default_bootstrap_points(services: dict[str, Any]) -> None:
+    host, _, port = default_of("kafka_bootstrap").rpartition(":")
+    assert int(port) == DEFAULT_KAFKA_PORT
+    assert (host, DEFAULT_KAFKA_PORT, DEFAULT_KAFKA_PORT) in published(services["kafka"])
+    # A client on the host is sent back to the address it bootstrapped from.
+    advertised = environment(services["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
+    assert f"//{host}:{DEFAULT_KAFKA_PORT}" in advertised
+
+
+def test_postgres_is_published_where_the_default_url_points(services: dict[str, Any]) -> None:
+    url = urlsplit(default_of("database_url"))
+    assert url.port == DEFAULT_POSTGRES_PORT
+    assert (url.hostname, DEFAULT_POSTGRES_PORT, 5432) in published(services["postgres"])
+    env = environment(services["postgres"])
+    assert env["POSTGRES_USER"] == url.username
+    assert env["POSTGRES_DB"] == url.path.lstrip("/")
+
+
+def test_the_kafka_image_is_the_version_dev_up_runs(services: dict[str, Any]) -> None:
+    image = services["kafka"]["image"]
+    assert image == f"apache/kafka:{kafka_version(REPO / 'ops' / 'kafka' / 'pom.xml')}"
+
+
+def test_worker_environment_names_real_settings(services: dict[str, Any]) -> None:
+    env = environment(services["worker"])
+    assert env, "the worker sets no STREAM_JOBS_* settings"
+    fields = {f"{PREFIX}{name.upper()}": name for name in Settings.model_fields}
+    unknown = sorted(set(env) - set(fields))
+    assert not unknown, f"not settings: {unknown}"
+    # The values must also pass the settings' own validation.
+    Settings(**{fields[key]: value for key, value in env.items()})
+
+
+def test_worker_reaches_the_stack_from_inside_the_network(services: dict[str, Any]) -> None:
+    env = environment(services["worker"])
+    advertised = environment(services["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
+    for server in env[f"{PREFIX}KAFKA_BOOTSTRAP"].split(","):
+        assert f"//{server}" in advertised, f"{server} is not an advertised listener"
+    url = urlsplit(env[f"{PREFIX}DATABASE_URL"])
+    assert (url.hostname, url.port) == ("postgres", 5432)
+
+
+def test_worker_waits_for_a_healthy_stack(services: dict[str, Any]) -> None:
+    depends = services["worker"]["depends_on"]
+    for name in ("kafka", "postgres"):
+        assert depends[name]["condition"] == "service_healthy"
+
+
+def test_worker_runs_the_demo_app_from_the_deploy_image(services: dict[str, Any]) -> None:
+    worker = services["worker"]
+    command = worker["command"]
+    argv = command.split() if isinstance(command, str) else command
+    assert argv == ["stream-jobs", "worker", "consumers.demo:app", "--type", "email.send"]
+    build = worker["build"]
+    dockerfile = REPO / build.get("context", ".") / build["dockerfile"]
+    assert dockerfile == REPO / "ops" / "deploy" / "Dockerfile"
+    assert dockerfile.is_file()
+    assert "pip install" in dockerfile.read_text()
