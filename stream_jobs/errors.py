@@ -74,3 +74,19 @@ class AlreadyDone(StreamJobsError):
 
 class Abandoned(StreamJobsError):
     """A record left unfinished on purpose (revocation, shutdown): its next owner gets it."""
+
+
+class LetterNotFound(StreamJobsError):
+    """No dead letter of the type has the job ID that was asked for."""
+
+
+class DlqRefused(StreamJobsError):
+    """Kafka refused what a DLQ tool asked: the drain position, a commit, a deletion."""
+
+
+class ReplayInterrupted(StreamJobsError):
+    """A replay stopped part-way (the broker failed); the message says where to resume."""
+
+
+class GroupInUse(StreamJobsError):
+    """A consumer group has active members, so its committed offsets cannot be moved."""

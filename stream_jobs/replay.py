@@ -39,7 +39,14 @@ from aiokafka.errors import (
 from stream_jobs.admin import admin_client
 from stream_jobs.connection import broker_unavailable, kafka_client_kwargs
 from stream_jobs.durations import parse_duration
-from stream_jobs.errors import BadRecord, ConfigError, PublishError, StreamJobsError
+from stream_jobs.errors import (
+    BadRecord,
+    ConfigError,
+    GroupInUse,
+    PublishError,
+    ReplayInterrupted,
+    StreamJobsError,
+)
 from stream_jobs.naming import DEFAULT_LANE, TopicRef, lane_topic, parse_topic
 from stream_jobs.producer import JobProducer
 from stream_jobs.record import JobRecord, decode_record, new_job_id
@@ -53,14 +60,6 @@ BATCH_RECORDS = 500  # written pipelined, then every acknowledgement awaited
 SEND_ATTEMPTS = 5  # per batch; a batch sent again keeps its job IDs, so dedup covers it
 MAX_LISTED_SKIPS = 1_000
 _AGO = re.compile(r"^\s*(.+?)\s*(?:ago)?\s*$")
-
-
-class ReplayInterrupted(StreamJobsError):
-    """A replay stopped part-way (the broker failed); the message says where to resume."""
-
-
-class GroupInUse(StreamJobsError):
-    """A consumer group has active members, so its committed offsets cannot be moved."""
 
 
 # -- pure parts ---------------------------------------------------------------------------

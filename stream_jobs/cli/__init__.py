@@ -15,6 +15,8 @@ from stream_jobs.cli import demo as _demo  # noqa: F401 - registers `demo`
 from stream_jobs.cli import enqueue as _enqueue  # noqa: F401 - registers `enqueue`
 from stream_jobs.cli.common import app
 from stream_jobs.cli.dev import dev_app
+from stream_jobs.cli.dlq import dlq_app
+from stream_jobs.cli.replay import offsets_app, replay_command
 from stream_jobs.cli.stats import job, stats
 from stream_jobs.cli.topics import topics_app
 from stream_jobs.cli.worker import db_app
@@ -23,6 +25,9 @@ from stream_jobs.errors import StreamJobsError
 app.add_typer(dev_app, name="dev")
 app.add_typer(topics_app, name="topics")
 app.add_typer(db_app, name="db")
+app.add_typer(dlq_app, name="dlq")
+app.add_typer(offsets_app, name="offsets")
+app.command("replay")(replay_command)
 app.command("stats")(stats)
 app.command("job")(job)
 
@@ -42,7 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script."""
     _quiet_driver_logs()
     try:
-        app(args=argv, standalone_mode=False)
+        # Without standalone mode typer returns the code of typer.Exit (and 130 for
+        # Ctrl-C) instead of exiting with it.
+        code = app(args=argv, standalone_mode=False)
     except StreamJobsError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(1)
@@ -57,6 +64,8 @@ def main(argv: list[str] | None = None) -> None:
             raise
         show()
         sys.exit(int(getattr(exc, "exit_code", 2)))
+    if isinstance(code, int) and code != 0:
+        sys.exit(code)
 
 
 __all__ = ["app", "main"]

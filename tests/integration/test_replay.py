@@ -25,7 +25,7 @@ from stream_jobs.admin import admin_client
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext
-from stream_jobs.errors import ConfigError, UnknownJobType
+from stream_jobs.errors import ConfigError, GroupInUse, UnknownJobType
 from stream_jobs.naming import dlq_topic, lane_topic, worker_group
 from stream_jobs.producer import JobProducer
 from stream_jobs.record import (
@@ -37,7 +37,7 @@ from stream_jobs.record import (
     FailureInfo,
     JobRecord,
 )
-from stream_jobs.replay import GroupInUse, replay, reset_offsets
+from stream_jobs.replay import replay, reset_offsets
 from stream_jobs.settings import Settings
 
 from .conftest import Declare

@@ -1,0 +1,338 @@
+"""The DLQ tools against the real stack: list, show, requeue (also killed halfway), purge."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import orjson
+import pytest
+from aiokafka import TopicPartition
+
+from stream_jobs.app import App
+from stream_jobs.client import Job
+from stream_jobs.context import JobContext
+from stream_jobs.dlq import list_letters
+from stream_jobs.errors import LetterNotFound
+from stream_jobs.letters import Verdict, parse_since
+from stream_jobs.naming import dlq_topic, lane_topic
+from stream_jobs.producer import JobProducer
+from stream_jobs.record import (
+    FailureInfo,
+    JobRecord,
+    dead_letter_headers,
+    decode_record,
+    new_job_id,
+)
+from stream_jobs.requeue import SelectAll, SelectIds, SelectReason, chunk_size, requeue
+from stream_jobs.scan import partitions_of, reader
+from stream_jobs.settings import Settings
+
+from .conftest import Declare
+from .topic_reader import read_topic
+
+CLI = str(Path(sys.executable).with_name("stream-jobs"))
+
+
+def _ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def _fill(settings: Settings, job_type: str, count: int, *, reason: str = "max-attempts",
+                requeues: int = 0, lane: str = "default", attempt: int = 4,
+                job_ids: list[str] | None = None) -> list[str]:
+    """Write `count` dead letters as the worker writes them; returns their job IDs."""
+    now = _ms()
+    failure = FailureInfo(reason, "RuntimeError", "downstream is down",
+                          'Traceback (most recent call last):\n  File "h.py", line 3, in '
+                          "handler\nRuntimeError: downstream is down\n", now)
+    ids = job_ids or [new_job_id() for _ in range(count)]
+    records = [JobRecord(job_id=job_id, job_type=job_type, payload=orjson.dumps({"n": i}),
+                         key=job_id.encode(), attempt=attempt, enqueued_at_ms=now - 60_000,
+                         lane=lane, origin=f"{lane_topic(settings.topic_prefix, job_type)}/0/{i}",
+                         failure=failure, requeues=requeues)
+               for i, job_id in enumerate(ids)]
+    async with JobProducer(settings) as producer:
+        await producer.send_many([(dlq_topic(settings.topic_prefix, job_type), r)
+                                  for r in records])
+    return ids
+
+
+async def _fill_raw(settings: Settings, job_type: str, value: bytes) -> str:
+    """A dead letter of bytes that are not a job, as the worker writes one."""
+    failure = FailureInfo("bad-json", "stream_jobs.errors.BadRecord", "not JSON", "", _ms())
+    headers = dead_letter_headers([("sj-type", job_type.encode())], failure=failure,
+                                  origin="elsewhere/0/1", job_type=job_type)
+    async with JobProducer(settings) as producer:
+        await producer.send_raw(dlq_topic(settings.topic_prefix, job_type), None, value, headers)
+    return dict(headers)["sj-job-id"].decode()
+
+
+async def _lane_records(settings: Settings, job_type: str) -> int:
+    topic = lane_topic(settings.topic_prefix, job_type)
+    async with reader(settings) as consumer:
+        parts = await partitions_of(consumer, topic)
+        ends = await consumer.end_offsets([TopicPartition(topic, p) for p in parts])
+    return sum(ends.values())
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    return {**os.environ,
+            "STREAM_JOBS_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "STREAM_JOBS_DATABASE_URL": settings.database_url,
+            "STREAM_JOBS_DATABASE_SCHEMA": settings.database_schema,
+            "STREAM_JOBS_TOPIC_PREFIX": settings.topic_prefix,
+            "STREAM_JOBS_TOPICS_DIR": str(settings.topics_dir)}
+
+
+@dataclass(frozen=True)
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+async def _cli(settings: Settings, *args: str) -> Ran:
+    """Run `stream-jobs ARGS` as an operator would, with this test's settings."""
+    proc = await asyncio.create_subprocess_exec(CLI, *args, env=_env(settings),
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return Ran(proc.returncode, out.decode(), err.decode())
+
+
+def _one_line_error(done: Ran, *words: str) -> None:
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: ")
+    for word in words:
+        assert word in lines[0]
+
+
+async def _effects_table(settings: Settings) -> asyncpg.Connection:
+    conn = await asyncpg.connect(settings.database_url,
+                                 server_settings={"search_path": settings.database_schema})
+    # No unique constraint: a duplicated effect would show up as a second row.
+    await conn.execute("CREATE TABLE effects (job_id text NOT NULL, attempt int NOT NULL)")
+    return conn
+
+
+def _register_effects(app: App, job_type: str, broken: list[bool]) -> None:
+    @app.job(job_type, concurrency=64, ordering="unordered")
+    async def handler(job: dict[str, int], ctx: JobContext) -> None:
+        if broken[0]:
+            raise RuntimeError("downstream is down")
+        async with ctx.once() as conn:
+            await conn.execute("INSERT INTO effects (job_id, attempt) VALUES ($1, $2)",
+                               ctx.job_id, ctx.attempt)
+
+
+async def test_a_thousand_dead_letters_are_requeued_and_each_runs_once(
+        app: App, declare: Declare, settings: Settings) -> None:
+    await declare("bulk.fail", partitions=4, max_attempts=1, retry_tiers=["1s"])
+    broken = [True]
+    _register_effects(app, "bulk.fail", broken)
+    conn = await _effects_table(settings)
+    try:
+        async with app.client() as client:
+            ids = await client.enqueue_many([Job("bulk.fail", {"n": i}) for i in range(1_000)])
+        failing = app.worker("bulk.fail")
+        await failing.run(until_idle=True)
+        assert failing.outcomes["dead_lettered"] == 1_000
+        listing = await list_letters(settings, "bulk.fail", limit=0)
+        assert (listing.letters, listing.reasons, listing.pending_drain) == (
+            1_000, {"max-attempts": 1_000}, 1_000)
+
+        broken[0] = False  # the fix is deployed
+        result = await requeue(settings, "bulk.fail", select=SelectAll())
+        assert (result.requeued, result.drained, result.plan.left) == (1_000, 1_000, 0)
+        fixed = app.worker("bulk.fail")
+        await fixed.run(until_idle=True)
+        assert dict(fixed.outcomes) == {"succeeded": 1_000}
+        rows = await conn.fetch("SELECT job_id, attempt FROM effects")
+        assert sorted(r["job_id"] for r in rows) == sorted(ids)
+        assert {r["attempt"] for r in rows} == {2}  # the requeue is the next attempt
+
+        # Safe to run again: the drain position is past every letter, nothing is resent.
+        again = await requeue(settings, "bulk.fail", select=SelectAll())
+        assert (again.plan.read, again.requeued) == (0, 0)
+        assert (await list_letters(settings, "bulk.fail", limit=0)).pending_drain == 0
+        assert await _lane_records(settings, "bulk.fail") == 2_000
+    finally:
+        await conn.close()
+
+
+async def test_a_requeue_killed_halfway_and_run_again_loses_and_repeats_nothing(
+        app: App, declare: Declare, settings: Settings) -> None:
+    await declare("kill.fail", partitions=3)
+    ids = await _fill(settings, "kill.fail", 600)
+    proc = await asyncio.create_subprocess_exec(
+        CLI, "dlq", "requeue", "kill.fail", "--all", "--rate", "100/s", env=_env(settings),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while await _lane_records(settings, "kill.fail") < 150:
+            assert proc.returncode is None, "the requeue ended before it could be killed"
+            assert time.monotonic() < deadline, "the requeue did not start within 60 s"
+            await asyncio.sleep(0.02)  # polling interval, bounded by the deadline
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(proc.wait(), 10)
+    assert proc.returncode == -signal.SIGKILL
+    at_kill = await _lane_records(settings, "kill.fail")
+    assert 150 <= at_kill < 600
+    listing = await list_letters(settings, "kill.fail", limit=0)
+    assert 0 < listing.pending_drain < 600  # it had committed part of the drain
+
+    finished = await _cli(settings, "dlq", "requeue", "kill.fail", "--all")
+    assert finished.returncode == 0, finished.stderr
+    assert "Requeued" in finished.stdout
+    sent = await _lane_records(settings, "kill.fail")
+    # Letters sent but not yet committed when it died are sent again: one chunk at most.
+    assert 600 <= sent <= 600 + chunk_size(100.0)
+    assert (await list_letters(settings, "kill.fail", limit=0)).pending_drain == 0
+
+    _register_effects(app, "kill.fail", [False])
+    conn = await _effects_table(settings)
+    try:
+        worker = app.worker("kill.fail")
+        await worker.run(until_idle=True)
+        rows = await conn.fetch("SELECT job_id FROM effects")
+        assert sorted(r["job_id"] for r in rows) == sorted(ids)  # each effect exactly once
+        assert worker.outcomes["succeeded"] == 600
+        assert worker.outcomes["duplicate"] == sent - 600
+    finally:
+        await conn.close()
+
+
+async def test_purge_needs_yes_and_then_empties_the_dlq(declare: Declare,
+                                                          settings: Settings) -> None:
+    await declare("purge.fail", partitions=2)
+    await _fill(settings, "purge.fail", 30)
+
+    refused = await _cli(settings, "dlq", "purge", "purge.fail")
+    _one_line_error(refused, "Refusing to delete 30 letters", "--yes")
+    assert (await list_letters(settings, "purge.fail", limit=0)).letters == 30
+
+    done = await _cli(settings, "dlq", "purge", "purge.fail", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert "Deleted 30 letters" in done.stdout
+    assert (await list_letters(settings, "purge.fail", limit=0)).letters == 0
+
+    again = await _cli(settings, "dlq", "purge", "purge.fail", "--yes")
+    assert again.returncode == 0, again.stderr
+    assert "nothing to purge" in again.stdout
+    # A drain after a purge starts at what is left (nothing), without an error.
+    drained = await requeue(settings, "purge.fail", select=SelectAll())
+    assert (drained.plan.read, drained.requeued) == (0, 0)
+
+
+async def test_list_groups_by_reason_and_show_prints_a_letter(declare: Declare,
+                                                                settings: Settings) -> None:
+    await declare("mixed.fail", partitions=2)
+    timed_out = await _fill(settings, "mixed.fail", 3, reason="timeout")
+    await _fill(settings, "mixed.fail", 2, reason="permanent")
+    raw_id = await _fill_raw(settings, "mixed.fail", b"\x00\xffnot json")
+
+    # Independent reads run side by side: each CLI start costs a couple of seconds.
+    listed, table, shown, raw = await asyncio.gather(
+        _cli(settings, "dlq", "list", "mixed.fail", "--json"),
+        _cli(settings, "dlq", "list", "mixed.fail", "--limit", "2"),
+        _cli(settings, "dlq", "show", "mixed.fail", timed_out[1]),
+        _cli(settings, "dlq", "show", "mixed.fail", raw_id, "--json"))
+    for ran in (listed, table, shown, raw):
+        assert ran.returncode == 0, ran.stderr
+
+    listing = json.loads(listed.stdout)
+    assert listing["reasons"] == {"timeout": 3, "permanent": 2, "bad-json": 1}
+    assert listing["letters"] == listing["matching"] == len(listing["rows"]) == 6
+    raw_row = next(r for r in listing["rows"] if r["job_id"] == raw_id)
+    assert raw_row["runnable"] is False
+    some = next(r for r in listing["rows"] if r["job_id"] == timed_out[0])
+    assert (some["attempt"], some["requeues"], some["error_class"]) == (4, 0, "RuntimeError")
+    assert some["failed_at"].endswith("+00:00")
+
+    timeouts = await list_letters(settings, "mixed.fail", reason="timeout",
+                                  since_ms=parse_since("1h", _ms()))
+    assert timeouts.reasons["permanent"] == 2  # the histogram covers the whole DLQ
+    assert sorted(r.job_id for r in timeouts.rows) == sorted(timed_out)
+    later = await list_letters(settings, "mixed.fail",
+                               since_ms=parse_since("2999-01-01T00:00:00", _ms()))
+    assert (later.matching, later.rows) == (0, [])
+
+    # The histogram first, then the most recent rows.
+    assert table.stdout.index("bad-json") < table.stdout.index("2 of 6 matching letters")
+    assert "4 older matching letters are not shown" in table.stdout
+    assert '"n": 1' in shown.stdout  # the payload, pretty
+    assert "RuntimeError: downstream is down" in shown.stdout  # the traceback
+    detail = json.loads(raw.stdout)
+    assert (detail["payload"], detail["problem"]) == ("b'\\x00\\xffnot json'", "bad-json")
+
+    unknown_type, unknown_id, bad_time = await asyncio.gather(
+        _cli(settings, "dlq", "list", "no.such.type"),
+        _cli(settings, "dlq", "show", "mixed.fail", "no-such-id"),
+        _cli(settings, "dlq", "list", "mixed.fail", "--since", "last tuesday"))
+    _one_line_error(unknown_type, "Unknown job type")
+    _one_line_error(unknown_id, "no-such-id")
+    _one_line_error(bad_time, "--since")
+
+
+async def test_selected_requeues_leave_what_cannot_or_should_not_run(
+        declare: Declare, settings: Settings) -> None:
+    await declare("pick.fail", partitions=2, priorities=["high", "default"])
+    permanent = await _fill(settings, "pick.fail", 2, reason="permanent", lane="high",
+                            attempt=1)
+    looping = await _fill(settings, "pick.fail", 1, requeues=3)
+    # One job dead-lettered twice: only its newest letter counts.
+    twice = await _fill(settings, "pick.fail", 1, reason="timeout")
+    await _fill(settings, "pick.fail", 1, reason="timeout", requeues=1, job_ids=twice)
+    raw_id = await _fill_raw(settings, "pick.fail", b"{broken")
+
+    with pytest.raises(LetterNotFound, match="nothing was requeued"):
+        await requeue(settings, "pick.fail", select=SelectIds(frozenset({permanent[0], "nope"})))
+
+    by_reason = await requeue(settings, "pick.fail", select=SelectReason("permanent"))
+    assert (by_reason.requeued, dict(by_reason.plan.lanes)) == (2, {"high": 2})
+    latest = await requeue(settings, "pick.fail", select=SelectReason("timeout"),
+                           reset_attempts=True)
+    assert (latest.plan.selected, latest.plan.superseded, latest.requeued) == (2, 1, 1)
+
+    held = await requeue(settings, "pick.fail", select=SelectIds(frozenset({*looping, raw_id})))
+    assert held.requeued == 0
+    assert held.plan.verdicts == {Verdict.LOOP_GUARD: 1, Verdict.UNDECODABLE: 1}
+    assert held.plan.samples[Verdict.LOOP_GUARD] == looping
+    dry = await requeue(settings, "pick.fail", select=SelectIds(frozenset(looping)), force=True,
+                        dry_run=True)
+    assert (dry.plan.to_requeue, dry.requeued) == (1, 0)
+    forced = await requeue(settings, "pick.fail", select=SelectIds(frozenset(looping)),
+                           force=True)
+    assert forced.requeued == 1
+
+    high = await read_topic(settings, lane_topic(settings.topic_prefix, "pick.fail", "high"))
+    default = await read_topic(settings, lane_topic(settings.topic_prefix, "pick.fail"))
+    jobs = {}
+    for record in [*high, *default]:
+        job = decode_record(key=record.key, value=record.value, headers=record.headers,
+                            expected_type="pick.fail", max_payload_bytes=10**6)
+        assert job.failure is None
+        assert job.not_before_ms is None
+        assert job.key == job.job_id.encode()
+        jobs[job.job_id] = job
+    assert [j.lane for j in jobs.values()].count("high") == 2
+    assert {jid: jobs[jid].attempt for jid in permanent} == {jid: 2 for jid in permanent}
+    assert (jobs[twice[0]].attempt, jobs[twice[0]].requeues) == (1, 2)
+    assert (jobs[looping[0]].attempt, jobs[looping[0]].requeues) == (5, 4)
+    assert len(high) + len(default) == 4  # nothing else was sent
+
+    # The drain still sees every letter: selections never move the group.
+    assert (await list_letters(settings, "pick.fail", limit=0)).pending_drain == 6
