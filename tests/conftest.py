@@ -41,10 +41,11 @@ def stack() -> Stack:
     from stream_jobs.stack import KafkaCluster, PostgresServer
 
     base = Settings()
-    KafkaCluster(base, 1).up()
+    kafka = KafkaCluster(base, 1)
+    kafka.up()
     server = PostgresServer(base)
     server.up()
-    return Stack(base.kafka_bootstrap, server.dsn)
+    return Stack(kafka.bootstrap, server.dsn)
 
 
 @pytest.fixture
