@@ -29,6 +29,7 @@ from rich.table import Table
 from stream_jobs.admin import apply
 from stream_jobs.app import App
 from stream_jobs.cli.common import app, run_fast, settings_of
+from stream_jobs.cli.stats import render_stats
 from stream_jobs.client import Job, JobClient
 from stream_jobs.connection import kafka_client_kwargs
 from stream_jobs.dedup import DedupStore
@@ -36,6 +37,7 @@ from stream_jobs.errors import ConfigError
 from stream_jobs.naming import lane_topic
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster, PostgresServer
+from stream_jobs.stats import collect
 from stream_jobs.topics import JobTypePolicy, load_job_types
 from stream_jobs.worker import Worker
 
@@ -124,7 +126,33 @@ async def _run(settings: Settings, module: Any, rng: random.Random) -> bool:
     for run in runs:
         run.result()  # a worker that crashed fails the demo loudly
     console.print(f"\nall workers idle after {time.monotonic() - started:.1f} s")
-    return await _check(settings, module.EFFECT_TABLES, workers, expected, malformed)
+    effects_ok = await _check(settings, module.EFFECT_TABLES, workers, expected, malformed)
+    elapsed_s = time.monotonic() - started
+    return await _check_stats(settings, types, expected, malformed, elapsed_s) and effects_ok
+
+
+async def _check_stats(settings: Settings, types: dict[str, JobTypePolicy],
+                       expected: dict[str, Any], malformed: dict[str, int],
+                       elapsed_s: float) -> bool:
+    """What `stream-jobs stats` shows must match what the demo enqueued."""
+    # A window as long as the run, so the rates are the run's and the counts all of it.
+    shot = await collect(settings, types, window_s=max(10.0, elapsed_s + 5))
+    console.print(render_stats(shot, settings, partitions=False))
+    ok = True
+    for t in shot.types:
+        want = expected[t.job_type]
+        dead = want.dead_lettered + malformed[t.job_type]
+        counts = t.rates.counts
+        if (t.lag, t.dlq_depth, counts.done, counts.dead_lettered) != (0, dead, want.succeeded,
+                                                                        dead):
+            ok = False
+            console.print(f"[red]stats for {t.job_type} do not match: lag {t.lag}, DLQ "
+                          f"{t.dlq_depth}, done {counts.done}, dead-lettered "
+                          f"{counts.dead_lettered}[/]")
+    if ok:
+        console.print("[green]stats match: no lag, and done and dead-lettered counts equal "
+                      "what was enqueued[/]")
+    return ok
 
 
 async def _prepare_database(settings: Settings, schema_sql: list[str]) -> None:

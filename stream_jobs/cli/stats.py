@@ -53,7 +53,7 @@ def stats(
             if as_json:
                 _print_json(shot.to_dict(per_partition=partitions))
             else:
-                console.print(_render(shot, settings, partitions))
+                console.print(render_stats(shot, settings, partitions))
             return
         if as_json:
             while True:
@@ -61,7 +61,7 @@ def stats(
                 await asyncio.sleep(interval_s)  # the refresh period, not a wait for a state
         with Live(console=console, auto_refresh=False) as live:
             while True:
-                live.update(_render(await snapshot(), settings, partitions), refresh=True)
+                live.update(render_stats(await snapshot(), settings, partitions), refresh=True)
                 await asyncio.sleep(interval_s)
 
     try:
@@ -130,7 +130,7 @@ def _print_json(document: dict[str, Any], *, indent: bool = True) -> None:
     sys.stdout.flush()
 
 
-def _render(shot: StatsSnapshot, settings: Settings, partitions: bool) -> Group:
+def render_stats(shot: StatsSnapshot, settings: Settings, partitions: bool) -> Group:
     waiting = Table(title=f"waiting under {shot.prefix!r} on {settings.kafka_bootstrap}")
     waiting.add_column("type", no_wrap=True)
     waiting.add_column("where", no_wrap=True)
