@@ -128,7 +128,10 @@ class GroupMember(ABC):
             # Revocation waits up to grace_s for in-flight jobs; the group must wait too.
             rebalance_timeout_ms=int((grace_s + 30) * 1000),
             max_poll_interval_ms=300_000,
-            max_partition_fetch_bytes=settings.max_payload_bytes * 2,
+            # Small fetch buffers keep a worker's memory flat whatever the backlog; a record
+            # larger than them is still returned whole (the broker always sends one batch).
+            max_partition_fetch_bytes=256 * 1024,
+            fetch_max_bytes=4 * 1024 * 1024,
         )
         self._last_commit = 0.0
 

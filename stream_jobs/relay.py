@@ -20,14 +20,13 @@ from dataclasses import replace
 from aiokafka import TopicPartition
 
 from stream_jobs.consumer import GroupMember, PartitionWork, Record
-from stream_jobs.durations import parse_duration
 from stream_jobs.errors import Abandoned, BadRecord
 from stream_jobs.naming import lane_topic, parse_topic, relay_group, tier_topic
 from stream_jobs.producer import JobProducer
 from stream_jobs.record import (
     decode_record,
 )
-from stream_jobs.retry import tier_for_delay
+from stream_jobs.retry import RetryPolicy, tier_for_delay
 from stream_jobs.settings import Settings
 from stream_jobs.topics import JobTypePolicy
 
@@ -53,6 +52,7 @@ class Relay(GroupMember):
                          concurrency=_UNBOUNDED, grace_s=grace_s,
                          commit_interval_s=commit_interval_s, max_buffered=max_buffered)
         self.policy = policy
+        self.retry_policy = RetryPolicy(tiers=policy.retry_tiers, max_attempts=policy.max_attempts)
         self.released = 0
         self.hops = 0
         self._wake: dict[TopicPartition, asyncio.Event] = {}
@@ -85,8 +85,10 @@ class Relay(GroupMember):
         due = job.not_before_ms or 0
         now = _now_ms()
         if due > now:
-            hold_until = min(due, record.timestamp + int(parse_duration(tier) * 1000))
-            if hold_until > now:
+            hold_until = min(due, record.timestamp + self.retry_policy.max_hold_ms(tier))
+            # A timer may wake a millisecond early against the wall clock; waking early
+            # must not count as "still not due", which would send the record round again.
+            while hold_until > now:
                 await self._hold(work, (hold_until - now) / 1000)
                 now = _now_ms()
         if due > now:

@@ -53,6 +53,13 @@ class RetryPolicy:
         """The delay of one of this policy's tiers, in ms."""
         return self._delays_ms[self.tiers.index(tier)]
 
+    def max_hold_ms(self, tier: str) -> int:
+        """The longest a record written to `tier` by `decide` waits: its delay plus the
+        largest jitter. The relay holds a tier's head this long before it hops it, so a
+        retry is never sent round its tier again just for its jitter."""
+        delay = self.delay_ms(tier)
+        return delay + int(min(delay * self.jitter_ratio, self.max_jitter_s * 1000))
+
 
 @dataclass(frozen=True)
 class Retry:

@@ -45,7 +45,9 @@ class Settings(BaseSettings):
     kafka_ssl_key_password: SecretStr | None = None
 
     kafka_request_timeout_ms: int = Field(default=30_000, gt=0)
-    producer_linger_ms: int = Field(default=5, ge=0)
+    # 0: an awaited enqueue goes out at once (p50 0.7 ms here, against 7.4 ms at 5 ms);
+    # enqueue_many batches anyway, since its records are queued before the first is sent.
+    producer_linger_ms: int = Field(default=0, ge=0)
     producer_max_batch_bytes: int = Field(default=1_048_576, gt=0)
     max_payload_bytes: int = Field(default=1_048_576, gt=0)
     database_pool_size: int = Field(default=10, gt=0)

@@ -254,3 +254,15 @@ def test_hops_reach_the_due_time_without_overshooting(tiers: list[str], delay_s:
     # What is left is shorter than every tier: the last tier holds it until not-before.
     assert 0 <= remaining < smallest
     assert parse_duration(next_hop(tiers, remaining)) == smallest
+
+
+def test_a_tier_holds_a_record_for_its_delay_plus_the_largest_jitter() -> None:
+    from stream_jobs.retry import RetryPolicy
+
+    policy = RetryPolicy(tiers=("5s", "1m", "10m"), max_attempts=4)
+    assert policy.max_hold_ms("5s") == 5_500
+    assert policy.max_hold_ms("10m") == 600_000 + 30_000  # jitter capped at 30 s
+    for attempt, tier in ((1, "5s"), (2, "1m"), (3, "10m")):
+        retry = decide(policy, attempt=attempt, permanent=False, now_ms=0, rand=0.999999)
+        assert isinstance(retry, Retry)
+        assert retry.not_before_ms <= policy.max_hold_ms(tier)
