@@ -28,7 +28,7 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import TopicPartition
 
-from stream_jobs.connection import broker_unavailable, kafka_client_kwargs
+from stream_jobs.connection import connect_error, kafka_client_kwargs
 from stream_jobs.errors import BrokerUnavailable, ConfigError, TopicPlanError
 from stream_jobs.naming import TopicRole, parse_topic
 from stream_jobs.settings import Settings
@@ -78,7 +78,7 @@ async def admin_client(settings: Settings) -> AsyncIterator[Any]:
         await client.start()
         yield client
     except _UNREACHABLE as exc:
-        raise broker_unavailable(settings, exc) from exc
+        raise await connect_error(settings, exc) from exc
     finally:
         await client.close()
 
@@ -335,7 +335,7 @@ async def _offsets(settings: Settings, states: Mapping[str, TopicState]
         starts = await consumer.beginning_offsets(partitions)
         ends = await consumer.end_offsets(partitions)
     except _UNREACHABLE as exc:
-        raise broker_unavailable(settings, exc) from exc
+        raise await connect_error(settings, exc) from exc
     finally:
         await consumer.stop()
     counts: dict[str, tuple[int, int]] = {}

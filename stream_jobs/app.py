@@ -52,10 +52,12 @@ class JobHandler:
             try:
                 return self.model.model_validate_json(raw)
             except ValidationError as exc:
+                # `from None`: pydantic's own text quotes the input, and a dead letter's
+                # traceback would carry the payload into headers and logs with it.
                 if any(err["type"] == "json_invalid" for err in exc.errors()):
                     raise BadRecord("bad-json", f"the value is not JSON: {exc.errors()[0]['msg']}"
-                                    ) from exc
-                raise BadRecord("invalid-payload", _validation_summary(exc)) from exc
+                                    ) from None
+                raise BadRecord("invalid-payload", _validation_summary(exc)) from None
         try:
             payload = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:

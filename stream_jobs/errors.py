@@ -31,6 +31,14 @@ class BrokerUnavailable(StreamJobsError):
     """No Kafka broker answered at the configured bootstrap servers."""
 
 
+class AuthenticationFailed(StreamJobsError):
+    """Kafka refused our SASL credentials, or its TLS certificate did not verify."""
+
+
+class AccessDenied(StreamJobsError):
+    """Kafka's ACLs do not let our principal do what was asked (read, write, join a group)."""
+
+
 class DatabaseUnavailable(StreamJobsError):
     """The Postgres server at the configured database URL did not answer or refused us."""
 

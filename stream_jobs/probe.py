@@ -1,7 +1,9 @@
 """Does the configured Kafka answer, and the configured Postgres? Used by `stream-jobs dev check`.
 
-Each probe returns what answered or raises `BrokerUnavailable` / `DatabaseUnavailable` with
-one sentence naming the setting, its value and what to do. Driver errors stop here.
+Each probe returns what answered or raises `BrokerUnavailable` / `DatabaseUnavailable` (or,
+for a broker that answered but not to our security settings, `AuthenticationFailed` /
+`ConfigError`) with one sentence naming the setting, its value and what to do. Driver
+errors stop here.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import asyncpg
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from stream_jobs.connection import kafka_client_kwargs
+from stream_jobs.connection import kafka_client_kwargs, security_problem
 from stream_jobs.errors import BrokerUnavailable, DatabaseUnavailable, StreamJobsError
 from stream_jobs.settings import Settings
 
@@ -46,6 +48,10 @@ async def probe_kafka(settings: Settings, timeout_s: float = PROBE_TIMEOUT_S) ->
                 await admin.start()
                 cluster: dict[str, Any] = await admin.describe_cluster()
     except (KafkaError, OSError, TimeoutError) as exc:
+        with _quiet("aiokafka"):
+            problem = await security_problem(settings)
+        if problem is not None:  # it answered, but not to our security settings
+            raise problem from exc
         raise BrokerUnavailable(
             f"No Kafka broker answered at {bootstrap} (STREAM_JOBS_KAFKA_BOOTSTRAP): start one "
             "with `stream-jobs dev up` or fix the setting."

@@ -15,9 +15,19 @@ from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    KafkaConnectionError,
+    KafkaError,
+    TopicAuthorizationFailedError,
+)
 
-from stream_jobs.connection import broker_unavailable, kafka_client_kwargs
+from stream_jobs.connection import (
+    access_denied,
+    connect_error,
+    kafka_client_kwargs,
+    sasl_user,
+)
 from stream_jobs.errors import Abandoned, PublishError
 from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
@@ -58,7 +68,12 @@ class JobProducer:
             await self._producer.start()
         except KafkaConnectionError as exc:
             await self._producer.stop()
-            raise broker_unavailable(self._settings, exc) from exc
+            raise await connect_error(self._settings, exc) from exc
+        except (ClusterAuthorizationFailedError, TopicAuthorizationFailedError) as exc:
+            # Since KIP-679 an idempotent producer may start with Write on any one topic.
+            await self._producer.stop()
+            raise access_denied(self._settings, "start an idempotent producer (Write on at "
+                                "least one topic)") from exc
         self._started = True
 
     async def stop(self) -> None:
@@ -125,8 +140,11 @@ class JobProducer:
             raise PublishError(f"Kafka did not return its metadata: {exc}") from exc
         self._known_topics.update(metadata.topics())
         if topic not in self._known_topics:
-            raise PublishError(f"Topic {topic} does not exist: declare its type in topics/ and "
-                               "run `stream-jobs topics apply`.")
+            # Kafka leaves topics a principal may not Describe out of its metadata.
+            user = sasl_user(self._settings)
+            hidden = f", or {user} may not Describe it" if user else ""
+            raise PublishError(f"Topic {topic} does not exist{hidden}: declare its type in "
+                               "topics/ and run `stream-jobs topics apply`.")
 
     async def _acked(self, topic: str, future: asyncio.Future[Any]) -> Written:
         try:

@@ -55,6 +55,9 @@ REASON_BAD_JSON = "bad-json"
 
 MAX_MESSAGE_CHARS = 1_000
 MAX_TRACEBACK_CHARS = 4_000
+# Job IDs end up in log lines, dedup rows (a btree key) and CLI tables; a client makes
+# them at most 64 characters, so a far longer one is hostile or garbled.
+MAX_JOB_ID_BYTES = 256
 
 _KNOWN_HEADERS = frozenset(
     {
@@ -248,6 +251,8 @@ def decode_record(
     Checks run in this order, so the reason is predictable: missing-value / too-large,
     missing-header (job ID, type), bad-header, wrong-type, bad-json. When a header
     repeats, the last one wins. Raises nothing but `BadRecord`, whatever the input.
+    The size limit is checked before anything is parsed, so an oversized value costs
+    no parsing; a job ID over `MAX_JOB_ID_BYTES` is a bad header.
     `check_json=False` skips parsing the payload, for a caller that parses it next anyway
     (the worker, whose handler's model does; it raises bad-json itself).
     """
@@ -269,6 +274,10 @@ def decode_record(
         if required not in found:
             raise BadRecord(REASON_MISSING_HEADER, f"The record has no {required!r} header.")
 
+    raw_id = _as_bytes(found[HEADER_JOB_ID])
+    if raw_id is not None and len(raw_id) > MAX_JOB_ID_BYTES:
+        raise BadRecord(REASON_BAD_HEADER, f"The {HEADER_JOB_ID!r} header is {len(raw_id)} "
+                                           f"bytes, over the limit of {MAX_JOB_ID_BYTES}.")
     job_id = _text(found, HEADER_JOB_ID)
     if not job_id:
         raise BadRecord(REASON_BAD_HEADER, f"The {HEADER_JOB_ID!r} header is empty.")
@@ -434,9 +443,15 @@ def dead_letter_headers(headers: Sequence[tuple[str, bytes]] | None, *, failure:
     name and requeue the letter.
     """
     replaced = {HEADER_ERROR, HEADER_ORIGIN}
-    kept = [(name, bytes(value)) for name, value in (headers or ())
-            if isinstance(name, str) and isinstance(value, bytes | bytearray)
-            and name not in replaced]
+    kept: list[tuple[str, bytes]] = []
+    for item in headers or ():
+        try:
+            name, raw = item
+        except (TypeError, ValueError):
+            continue  # not a (name, value) pair: nothing a Kafka tool could show anyway
+        value = _as_bytes(raw)
+        if isinstance(name, str) and value is not None and name not in replaced:
+            kept.append((name, value))
     present = {name for name, _ in kept}
     if HEADER_JOB_ID not in present:
         kept.append((HEADER_JOB_ID, new_job_id().encode()))

@@ -37,7 +37,7 @@ from typing import Any, Literal
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
-from stream_jobs.connection import broker_unavailable, kafka_client_kwargs
+from stream_jobs.connection import connect_error, kafka_client_kwargs
 from stream_jobs.dlq import (
     DlqRefused,
     LetterNotFound,
@@ -371,7 +371,7 @@ async def _drain(settings: Settings, options: _Options, plan: RequeuePlan,
         await consumer.start()
     except KafkaConnectionError as exc:
         await consumer.stop()
-        raise broker_unavailable(settings, exc) from exc
+        raise await connect_error(settings, exc) from exc
     sent = drained = 0
     try:
         for span in plan.spans.values():

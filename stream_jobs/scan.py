@@ -14,7 +14,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaConnectionError
 
-from stream_jobs.connection import broker_unavailable, kafka_client_kwargs
+from stream_jobs.connection import connect_error, kafka_client_kwargs
 from stream_jobs.consumer import Record
 from stream_jobs.errors import ConfigError
 from stream_jobs.settings import Settings
@@ -42,7 +42,7 @@ async def reader(settings: Settings) -> AsyncIterator[Any]:
         await consumer.start()
     except KafkaConnectionError as exc:
         await consumer.stop()
-        raise broker_unavailable(settings, exc) from exc
+        raise await connect_error(settings, exc) from exc
     try:
         yield consumer
     finally:
