@@ -12,14 +12,14 @@ SQLAlchemy owns the schema (`stream_jobs.schema`); the hot path talks to asyncpg
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
 import asyncpg
 
-from stream_jobs.errors import AlreadyDone, DatabaseUnavailable
+from stream_jobs.errors import AlreadyDone, ConfigError, DatabaseUnavailable
 from stream_jobs.group_commit import INSERT_DONE, GroupCommitter
 from stream_jobs.settings import Settings
 
@@ -98,6 +98,50 @@ class DedupStore:
             "SELECT job_type, attempt, finished_at FROM stream_jobs_done WHERE job_id = $1", job_id
         )
         return None if row is None else (row["job_type"], row["attempt"], row["finished_at"])
+
+    async def prune_plan(self, older_than_s: float) -> tuple[datetime, int]:
+        """The cutoff (the database's clock, which wrote `finished_at`, less `older_than_s`)
+        and how many rows finished before it."""
+        pool = await self._get_pool()
+        try:
+            row = await pool.fetchrow(
+                "SELECT c.cutoff, (SELECT count(*) FROM stream_jobs_done "
+                "WHERE finished_at < c.cutoff) AS n "
+                "FROM (SELECT now() - make_interval(secs => $1) AS cutoff) c",
+                float(older_than_s))
+        except asyncpg.UndefinedTableError as exc:
+            raise ConfigError(
+                f"There is no dedup table in schema {self._settings.database_schema!r}: "
+                "run `stream-jobs db migrate` first (or point STREAM_JOBS_DATABASE_SCHEMA "
+                "at the schema that has it).") from exc
+        return row["cutoff"], int(row["n"])
+
+    async def prune(self, older_than_s: float, *, batch: int = 10_000, dry_run: bool = False,
+                    progress: Callable[[int, int], object] | None = None
+                    ) -> tuple[datetime, int, int]:
+        """Delete the rows finished more than `older_than_s` ago, `batch` rows per
+        transaction, oldest first: (cutoff, rows that matched, rows deleted). Safe to
+        interrupt and run again. `progress(deleted, matched)` is called after each batch."""
+        cutoff, matched = await self.prune_plan(older_than_s)
+        deleted = 0
+        while matched and not dry_run:
+            n = await self.prune_batch(cutoff, batch)
+            deleted += n
+            if progress is not None:
+                progress(deleted, matched)
+            if n < batch:
+                break
+        return cutoff, matched, deleted
+
+    async def prune_batch(self, cutoff: datetime, limit: int) -> int:
+        """Delete up to `limit` rows finished before `cutoff`, oldest first, in one short
+        transaction (so locks and WAL stay small); how many were deleted."""
+        pool = await self._get_pool()
+        status = await pool.execute(
+            "DELETE FROM stream_jobs_done WHERE job_id IN (SELECT job_id FROM "
+            "stream_jobs_done WHERE finished_at < $1 ORDER BY finished_at LIMIT $2)",
+            cutoff, limit)
+        return int(status.rsplit(" ", 1)[-1])
 
     async def count(self, job_type: str | None = None) -> int:
         pool = await self._get_pool()

@@ -1,0 +1,92 @@
+"""`stream-jobs db prune --older-than 7d`: delete old dedup rows, in batches.
+
+A dedup row protects its job from running twice only while Kafka can still deliver the
+job again (a redelivery, a replay, an offsets reset), that is for the lanes' retention.
+Rows older than that protect nothing, so the command refuses a cutoff inside the longest
+lane retention of the declared types unless `--force`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from stream_jobs.cli.common import settings_of
+from stream_jobs.cli.worker import db_app
+from stream_jobs.dedup import DedupStore
+from stream_jobs.durations import format_duration, parse_duration
+from stream_jobs.errors import ConfigError
+from stream_jobs.topics import JobTypePolicy, load_job_types
+
+console = Console(stderr=True)
+
+
+def _spelled(seconds: float) -> str:
+    """Whole days as days ("7d", as topics/*.toml write them), else the usual spelling."""
+    days = seconds / 86_400
+    return f"{days:g}d" if days >= 1 and days == int(days) else format_duration(seconds)
+
+
+def longest_retention(types: Mapping[str, JobTypePolicy]) -> tuple[float, str] | None:
+    """The longest lane retention of the declared types, and the type that has it."""
+    if not types:
+        return None
+    policy = max(types.values(), key=lambda p: p.retention_s)
+    return policy.retention_s, policy.job_type
+
+
+@db_app.command("prune")
+def prune(
+    ctx: typer.Context,
+    older_than: str = typer.Option(..., "--older-than", metavar="DURATION",
+                                   help="Delete rows finished longer ago than this (e.g. 7d)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Count the rows; delete nothing."),
+    batch: int = typer.Option(10_000, "--batch", min=1, help="Rows per DELETE transaction."),
+    force: bool = typer.Option(False, "--force", help="Prune inside the lanes' retention."),
+) -> None:
+    """Delete dedup rows by finished_at, oldest first, a batch per transaction.
+
+    Safe to interrupt and run again. Prune only past the lanes' retention: a job whose
+    row is gone runs again if Kafka delivers it again.
+    """
+    settings = settings_of(ctx)
+    older_than_s = parse_duration(older_than)
+    try:
+        floor = longest_retention(load_job_types(settings.topics_dir))
+    except ConfigError:
+        floor = None
+        console.print(f"[dim]no job types in {settings.topics_dir}: the retention check is "
+                      "skipped[/]")
+    if floor is not None and older_than_s < floor[0] and not force:
+        raise ConfigError(
+            f"--older-than {older_than} is inside the {_spelled(floor[0])} retention "
+            f"of {floor[1]!r}: those jobs can still be delivered again (a replay, an offsets "
+            f"reset) and would run twice without their rows. Use --older-than "
+            f"{_spelled(floor[0])} or more, or --force.")
+
+    async def main() -> tuple[str, int, int]:
+        store = DedupStore(settings)
+        progress = Progress(TextColumn("prune"), BarColumn(), MofNCompleteColumn(),
+                            console=console, transient=True)
+        task = progress.add_task("prune", total=None)
+        try:
+            with progress:
+                cutoff, matched, deleted = await store.prune(
+                    older_than_s, batch=batch, dry_run=dry_run,
+                    progress=lambda done, total: progress.update(task, completed=done,
+                                                                 total=total))
+        finally:
+            await store.close()
+        return cutoff.isoformat(timespec="seconds"), matched, deleted
+
+    when, total, deleted = asyncio.run(main())
+    where = f"in schema {settings.database_schema}"
+    if dry_run:
+        console.print(f"would delete {total:,} dedup rows finished before {when} {where} "
+                      "(dry run: nothing deleted)")
+    else:
+        console.print(f"deleted {deleted:,} dedup rows finished before {when} {where}")

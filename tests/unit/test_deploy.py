@@ -1,0 +1,131 @@
+"""ops/deploy agrees with topics/ and stream_jobs.naming: every file parses, names a type
+that is declared, uses the contract's group and topic names, and is what render.py makes
+now (so a new or changed type without re-rendered files fails here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from stream_jobs.naming import worker_group
+from stream_jobs.topics import JobTypePolicy, load_job_types
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "ops" / "deploy"
+TYPES: dict[str, JobTypePolicy] = load_job_types(REPO / "topics")
+
+
+@pytest.fixture(scope="module")
+def render() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ops_deploy_render", DEPLOY / "render.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ops_deploy_render"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def type_of(command: list[str]) -> str:
+    assert command[:2] == ["stream-jobs", "worker"], command
+    return command[command.index("--type") + 1]
+
+
+def test_the_committed_files_are_what_render_makes(render: ModuleType) -> None:
+    assert render.main(["--check"]) == 0, "run: .venv/bin/python ops/deploy/render.py"
+
+
+def test_the_rendered_files_follow_the_types(render: ModuleType) -> None:
+    files = render.render(TYPES, render.Options())
+    assert {p for p in files if p.startswith("k8s/") and p != "k8s/config.yaml"} == {
+        f"k8s/{t}.yaml" for t in TYPES}
+    assert {p for p in files if p.endswith(".env") and p != "systemd/stream-jobs.env"} == {
+        f"systemd/{t}.env" for t in TYPES}
+
+
+def test_compose_has_a_service_per_type() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.workers.yml").read_text())
+    seen = set()
+    for name, service in compose["services"].items():
+        job_type = type_of(service["command"])
+        assert job_type in TYPES, f"{name} runs undeclared type {job_type}"
+        assert service["labels"]["stream-jobs.job-type"] == job_type
+        assert service["build"]["dockerfile"] == "ops/deploy/Dockerfile"
+        assert (REPO / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
+        assert {"kafka", "postgres", "setup"} <= set(service["depends_on"])
+        seen.add(job_type)
+    assert seen == set(TYPES)
+    # The stack it runs next to has the services it depends on.
+    stack = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    assert {"kafka", "postgres", "setup"} <= set(stack)
+
+
+def k8s_documents() -> dict[str, list[dict[str, Any]]]:
+    return {path.name: [d for d in yaml.safe_load_all(path.read_text()) if d]
+            for path in sorted((DEPLOY / "k8s").glob("*.yaml"))}
+
+
+def test_kubernetes_deployment_and_scaled_object_per_type() -> None:
+    docs = k8s_documents()
+    config = {d["kind"]: d for d in docs.pop("config.yaml")}
+    prefix = config["ConfigMap"]["data"]["STREAM_JOBS_TOPIC_PREFIX"]
+    assert set(docs) == {f"{t}.yaml" for t in TYPES}
+    for filename, documents in docs.items():
+        by_kind = {d["kind"]: d for d in documents}
+        assert set(by_kind) == {"Deployment", "ScaledObject"}, filename
+        deployment, scaled = by_kind["Deployment"], by_kind["ScaledObject"]
+        job_type = deployment["metadata"]["labels"]["stream-jobs/job-type"]
+        assert job_type in TYPES
+        assert filename == f"{job_type}.yaml"
+        policy = TYPES[job_type]
+        pod = deployment["spec"]["template"]
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= \
+            pod["metadata"]["labels"].items()
+        (container,) = pod["spec"]["containers"]
+        assert type_of(container["command"]) == job_type
+        assert pod["spec"]["terminationGracePeriodSeconds"] >= 30  # the drain fits
+
+        spec = scaled["spec"]
+        assert spec["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+        assert spec["minReplicaCount"] >= 1  # the relay runs in the worker
+        assert spec["maxReplicaCount"] == policy.partitions
+        triggers = spec["triggers"]
+        assert {t["type"] for t in triggers} == {"kafka"}
+        assert {t["metadata"]["consumerGroup"] for t in triggers} == {
+            worker_group(prefix, job_type)}
+        assert [t["metadata"]["topic"] for t in triggers] == list(
+            policy.lane_topics(prefix).values())
+        assert all(int(t["metadata"]["lagThreshold"]) > 0 for t in triggers)
+
+
+def unit_lines(path: Path) -> dict[str, list[str]]:
+    """`key=value` lines of a systemd unit or env file (keys may repeat)."""
+    found: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith(("#", ";", "[")):
+            key, value = line.split("=", 1)
+            found.setdefault(key.strip(), []).append(value.strip())
+    return found
+
+
+def test_systemd_template_and_an_env_file_per_type() -> None:
+    unit = unit_lines(DEPLOY / "systemd" / "stream-jobs-worker@.service")
+    (exec_start,) = unit["ExecStart"]
+    words = exec_start.split()
+    assert words[0].endswith("/stream-jobs")
+    assert words[1] == "worker"
+    assert words[words.index("--type") + 1] == "%i"  # the instance name is the type
+    assert "/etc/stream-jobs/%i.env" in unit["EnvironmentFile"]
+    assert unit["KillSignal"] == ["SIGTERM"]
+    envs = sorted((DEPLOY / "systemd").glob("*.env"))
+    per_type = {p.name.removesuffix(".env") for p in envs} - {"stream-jobs"}
+    assert per_type == set(TYPES)
+    for job_type in per_type:
+        env = unit_lines(DEPLOY / "systemd" / f"{job_type}.env")
+        assert ":" in env["STREAM_JOBS_APP"][0]  # MODULE:APP
