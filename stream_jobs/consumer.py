@@ -6,6 +6,12 @@ backpressure by pausing partitions, periodic commits, and the rebalance contract
 revoked partitions stop dispatching, in-flight work gets a bounded grace period, the
 tracker's position is committed, and buffers are dropped. Subclasses say what to do
 with fetched records (`dispatch`) and whether a partition has work left (`busy`).
+
+Flow control (off unless asked for, so the default path is unchanged): topics may be
+lanes with weights (`lane_weights`), each lane keeping its own ready queue and
+`stream_jobs.lanes.LanePicker` choosing which lane starts next; a `TokenBucket`
+(`set_rate`) holds starts to a rate; and a `screen` may finish records at fetch time
+without starting them (heartbeats, expired jobs).
 """
 
 from __future__ import annotations
@@ -16,19 +22,26 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import (
+    GroupAuthorizationFailedError,
+    KafkaConnectionError,
+    KafkaError,
+    TopicAuthorizationFailedError,
+)
 
-from stream_jobs.connection import broker_unavailable, kafka_client_kwargs
+from stream_jobs.connection import access_denied, connect_error, kafka_client_kwargs
 from stream_jobs.errors import Abandoned, BadRecord
+from stream_jobs.lanes import LanePicker
 from stream_jobs.naming import dlq_topic
 from stream_jobs.offsets import OffsetTracker
 from stream_jobs.producer import JobProducer, until_acked
+from stream_jobs.ratelimit import TokenBucket
 from stream_jobs.record import FailureInfo, JobRecord, dead_letter_headers, dead_letter_origin
 from stream_jobs.settings import Settings
 
@@ -63,6 +76,8 @@ class PartitionWork:
     """What one member holds for one assigned partition."""
 
     tp: TopicPartition
+    # The ready queue of the partition's lane: chains waiting for a dispatch slot.
+    ready: deque[Chain] = field(default_factory=deque)
     tracker: OffsetTracker | None = None
     revoked: bool = False
     paused: bool = False
@@ -99,14 +114,28 @@ class GroupMember(ABC):
 
     def __init__(self, settings: Settings, group_id: str, topics: list[str], *,
                  job_type: str, producer: JobProducer, concurrency: int, grace_s: float,
-                 commit_interval_s: float, max_buffered: int, fetch_records: int = 500) -> None:
+                 commit_interval_s: float, max_buffered: int, fetch_records: int = 500,
+                 lane_weights: Sequence[tuple[str, int]] = ()) -> None:
         self.settings = settings
         self.job_type = job_type
         self.producer = producer
         # Set when the member is asked to stop: writes still failing then are abandoned.
         self.stopping = asyncio.Event()
         self.concurrency = concurrency
+        # One ready queue per lane (topic -> queue); one queue when lanes are not weighted.
         self._ready: deque[Chain] = deque()
+        self._queues: list[deque[Chain]] = [self._ready]
+        self._queue_of: dict[str, deque[Chain]] = {}
+        self._picker: LanePicker | None = None
+        if len(lane_weights) > 1:
+            self._queues = [deque() for _ in lane_weights]
+            self._queue_of = {topic: q for (topic, _), q in zip(lane_weights, self._queues,
+                                                                 strict=True)}
+            self._picker = LanePicker([weight for _, weight in lane_weights])
+        self._bucket: TokenBucket | None = None
+        self._token_timer: asyncio.TimerHandle | None = None
+        # Finishes a record at fetch time, without starting it, when it returns True.
+        self.screen: Callable[[PartitionWork, Record], bool] | None = None
         self._running = 0
         self.group_id = group_id
         self.topics = topics
@@ -149,13 +178,17 @@ class GroupMember(ABC):
 
     def dispatch(self, work: PartitionWork, records: list[Record]) -> None:
         """Track fetched records (offset order), extend their chains, start what fits."""
+        screen = self.screen
         for record in records:
             work.dispatched(record.offset)
+            if screen is not None and screen(work, record):
+                work.finished(record.offset)
+                continue
             key = self.chain_of(record)
             chain = work.chains.get(key)
             if chain is None:
                 chain = work.chains[key] = Chain(work, key)
-                self._ready.append(chain)
+                work.ready.append(chain)
             chain.records.append(record)
         self._pump()
 
@@ -166,6 +199,9 @@ class GroupMember(ABC):
         waiters. Chains of a revoked partition (or all, once stopping) are dropped
         unstarted: their records stay unfinished and go to the next owner.
         """
+        if self._picker is not None or self._bucket is not None:
+            self._pump_flow()
+            return
         while self._running < self.concurrency and self._ready:
             chain = self._ready.popleft()
             work = chain.work
@@ -176,6 +212,59 @@ class GroupMember(ABC):
             task = asyncio.create_task(self._execute(chain, chain.records[0]))
             work.tasks.add(task)
             task.add_done_callback(work.tasks.discard)
+
+    def _pump_flow(self) -> None:
+        """`_pump` with weighted lanes and/or a rate: the picker chooses the lane, the
+        bucket decides whether anything may start now (if not, a timer comes back when a
+        token is due). A token is checked before the pick so a refused start costs no
+        lane its turn."""
+        queues = self._queues
+        picker = self._picker
+        bucket = self._bucket
+        while self._running < self.concurrency:
+            if bucket is not None and not bucket.has_token(time.monotonic()):
+                if any(queues):
+                    self._wake_for_token(bucket)
+                return
+            lane = picker.pick(queues) if picker is not None else (0 if queues[0] else None)
+            if lane is None:
+                return
+            chain = queues[lane].popleft()
+            work = chain.work
+            if work.revoked or self.stopping.is_set():
+                work.chains.pop(chain.key, None)
+                continue
+            if bucket is not None:
+                bucket.try_take(time.monotonic())
+            self._running += 1
+            task = asyncio.create_task(self._execute(chain, chain.records[0]))
+            work.tasks.add(task)
+            task.add_done_callback(work.tasks.discard)
+
+    def _wake_for_token(self, bucket: TokenBucket) -> None:
+        if self._token_timer is not None:
+            return
+        delay = bucket.wait_s(time.monotonic())
+        if delay != float("inf"):
+            self._token_timer = asyncio.get_running_loop().call_later(delay, self._token_due)
+
+    def _token_due(self) -> None:
+        self._token_timer = None
+        self._pump()
+
+    def set_rate(self, rate_per_s: float | None) -> None:
+        """Start jobs at most `rate_per_s` a second from now on (None: no limit)."""
+        if self._token_timer is not None:
+            self._token_timer.cancel()
+            self._token_timer = None
+        now = time.monotonic()
+        if rate_per_s is None:
+            self._bucket = None
+        elif self._bucket is None:
+            self._bucket = TokenBucket(rate_per_s, now)
+        else:
+            self._bucket.set_rate(rate_per_s, now)
+        self._pump()
 
     async def _execute(self, chain: Chain, record: Record) -> None:
         work = chain.work
@@ -197,7 +286,7 @@ class GroupMember(ABC):
                 work.finished(record.offset)
                 self.relieve(work)
             if finished and chain.records and not work.revoked:
-                self._ready.append(chain)
+                work.ready.append(chain)
             else:
                 work.chains.pop(chain.key, None)
             self._pump()
@@ -209,13 +298,18 @@ class GroupMember(ABC):
             await self.consumer.start()
         except KafkaConnectionError as exc:
             await self.consumer.stop()
-            raise broker_unavailable(self.settings, exc) from exc
+            raise await connect_error(self.settings, exc) from exc
         self.consumer.subscribe(self.topics, listener=_Listener(self))
 
     async def poll_once(self, timeout_ms: int = 200) -> int:
         """Fetch one batch, dispatch it, apply backpressure, commit if due; records fetched."""
-        batches = await self.consumer.getmany(timeout_ms=timeout_ms,
-                                              max_records=self.fetch_records)
+        try:
+            batches = await self.consumer.getmany(timeout_ms=timeout_ms,
+                                                  max_records=self.fetch_records)
+        except (GroupAuthorizationFailedError, TopicAuthorizationFailedError) as exc:
+            raise access_denied(self.settings, f"read {', '.join(self.topics)} in consumer "
+                                f"group {self.group_id} (Read on the topics and the group)"
+                                ) from exc
         count = 0
         for tp, records in batches.items():
             work = self.partitions.get(tp)
@@ -232,6 +326,9 @@ class GroupMember(ABC):
 
     async def stop(self) -> None:
         """Stop dispatching, give in-flight work the grace period, commit, leave the group."""
+        if self._token_timer is not None:
+            self._token_timer.cancel()
+            self._token_timer = None
         with contextlib.suppress(Exception):
             await self.release(list(self.partitions))
         await self.consumer.stop()
@@ -313,7 +410,8 @@ class GroupMember(ABC):
         """Assignment: fresh state per partition; pauses from before are re-evaluated."""
         for tp in tps:
             if tp not in self.partitions:
-                self.partitions[tp] = PartitionWork(tp)
+                self.partitions[tp] = PartitionWork(tp, self._queue_of.get(tp.topic,
+                                                                           self._queues[0]))
         # Nothing is buffered for a fresh assignment, so nothing should stay paused.
         stale = [tp for tp in self.consumer.paused() if tp in self.partitions
                  and not self.partitions[tp].paused]

@@ -2,7 +2,7 @@
 
 For job type `T` and prefix `P` (default `jobs`):
 lanes `P.T`, `P.T.high`, `P.T.low`; tiers `P.T.retry-5s`...; dead letters `P.T.dlq`;
-groups `P.T.worker`, `P.T.relay`, `P.T.dlq`.
+groups `P.T.worker`, `P.T.relay`, `P.T.dlq`, and `P.T.shadow` for shadow mode.
 """
 
 from __future__ import annotations
@@ -60,6 +60,14 @@ def stats_topic(prefix: str) -> str:
     return f"{prefix}._stats"
 
 
+def control_topic(prefix: str) -> str:
+    """Operators' run-time settings per type (`stream-jobs throttle`), compacted by type.
+
+    Like `P._stats`, it cannot clash with a type's topics.
+    """
+    return f"{prefix}._control"
+
+
 def worker_group(prefix: str, job_type: str) -> str:
     return f"{prefix}.{job_type}.worker"
 
@@ -70,6 +78,12 @@ def relay_group(prefix: str, job_type: str) -> str:
 
 def dlq_group(prefix: str, job_type: str) -> str:
     return f"{prefix}.{job_type}.dlq"
+
+
+def shadow_group(prefix: str, job_type: str) -> str:
+    """The group `worker --shadow` reads the lanes with: it counts, runs nothing, and never
+    moves the offsets of `P.T.worker`."""
+    return f"{prefix}.{job_type}.shadow"
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from aiokafka.errors import (
 )
 
 from stream_jobs.admin import admin_client
-from stream_jobs.connection import broker_unavailable, kafka_client_kwargs
+from stream_jobs.connection import connect_error, kafka_client_kwargs
 from stream_jobs.durations import parse_duration
 from stream_jobs.errors import (
     BadRecord,
@@ -47,6 +47,7 @@ from stream_jobs.errors import (
     ReplayInterrupted,
     StreamJobsError,
 )
+from stream_jobs.heartbeats import is_heartbeat
 from stream_jobs.naming import DEFAULT_LANE, TopicRef, lane_topic, parse_topic
 from stream_jobs.producer import JobProducer
 from stream_jobs.record import JobRecord, decode_record, new_job_id
@@ -334,12 +335,16 @@ class _Copier:
         self.pending += 1
         self.marks[record.partition] = record.offset
         try:
-            job = decode_record(key=record.key, value=record.value, headers=record.headers,
-                                expected_type=self.source.job_type,
-                                max_payload_bytes=self.max_payload_bytes)
+            if is_heartbeat(record.key, record.headers):
+                job = None  # the workers' liveness records: not jobs, nothing to replay
+            else:
+                job = decode_record(key=record.key, value=record.value, headers=record.headers,
+                                    expected_type=self.source.job_type,
+                                    max_payload_bytes=self.max_payload_bytes)
         except BadRecord as bad:
             self._skip(record, bad)
-        else:
+            job = None
+        if job is not None:
             now_ms = int(time.time() * 1000)
             lane = self.target.lane_of(job)
             out = replayed(job, job_type=self.target.policy.job_type, lane=lane,
@@ -495,8 +500,9 @@ async def _group_topics(admin: Any, settings: Settings, group: str, topic: str |
 
 
 def _topics_named_by(prefix: str, group: str, existing: set[str]) -> set[str]:
-    """The topics a group of ours reads: T.worker the lanes, T.relay the tiers, T.dlq the DLQ."""
-    roles = {"worker": "lane", "relay": "tier", "dlq": "dlq"}
+    """The topics a group of ours reads: T.worker and T.shadow the lanes, T.relay the
+    tiers, T.dlq the DLQ."""
+    roles = {"worker": "lane", "shadow": "lane", "relay": "tier", "dlq": "dlq"}
     body, _, role_name = group.rpartition(".")
     role = roles.get(role_name)
     if role is None or not body.startswith(f"{prefix}."):
@@ -538,7 +544,7 @@ async def _commit(settings: Settings, group: str, offsets: dict[TopicPartition, 
         await consumer.start()
     except KafkaConnectionError as exc:
         await consumer.stop()
-        raise broker_unavailable(settings, exc) from exc
+        raise await connect_error(settings, exc) from exc
     try:
         consumer.assign(list(offsets))
         await consumer.commit(offsets)

@@ -3,7 +3,8 @@
 `stream-jobs stats` turns two reports of one worker into rates (done, retried,
 dead-lettered, expired per second) and sums them per type. A report is small JSON keyed
 by the worker's ID, readable by any Kafka tool. Reports are best effort: a report that
-cannot be written is logged and skipped; jobs never wait on it.
+cannot be written is logged and skipped; jobs never wait on it. Shadow consumers
+(`worker --shadow`) publish `ShadowReport`s to the same topic, marked `"shadow": true`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,13 @@ class WorkerReport:
     released: int = 0  # delay-tier records the relay put back in their lanes
     final: bool = False  # the worker stopped after this report
     interval_s: float = 5.0  # how often this worker reports (liveness is judged by it)
+    # The type's rate limit this worker applies, where it comes from ("toml", "throttle",
+    # "drain", "none"), and this worker's share of it (jobs/s; None without a limit).
+    rate_limit_per_s: float | None = None
+    rate_source: str = "none"
+    rate_share_per_s: float | None = None
+    # (lane topic, partition, write time in ms of the newest heartbeat processed there).
+    heartbeats: tuple[tuple[str, int, int], ...] = ()
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -56,6 +64,8 @@ class WorkerReport:
         """The report in `raw`, or None for anything that is not one (never raises)."""
         try:
             data: Any = orjson.loads(raw or b"")
+            if isinstance(data, dict) and data.get("shadow"):
+                return None  # a ShadowReport: counts what a shadow saw, no outcomes
             return cls(
                 job_type=str(data["job_type"]), worker_id=str(data["worker_id"]),
                 at_ms=int(data["at_ms"]), started_at_ms=int(data["started_at_ms"]),
@@ -65,8 +75,81 @@ class WorkerReport:
                 in_flight=int(data.get("in_flight", 0)), released=int(data.get("released", 0)),
                 final=bool(data.get("final", False)),
                 interval_s=float(data.get("interval_s", 5.0)),
+                rate_limit_per_s=_optional_float(data.get("rate_limit_per_s")),
+                rate_source=str(data.get("rate_source", "none")),
+                rate_share_per_s=_optional_float(data.get("rate_share_per_s")),
+                heartbeats=tuple((str(topic), int(part), int(at_ms))
+                                 for topic, part, at_ms in data.get("heartbeats", ())),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return None
+
+
+def _optional_float(raw: object) -> float | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise ValueError(f"not a number: {raw!r}")
+    return float(raw)
+
+
+@dataclass(frozen=True)
+class LaneSeen:
+    """Records a shadow read from one lane partition: jobs, and records that are not."""
+
+    valid: int = 0
+    undecodable: int = 0
+
+
+@dataclass(frozen=True)
+class ShadowReport:
+    """A shadow consumer's counts at `at_ms` (`worker --shadow`), cumulative since
+    `started_at_ms`, by lane and partition. Published to `P._stats` with `"shadow": true`,
+    which `WorkerReport.from_json` skips."""
+
+    job_type: str
+    worker_id: str
+    at_ms: int
+    started_at_ms: int
+    lanes: dict[str, dict[int, LaneSeen]] = field(default_factory=dict)
+    undecodable_reasons: dict[str, int] = field(default_factory=dict)
+    final: bool = False
+    interval_s: float = 5.0
+
+    @property
+    def valid(self) -> int:
+        return sum(s.valid for parts in self.lanes.values() for s in parts.values())
+
+    @property
+    def undecodable(self) -> int:
+        return sum(s.undecodable for parts in self.lanes.values() for s in parts.values())
+
+    def to_json(self) -> bytes:
+        data = asdict(self)
+        data["lanes"] = {lane: {str(p): asdict(seen) for p, seen in parts.items()}
+                         for lane, parts in self.lanes.items()}
+        return orjson.dumps({"shadow": True, **data})
+
+    @classmethod
+    def from_json(cls, raw: bytes | None) -> ShadowReport | None:
+        """The shadow report in `raw`, or None for anything that is not one (never raises)."""
+        try:
+            data: Any = orjson.loads(raw or b"")
+            if not isinstance(data, dict) or data.get("shadow") is not True:
+                return None
+            return cls(
+                job_type=str(data["job_type"]), worker_id=str(data["worker_id"]),
+                at_ms=int(data["at_ms"]), started_at_ms=int(data["started_at_ms"]),
+                lanes={str(lane): {int(p): LaneSeen(int(seen.get("valid", 0)),
+                                                    int(seen.get("undecodable", 0)))
+                                   for p, seen in dict(parts).items()}
+                       for lane, parts in dict(data.get("lanes", {})).items()},
+                undecodable_reasons={str(k): int(v) for k, v in
+                                     dict(data.get("undecodable_reasons", {})).items()},
+                final=bool(data.get("final", False)),
+                interval_s=float(data.get("interval_s", 5.0)),
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
             return None
 
 

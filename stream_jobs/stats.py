@@ -10,7 +10,9 @@ Everything comes from Kafka, so stats need no database:
   committed offset); **DLQ depth**: records the DLQ holds (end minus beginning);
 - **rates**: outcomes per second over a window, from the reports every worker publishes
   to `P._stats` (`stream_jobs.reports`): per worker, its latest report minus its latest
-  report at or before the window's start, summed over workers.
+  report at or before the window's start, summed over workers;
+- **shadow**: for a type read by `worker --shadow`, the lag of group `P.T.shadow` and
+  what the shadows counted, next to what the real workers finished (`stream_jobs.shadow`).
 
 The arithmetic (lag, age, rates, liveness) is pure and lives at the top of this module.
 """
@@ -29,11 +31,14 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from stream_jobs import scan
 from stream_jobs.admin import admin_client
-from stream_jobs.connection import broker_unavailable, kafka_client_kwargs
+from stream_jobs.connection import connect_error, kafka_client_kwargs
+from stream_jobs.control import NO_LIMIT, RateInForce, rate_in_force, read_overrides
 from stream_jobs.errors import BrokerUnavailable
-from stream_jobs.naming import relay_group, stats_topic, worker_group
-from stream_jobs.reports import WorkerReport
+from stream_jobs.heartbeats import HeartbeatStats, heartbeat_stats
+from stream_jobs.naming import relay_group, shadow_group, stats_topic, worker_group
+from stream_jobs.reports import ShadowReport, WorkerReport
 from stream_jobs.settings import Settings
+from stream_jobs.shadow import ShadowStats, shadow_stats
 from stream_jobs.topics import JobTypePolicy, get_job_type
 
 DEFAULT_WINDOW_S = 60.0
@@ -209,6 +214,9 @@ class TypeStats:
     dlq_depth: int | None  # None when the DLQ topic does not exist
     rates: Rates
     workers: tuple[WorkerReport, ...]  # the latest report of each live worker
+    shadow: ShadowStats | None = None  # when a `worker --shadow` reads the type's lanes
+    rate: RateInForce = NO_LIMIT  # the limit in force (TOML or throttle)
+    heartbeats: HeartbeatStats | None = None  # with `heartbeat_interval` in the TOML
 
     @property
     def lag(self) -> int:
@@ -254,6 +262,16 @@ class TypeStats:
                         "in_flight": sum(w.in_flight for w in self.workers),
                         "ids": [w.worker_id for w in self.workers]},
             "missing_topics": self.missing_topics,
+            "shadow": None if self.shadow is None else self.shadow.to_dict(),
+            "rate_limit": {
+                "per_s": self.rate.per_s, "source": self.rate.source,
+                # Live workers that report applying it, and their shares added up.
+                "workers_applying": sum(1 for w in self.workers
+                                        if w.rate_limit_per_s == self.rate.per_s),
+                "share_per_s": _round(sum(w.rate_share_per_s or 0.0 for w in self.workers)),
+            },
+            "heartbeats": (None if self.heartbeats is None
+                           else self.heartbeats.to_dict(per_partition=per_partition)),
         }
 
 
@@ -310,11 +328,14 @@ async def collect(settings: Settings, types: Mapping[str, JobTypePolicy], *,
         beginnings = await consumer.beginning_offsets(flat) if flat else {}
         ends = await consumer.end_offsets(flat) if flat else {}
         committed: dict[TopicPartition, int | None] = {}
+        shadowed: dict[TopicPartition, int | None] = {}
         for policy in chosen:
             name = policy.job_type
+            lane_parts = [tp for t in lanes_of[name].values() for tp in tps.get(t, [])]
             committed.update(await committed_offsets(
-                admin, worker_group(prefix, name),
-                [tp for t in lanes_of[name].values() for tp in tps.get(t, [])]))
+                admin, worker_group(prefix, name), lane_parts))
+            shadowed.update(await committed_offsets(
+                admin, shadow_group(prefix, name), lane_parts))
             committed.update(await committed_offsets(
                 admin, relay_group(prefix, name),
                 [tp for t in tiers_of[name].values() for tp in tps.get(t, [])]))
@@ -329,7 +350,8 @@ async def collect(settings: Settings, types: Mapping[str, JobTypePolicy], *,
                  if backlog(beginnings[tp], ends[tp], committed.get(tp)) > 0}
         stamps = await _timestamps_at(consumer, heads, settings.kafka_request_timeout_ms)
         now_ms = _now_ms()
-        reports = await _reports(consumer, prefix, report_ranges)
+        reports, shadow_reports = await _reports(consumer, prefix, report_ranges)
+        overrides = await read_overrides(consumer, prefix)
 
     def topic_lag(name: str, topic: str, *, ages: bool) -> TopicLag:
         parts = []
@@ -343,10 +365,32 @@ async def collect(settings: Settings, types: Mapping[str, JobTypePolicy], *,
         return TopicLag(name, topic, topic in tps, sum(p.lag for p in parts),
                         max(ages_s) if ages_s else None, tuple(parts) if per_partition else ())
 
+    def shadow_of(name: str, processed: int) -> ShadowStats | None:
+        own = [r for r in shadow_reports if r.job_type == name]
+        lane_parts = [tp for t in lanes_of[name].values() for tp in tps.get(t, [])]
+        if not own and all(shadowed.get(tp) is None for tp in lane_parts):
+            return None  # never shadowed
+        lags = {lane: (topic, sum(backlog(beginnings[tp], ends[tp], shadowed.get(tp))
+                                  for tp in tps.get(topic, [])))
+                for lane, topic in lanes_of[name].items()}
+        return shadow_stats(shadow_group(prefix, name), lags, own, worker_processed=processed,
+                            now_ms=now_ms, window_s=window_s, alive_intervals=ALIVE_INTERVALS)
+
+    def beats_of(policy: JobTypePolicy, own: list[WorkerReport]) -> HeartbeatStats | None:
+        if policy.heartbeat_interval_s is None:
+            return None
+        lanes = [(tp.topic, tp.partition, backlog(beginnings[tp], ends[tp], committed.get(tp)),
+                  None if tp not in stamps else age_s(now_ms, stamps[tp]))
+                 for t in lanes_of[policy.job_type].values() for tp in tps.get(t, [])]
+        return heartbeat_stats(interval_s=policy.heartbeat_interval_s, lanes=lanes,
+                               reported=[r.heartbeats for r in latest_reports(own).values()],
+                               now_ms=now_ms)
+
     result = []
     for policy in chosen:
         name = policy.job_type
         own = [r for r in reports if r.job_type == name]
+        rates = rates_from_reports(own, now_ms=now_ms, window_s=window_s)
         dlq = dlq_of[name]
         result.append(TypeStats(
             job_type=name,
@@ -355,9 +399,12 @@ async def collect(settings: Settings, types: Mapping[str, JobTypePolicy], *,
             dlq_topic=dlq,
             dlq_depth=(sum(ends[tp] - beginnings[tp] for tp in tps[dlq]) if dlq in tps
                        else None),
-            rates=rates_from_reports(own, now_ms=now_ms, window_s=window_s),
+            rates=rates,
             workers=tuple(alive_workers(own, now_ms=now_ms,
                                         report_interval_s=report_interval_s)),
+            shadow=shadow_of(name, rates.counts.total),
+            rate=rate_in_force(policy.rate_limit_per_s, overrides.get(name)),
+            heartbeats=beats_of(policy, own),
         ))
     return StatsSnapshot(now_ms, prefix, window_s, tuple(result))
 
@@ -377,7 +424,7 @@ async def _peeker(settings: Settings) -> AsyncIterator[Any]:
         await consumer.start()
     except KafkaConnectionError as exc:
         await consumer.stop()
-        raise broker_unavailable(settings, exc) from exc
+        raise await connect_error(settings, exc) from exc
     try:
         yield consumer
     finally:
@@ -447,13 +494,18 @@ async def _report_ranges(consumer: Any, prefix: str, since_ms: int
 
 
 async def _reports(consumer: Any, prefix: str, ranges: list[scan.PartitionRange]
-                   ) -> list[WorkerReport]:
+                   ) -> tuple[list[WorkerReport], list[ShadowReport]]:
     found: list[WorkerReport] = []
+    shadows: list[ShadowReport] = []
     async for record in scan.scan(consumer, stats_topic(prefix), ranges):
         report = WorkerReport.from_json(record.value)
         if report is not None:
             found.append(report)
-    return found
+            continue
+        shadow = ShadowReport.from_json(record.value)
+        if shadow is not None:
+            shadows.append(shadow)
+    return found, shadows
 
 
 __all__ = [

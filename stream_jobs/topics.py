@@ -8,8 +8,10 @@ A file's stem names its type unless the file sets `type`. Every key is optional:
     retry_tiers = ["5s", "1m", "10m"]  # delay tiers, strictly increasing
     max_attempts = 4                   # attempts in all, the first included
     priorities = ["high", "default", "low"]
+    lane_weights = {high = 6, default = 3, low = 1}   # dispatch slots per lane under load
     expires_in = "1h"                  # optional default expiry of a job
     rate_limit = "200/s"               # optional, across all workers of the type
+    heartbeat_interval = "5s"          # optional, heartbeats through every lane partition
     max_payload_bytes = 65536          # optional, below the global setting
 
 `diff_policy` compares a type's topics with what the broker reports; `stream_jobs.admin`
@@ -27,6 +29,7 @@ from typing import Literal, TypeVar
 
 from stream_jobs.durations import format_duration, parse_duration, parse_rate
 from stream_jobs.errors import ConfigError, TopicPlanError, UnknownJobType
+from stream_jobs.lanes import DEFAULT_LANE_WEIGHTS
 from stream_jobs.naming import (
     DEFAULT_LANE,
     LANES,
@@ -55,10 +58,14 @@ KNOWN_KEYS = (
     "retry_tiers",
     "max_attempts",
     "priorities",
+    "lane_weights",
     "expires_in",
     "rate_limit",
+    "heartbeat_interval",
     "max_payload_bytes",
 )
+# Heartbeats more often than this would be traffic, not a signal.
+MIN_HEARTBEAT_INTERVAL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -86,8 +93,12 @@ class JobTypePolicy:
     retry_tiers: tuple[str, ...] = ("5s", "1m", "10m")
     max_attempts: int = 4
     priorities: tuple[str, ...] = (DEFAULT_LANE,)
+    # (lane, weight) for every declared lane, in `priorities` order; lanes not given get
+    # `lanes.DEFAULT_LANE_WEIGHTS`.
+    lane_weights: tuple[tuple[str, int], ...] = ()
     expires_in_s: float | None = None
     rate_limit_per_s: float | None = None
+    heartbeat_interval_s: float | None = None
     max_payload_bytes: int | None = None
     # Where the policy was declared, for messages; not part of the policy itself.
     source: str | None = field(default=None, compare=False)
@@ -112,9 +123,15 @@ class JobTypePolicy:
             raise _invalid("expires_in", "must be longer than zero")
         if self.rate_limit_per_s is not None and not self.rate_limit_per_s > 0:
             raise _invalid("rate_limit", "must be a positive rate")
+        if (self.heartbeat_interval_s is not None
+                and not self.heartbeat_interval_s >= MIN_HEARTBEAT_INTERVAL_S):
+            raise _invalid("heartbeat_interval",
+                           f"must be at least {format_duration(MIN_HEARTBEAT_INTERVAL_S)}")
         # Normalising here means `JobTypePolicy(...)` in code and a TOML file agree.
         object.__setattr__(self, "retry_tiers", _normal_tiers(self.retry_tiers))
         object.__setattr__(self, "priorities", _normal_priorities(self.priorities))
+        object.__setattr__(self, "lane_weights",
+                           _normal_weights(self.lane_weights, self.priorities))
         longest = self.tier_delays_s[-1]
         if self.retention_s <= longest:
             # A record waiting in the longest tier would be deleted before it is due.
@@ -132,6 +149,10 @@ class JobTypePolicy:
     @property
     def tier_delays_s(self) -> tuple[float, ...]:
         return tuple(parse_duration(tier) for tier in self.retry_tiers)
+
+    def lane_weight(self, lane: str) -> int:
+        """Dispatch slots of `lane` while every lane has work (see `stream_jobs.lanes`)."""
+        return dict(self.lane_weights)[lane]
 
     def lane_topics(self, prefix: str) -> dict[str, str]:
         """Lane -> topic, in `naming.LANES` order (high, default, low)."""
@@ -210,6 +231,14 @@ def _read_key(key: str, raw: object) -> dict[str, object]:
         return {"retry_tiers": tuple(_list_of(key, raw, (str, int, float)))}
     if key == "priorities":
         return {"priorities": tuple(_list_of(key, raw, (str,)))}
+    if key == "lane_weights":
+        if not isinstance(raw, dict):
+            raise _invalid(key, f"must be a table such as {{high = 6, default = 3, low = 1}}, "
+                                f"not {raw!r}")
+        return {"lane_weights": tuple((str(lane), _positive_int(f"lane_weights.{lane}", w))
+                                      for lane, w in raw.items())}
+    if key == "heartbeat_interval":
+        return {"heartbeat_interval_s": _duration(key, raw)}
     raise ConfigError(_unknown_key(key))
 
 
@@ -292,6 +321,20 @@ def _normal_priorities(priorities: tuple[str, ...]) -> tuple[str, ...]:
         # Jobs enqueued without a priority, and the relay's default route, land there.
         raise _invalid("priorities", f"must include {DEFAULT_LANE!r}")
     return tuple(lane for lane in LANES if lane in priorities)
+
+
+def _normal_weights(weights: tuple[tuple[str, int], ...],
+                    priorities: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    given: dict[str, int] = {}
+    for lane, weight in weights:
+        if lane not in LANES:
+            raise _invalid("lane_weights", f"has {lane!r}; lanes are {', '.join(LANES)}")
+        if lane not in priorities:
+            raise _invalid("lane_weights", f"weighs {lane!r}, which 'priorities' does not "
+                                           f"declare ({', '.join(priorities)})")
+        _positive_int(f"lane_weights.{lane}", weight)
+        given[lane] = weight
+    return tuple((lane, given.get(lane, DEFAULT_LANE_WEIGHTS[lane])) for lane in priorities)
 
 
 def _ms(seconds: float) -> str:

@@ -5,27 +5,48 @@ group `P.T.worker` on T's lanes and the relay (`P.T.relay`) on T's delay tiers, 
 one producer. Each job ends in exactly one outcome (see `Outcome`); its offset is marked
 finished only once that outcome is durable (a retry or dead letter acknowledged by the
 broker), so no path drops a job.
+
+Flow control (README, "Flow control"): lanes are served by their weights; the type's
+rate limit (TOML, or `stream-jobs throttle` through `P._control`) is split across the
+group by partition ownership (`stream_jobs.ratelimit`); heartbeats are written into every
+lane partition and acknowledged at fetch time (`stream_jobs.heartbeats`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import replace
 from enum import StrEnum
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
 from stream_jobs.app import JobHandler
 from stream_jobs.consumer import GroupMember, PartitionWork, Record
 from stream_jobs.context import JobContext, ms_to_datetime
+from stream_jobs.control import ControlFollower, RateOverride, rate_in_force
 from stream_jobs.dedup import DedupStore
 from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError, StreamJobsError
-from stream_jobs.naming import dlq_topic, lane_topic, stats_topic, tier_topic, worker_group
+from stream_jobs.heartbeats import is_heartbeat, send_heartbeats
+from stream_jobs.heartbeats import report_interval_s as heartbeat_report_interval_s
+from stream_jobs.naming import (
+    control_topic,
+    dlq_topic,
+    lane_topic,
+    stats_topic,
+    tier_topic,
+    worker_group,
+)
 from stream_jobs.producer import JobProducer
+from stream_jobs.ratelimit import partition_share
 from stream_jobs.record import (
+    HEADER_EXPIRES_AT,
     FailureInfo,
     JobRecord,
     dead_letter_origin,
@@ -50,8 +71,24 @@ class Outcome(StrEnum):
     DUPLICATE = "duplicate"  # its dedup row existed: finished without running
 
 
+# Under a rate limit a worker buffers about this many seconds of its share (at least
+# RATE_BUFFER_MIN records per partition): fetching pauses instead of holding a backlog.
+RATE_BUFFER_S = 2.0
+RATE_BUFFER_MIN = 16
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _expires_at_ms(headers: Sequence[tuple[str, bytes]]) -> int | None:
+    """The `sj-expires-at` header as decode_record reads it (the last one wins); None if
+    absent or malformed (decode_record then has the final word)."""
+    found: int | None = None
+    for name, value in headers:
+        if name == HEADER_EXPIRES_AT:
+            found = int(value) if value.isdigit() and len(value) <= 19 else None
+    return found
 
 
 class Worker(GroupMember):
@@ -60,14 +97,18 @@ class Worker(GroupMember):
     def __init__(self, settings: Settings, policy: JobTypePolicy, handler: JobHandler, *,
                  grace_s: float = 10.0, commit_interval_s: float = 0.5,
                  max_buffered: int | None = None, relay: bool = True,
-                 dedup: DedupStore | None = None, report_interval_s: float = 5.0) -> None:
+                 dedup: DedupStore | None = None, report_interval_s: float = 5.0,
+                 control: bool = True) -> None:
         prefix = settings.topic_prefix
         lanes = [lane_topic(prefix, policy.job_type, lane) for lane in policy.priorities]
+        weights = [(lane_topic(prefix, policy.job_type, lane), weight)
+                   for lane, weight in policy.lane_weights]
         super().__init__(settings, worker_group(prefix, policy.job_type), lanes,
                          job_type=policy.job_type, producer=JobProducer(settings),
                          concurrency=handler.concurrency, grace_s=grace_s,
                          commit_interval_s=commit_interval_s,
-                         max_buffered=max_buffered or max(2 * handler.concurrency, 256))
+                         max_buffered=max_buffered or max(2 * handler.concurrency, 256),
+                         lane_weights=weights)
         self.policy = policy
         self.handler = handler
         self.retry_policy = RetryPolicy(tiers=policy.retry_tiers,
@@ -78,8 +119,18 @@ class Worker(GroupMember):
         self.outcomes: Counter[str] = Counter()
         self.dead_letter_reasons: Counter[str] = Counter()
         self.worker_id = new_worker_id()
-        self.report_interval_s = report_interval_s
+        self.report_interval_s = heartbeat_report_interval_s(report_interval_s,
+                                                             policy.heartbeat_interval_s)
         self._started_at_ms = _now_ms()
+        # Flow control: the type's limit in force, this worker's share of it, heartbeats.
+        self._default_buffered = self.max_buffered
+        self._default_fetch = self.fetch_records
+        self.control = control
+        self.rate = rate_in_force(policy.rate_limit_per_s, None)
+        self.rate_share_per_s: float | None = None
+        self.heartbeat_interval_s = policy.heartbeat_interval_s
+        # Per lane partition: the write time (ms) of the newest heartbeat processed.
+        self.heartbeats: dict[TopicPartition, int] = {}
 
     # -- running ----------------------------------------------------------------------------
 
@@ -87,22 +138,32 @@ class Worker(GroupMember):
         """Process jobs until `stop()` (or SIGTERM via the CLI); with `until_idle`, until
         the lanes and tiers are read to their ends and nothing is in flight or held."""
         await self.producer.start()
-        reporter: asyncio.Task[None] | None = None
+        follower = ControlFollower(self.settings, self._on_control) if self.control else None
+        background: list[asyncio.Task[None]] = []
         try:
-            await self.start()
+            # The control topic is read to its end while the consumer starts, so a type
+            # throttled at run time never starts a job at its TOML rate.
+            await asyncio.gather(self.start(), self._catch_up(follower))
             if self.relay is not None:
                 await self.relay.start()
-            reporter = asyncio.create_task(self._report_every())
+            background.append(asyncio.create_task(self._report_every()))
+            if follower is not None:
+                background.append(asyncio.create_task(follower.follow()))
+            if self.heartbeat_interval_s is not None:
+                background.append(asyncio.create_task(self._heartbeat_every()))
             try:
                 await self._loop(until_idle)
             finally:
                 if self.relay is not None:
                     await self.relay.stop()
                 await self.stop()
-                reporter.cancel()
-                await asyncio.gather(reporter, return_exceptions=True)
+                for task in background:
+                    task.cancel()
+                await asyncio.gather(*background, return_exceptions=True)
                 await self._report(final=True)
         finally:
+            if follower is not None:
+                await follower.stop()
             await self.producer.stop()
             if self._owns_dedup:
                 await self.dedup.close()
@@ -115,7 +176,10 @@ class Worker(GroupMember):
             outcomes={str(k): v for k, v in self.outcomes.items()},
             dead_letter_reasons=dict(self.dead_letter_reasons), in_flight=self.in_flight(),
             released=self.relay.released if self.relay is not None else 0, final=final,
-            interval_s=self.report_interval_s)
+            interval_s=self.report_interval_s, rate_limit_per_s=self.rate.per_s,
+            rate_source=self.rate.source, rate_share_per_s=self.rate_share_per_s,
+            heartbeats=tuple((tp.topic, tp.partition, at_ms)
+                             for tp, at_ms in sorted(self.heartbeats.items())))
 
     async def _report_every(self) -> None:
         try:
@@ -133,6 +197,100 @@ class Worker(GroupMember):
                                          self.worker_id.encode(), report.to_json(), [])
         except StreamJobsError as exc:
             log.warning("worker report not written: %s", exc)
+
+    # -- flow control -----------------------------------------------------------------------
+
+    async def _catch_up(self, follower: ControlFollower | None) -> None:
+        if follower is None:
+            return
+        try:
+            await follower.catch_up()
+        except (StreamJobsError, KafkaError) as exc:
+            # The TOML's limit still holds; only run-time changes are lost.
+            log.warning("cannot read %s; `stream-jobs throttle` will not reach this worker: "
+                        "%s", control_topic(self.settings.topic_prefix), exc)
+            return
+        self._apply_rate(follower.overrides.get(self.policy.job_type))
+        # The group may have assigned partitions meanwhile (aiokafka joins in the
+        # background); nothing was dispatched yet, so the share is right from the start.
+        self._reshare()
+
+    def _on_control(self, job_type: str, override: RateOverride | None) -> None:
+        if job_type == self.policy.job_type:
+            self._apply_rate(override)
+            self._reshare()
+
+    def _apply_rate(self, override: RateOverride | None) -> None:
+        rate = rate_in_force(self.policy.rate_limit_per_s, override)
+        if rate != self.rate:
+            limit = "no limit" if rate.per_s is None else f"{rate.per_s:g}/s"
+            log.info("%s: rate limit now %s (%s)", self.policy.job_type, limit, rate.source)
+        self.rate = rate
+
+    def adopt(self, tps: list[TopicPartition]) -> None:
+        super().adopt(tps)
+        self._reshare()
+
+    async def release(self, tps: list[TopicPartition]) -> None:
+        await super().release(tps)
+        for tp in tps:
+            self.heartbeats.pop(tp, None)
+        self._reshare()
+
+    def _reshare(self) -> None:
+        """Take this worker's share of the type's rate: its fraction of the lane partitions."""
+        limit = self.rate.per_s
+        if limit is None:
+            self.rate_share_per_s = None
+            self.max_buffered = self._default_buffered
+            self.fetch_records = self._default_fetch
+        else:
+            assigned = sum(1 for w in self.partitions.values() if not w.revoked)
+            total = sum(len(self.consumer.partitions_for_topic(t) or ()) for t in self.topics)
+            share = partition_share(limit, assigned, total)
+            self.rate_share_per_s = share
+            per_partition = math.ceil(share * RATE_BUFFER_S / max(1, assigned))
+            self.max_buffered = min(self._default_buffered,
+                                    max(RATE_BUFFER_MIN, per_partition))
+            # Backpressure is checked after each fetched batch: keep batches small too.
+            self.fetch_records = min(self._default_fetch,
+                                     max(RATE_BUFFER_MIN, math.ceil(share * RATE_BUFFER_S)))
+        self.screen = (self._screen if limit is not None or self.heartbeat_interval_s
+                       is not None else None)
+        self.set_rate(self.rate_share_per_s)
+
+    def _screen(self, work: PartitionWork, record: Record) -> bool:
+        """Finish at fetch time what needs no handler: heartbeats always, and under a rate
+        limit jobs already expired, so stale work never waits for (or spends) a token."""
+        if is_heartbeat(record.key, record.headers):
+            self._beat(work.tp, record.timestamp)
+            return True
+        if self.rate_share_per_s is not None:
+            expires_at = _expires_at_ms(record.headers)
+            if expires_at is not None and _now_ms() >= expires_at:
+                self.outcomes[Outcome.EXPIRED] += 1
+                return True
+        return False
+
+    def _beat(self, tp: TopicPartition, written_ms: int) -> None:
+        if written_ms > self.heartbeats.get(tp, -1):
+            self.heartbeats[tp] = written_ms
+
+    async def _heartbeat_every(self) -> None:
+        interval_s = self.heartbeat_interval_s
+        assert interval_s is not None
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        while True:
+            tps = [TopicPartition(topic, p) for topic in self.topics
+                   for p in sorted(self.consumer.partitions_for_topic(topic) or ())]
+            try:
+                await send_heartbeats(self.producer, tps, self.worker_id, _now_ms())
+            except (StreamJobsError, KafkaError) as exc:
+                log.warning("heartbeats not written: %s", exc)
+            # On a fixed schedule: the time a send takes does not stretch the interval.
+            due = max(due + interval_s, loop.time())
+            await asyncio.sleep(due - loop.time())  # a period, not a wait for a condition
 
     def request_stop(self) -> None:
         """Ask `run` to drain and return (safe from a signal handler on the loop)."""
@@ -172,14 +330,20 @@ class Worker(GroupMember):
         return record.offset
 
     async def handle(self, work: PartitionWork, record: Record) -> None:
-        self.outcomes[await self._run_job(record)] += 1
+        outcome = await self._run_job(record)
+        if outcome is not None:
+            self.outcomes[outcome] += 1
 
-    async def _run_job(self, record: Record) -> Outcome:
+    async def _run_job(self, record: Record) -> Outcome | None:
         try:
             job = decode_record(key=record.key, value=record.value, headers=record.headers,
                                 expected_type=self.policy.job_type,
                                 max_payload_bytes=self._payload_limit(), check_json=False)
         except BadRecord as bad:
+            if is_heartbeat(record.key, record.headers):
+                # Written by a worker whose TOML turned heartbeats on: not a job, not bad.
+                self._beat(TopicPartition(record.topic, record.partition), record.timestamp)
+                return None
             await self.dead_letter_raw(record, bad)
             self.dead_letter_reasons[bad.reason] += 1
             return Outcome.DEAD_LETTERED

@@ -16,7 +16,7 @@ from rich.table import Table
 from stream_jobs.cli.common import settings_of
 from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, JobLocation, locate_job
 from stream_jobs.settings import Settings
-from stream_jobs.stats import DEFAULT_WINDOW_S, StatsSnapshot, TopicLag, collect
+from stream_jobs.stats import DEFAULT_WINDOW_S, StatsSnapshot, TopicLag, TypeStats, collect
 from stream_jobs.topics import JobTypePolicy, get_job_type, load_job_types
 
 console = Console()
@@ -138,7 +138,8 @@ def render_stats(shot: StatsSnapshot, settings: Settings, partitions: bool) -> G
     waiting.add_column("oldest", justify="right")
     rates = Table(title=f"last {shot.window_s:g} s, from worker reports")
     rates.add_column("type", no_wrap=True)
-    for column in ("done/s", "retried/s", "dead/s", "expired/s", "workers", "in flight"):
+    for column in ("done/s", "retried/s", "dead/s", "expired/s", "workers", "in flight",
+                   "limit"):
         rates.add_column(column, justify="right")
     notes: list[str] = []
     for t in shot.types:
@@ -151,15 +152,43 @@ def render_stats(shot: StatsSnapshot, settings: Settings, partitions: bool) -> G
         per_s = t.rates.per_s()
         rates.add_row(t.job_type, *(f"{per_s[k]:.2f}" for k in ("done", "retried",
                                                               "dead_lettered", "expired")),
-                      str(len(t.workers)), f"{sum(w.in_flight for w in t.workers):,}")
+                      str(len(t.workers)), f"{sum(w.in_flight for w in t.workers):,}",
+                      _limit(t))
+        if t.heartbeats is not None and t.heartbeats.stuck:
+            stuck = t.heartbeats.stuck
+            plural = "s" if len(stuck) > 1 else ""
+            notes.append(f"[red]{t.job_type}: {len(stuck)} partition{plural} stuck (no heartbeat "
+                         f"processed for over {2 * t.heartbeats.interval_s:g} s): "
+                         + ", ".join(f"{p.topic}[{p.partition}]" for p in stuck) + "[/]")
         if t.missing_topics:
             notes.append(f"{t.job_type}: {len(t.missing_topics)} topics missing "
                          f"({', '.join(t.missing_topics)}): run `stream-jobs topics apply`.")
     parts: list[Any] = [waiting, rates]
+    shadowed = [t for t in shot.types if t.shadow is not None]
+    if shadowed:
+        parts.append(_shadow_table(shadowed, shot.window_s))
     if partitions:
         parts.append(_partition_table(shot))
     parts.extend(f"[yellow]{note}[/]" for note in notes)
     return Group(*parts)
+
+
+def _shadow_table(types: list[TypeStats], window_s: float) -> Table:
+    """Shadow groups next to the real ones: over the window, records the shadows read
+    against jobs the workers finished; and how far behind each group is."""
+    table = Table(title=f"shadow vs worker, last {window_s:g} s: records the shadows read, "
+                        "jobs the workers processed")
+    table.add_column("type", no_wrap=True)
+    for column in ("shadow read", "bad", "processed", "shadow lag", "worker lag", "shadows"):
+        table.add_column(column, justify="right")
+    for t in types:
+        shadow = t.shadow
+        assert shadow is not None
+        table.add_row(t.job_type, f"{shadow.window_seen:,}",
+                      _count(shadow.window_undecodable, alarm=True),
+                      f"{shadow.worker_processed:,}", f"{shadow.lag:,}", f"{t.lag:,}",
+                      str(len(shadow.shadows)))
+    return table
 
 
 def _partition_table(shot: StatsSnapshot) -> Table:
@@ -169,13 +198,30 @@ def _partition_table(shot: StatsSnapshot) -> Table:
     # Short headers: with long topic names the table still fits 80 columns.
     for column in ("part", "start", "end", "commit", "lag", "oldest"):
         table.add_column(column, justify="right", no_wrap=True)
+    beats = {(b.topic, b.partition): b for t in shot.types if t.heartbeats is not None
+             for b in t.heartbeats.partitions}
+    if beats:
+        table.add_column("heartbeat", no_wrap=True)
     rows: list[TopicLag] = [lag for t in shot.types for lag in (*t.lanes, *t.tiers)]
     for lag in rows:
         for p in lag.partitions:
-            table.add_row(lag.topic, str(p.partition), f"{p.beginning:,}", f"{p.end:,}",
-                          "-" if p.committed is None else f"{p.committed:,}", f"{p.lag:,}",
-                          _age(p.oldest_age_s))
+            cells = [lag.topic, str(p.partition), f"{p.beginning:,}", f"{p.end:,}",
+                     "-" if p.committed is None else f"{p.committed:,}", f"{p.lag:,}",
+                     _age(p.oldest_age_s)]
+            if beats:
+                beat = beats.get((lag.topic, p.partition))
+                cells.append("" if beat is None else
+                             f"{'[red]' if beat.state == 'stuck' else ''}{beat.state} "
+                             f"{_age(beat.age_s)}{'[/]' if beat.state == 'stuck' else ''}")
+            table.add_row(*cells)
     return table
+
+
+def _limit(t: TypeStats) -> str:
+    """The rate limit in force: '50/s throttle', '200/s' (from the TOML) or '-'."""
+    if t.rate.per_s is None:
+        return "-" if t.rate.source == "none" else f"none ({t.rate.source})"
+    return f"{t.rate.per_s:g}/s" + ("" if t.rate.source == "toml" else f" {t.rate.source}")
 
 
 def _count(value: int | None, *, alarm: bool = False) -> str:

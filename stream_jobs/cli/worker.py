@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 
-from stream_jobs.app import load_app
+from stream_jobs.app import App, load_app
 from stream_jobs.cli.common import app, run_fast, settings_of
 from stream_jobs.dedup import DedupStore
 
@@ -28,6 +28,8 @@ def worker(
     job_type: str = typer.Option(..., "--type", "-t", help="The job type this worker runs."),
     until_idle: bool = typer.Option(False, "--until-idle",
                                     help="Exit once lanes and tiers are drained."),
+    shadow: bool = typer.Option(False, "--shadow", help="Run nothing: read the lanes in "
+                                "group T.shadow and count what is there (see `stats`)."),
     log_level: str = typer.Option("INFO", "--log-level", envvar="STREAM_JOBS_LOG_LEVEL"),
 ) -> None:
     """Run one type's handlers (group T.worker) and its delay relay (group T.relay).
@@ -41,6 +43,9 @@ def worker(
     job_app = load_app(app_spec)
     settings = settings_of(ctx)
     job_app.use_settings(settings)
+    if shadow:
+        _shadow(job_app, job_type, until_idle)
+        return
 
     async def main() -> Worker:
         # aiokafka's clients must be created on the running loop, so the worker is too.
@@ -56,6 +61,28 @@ def worker(
     runner = run_fast(main())
     totals = ", ".join(f"{k} {v}" for k, v in sorted(runner.outcomes.items())) or "no jobs"
     console.print(f"stopped: {totals}")
+
+
+def _shadow(job_app: App, job_type: str, until_idle: bool) -> None:
+    from stream_jobs.shadow import Shadow
+
+    policy = job_app.job_type(job_type)
+    # The model check needs the handler; an app without one still counts what decodes.
+    handler = job_app.handlers.get(job_type)
+
+    async def main() -> Shadow:
+        runner = Shadow(job_app.settings, policy, handler)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, runner.request_stop)
+        console.print(f"shadow for [bold]{job_type}[/] on {job_app.settings.kafka_bootstrap} "
+                      f"(group {runner.group_id}): counts, runs nothing; Ctrl-C stops")
+        await runner.run(until_idle=until_idle)
+        return runner
+
+    runner = run_fast(main())
+    report = runner.report()
+    console.print(f"stopped: {report.valid} valid, {report.undecodable} undecodable")
 
 
 @db_app.command("migrate")

@@ -57,6 +57,8 @@ async def test_demo_ends_with_every_effect_once_and_matching_stats(settings: Set
     ["replay", "PREFIX.real.type", "--from-time", "yesterday-ish"],
     ["dlq", "list", "real.type", "--since", "last tuesday"],
     ["offsets", "reset", "PREFIX.real.type.worker", "--to-offset", "-5"],
+    ["throttle", "nope.type", "5/s"],
+    ["drain", "real.type", "--rate", "fast"],
 ])
 async def test_mistakes_get_one_sentence_and_a_nonzero_exit(
         settings: Settings, declare: Declare, args: list[str]) -> None:

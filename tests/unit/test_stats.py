@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from stream_jobs.cli.stats import _render
+from stream_jobs.cli.stats import render_stats
 from stream_jobs.lookup import Sighting, capped, judge, sighting_of
 from stream_jobs.record import FailureInfo
 from stream_jobs.reports import WorkerReport
@@ -272,7 +272,61 @@ def test_the_json_document_has_the_documented_shape() -> None:
 
 def test_the_tables_show_lag_age_depths_and_rates() -> None:
     console = Console(record=True, width=100)
-    console.print(_render(snapshot(), Settings(), partitions=True))
+    console.print(render_stats(snapshot(), Settings(), partitions=True))
     text = console.export_text()
     for expected in ("lane default", "12.5s", "tier 5s", "dlq", "2.00", "0.10", "p.t.retry-5s"):
         assert expected in text
+
+
+# -- flow control in the snapshot -------------------------------------------------------------
+
+
+def flow_snapshot() -> StatsSnapshot:
+    from stream_jobs.control import RateInForce
+    from stream_jobs.heartbeats import heartbeat_stats
+
+    lane = TopicLag("default", "p.t", True, 9, 30.0, (
+        PartitionLag(0, 0, 10, 1, 9, 30.0), PartitionLag(1, 0, 4, 4, 0, None)))
+    worker = replace(report("w1", -1), rate_limit_per_s=50.0, rate_source="throttle",
+                     rate_share_per_s=50.0, heartbeats=(("p.t", 1, NOW - 300),))
+    stopped = replace(report("w2", -4), heartbeats=(("p.t", 0, NOW - 4000),))
+    beats = heartbeat_stats(interval_s=0.5, lanes=[("p.t", 0, 9, 30.0), ("p.t", 1, 0, None)],
+                            reported=[worker.heartbeats, stopped.heartbeats], now_ms=NOW)
+    stats = TypeStats("t", (lane,), (), "p.t.dlq", 0, Rates(60), (worker,),
+                      rate=RateInForce(50.0, "throttle"), heartbeats=beats)
+    return StatsSnapshot(NOW, "p", 60, (stats,))
+
+
+def test_the_json_document_has_the_limit_in_force_and_the_stuck_partitions() -> None:
+    typed = flow_snapshot().to_dict(per_partition=True)["types"]["t"]
+    assert typed["rate_limit"] == {"per_s": 50.0, "source": "throttle", "workers_applying": 1,
+                                   "share_per_s": 50.0}
+    assert typed["heartbeats"]["interval_s"] == 0.5
+    assert typed["heartbeats"]["stuck_after_s"] == 1.0
+    assert typed["heartbeats"]["stuck"] == [
+        {"topic": "p.t", "partition": 0, "state": "stuck", "age_s": 4.0}]
+    assert [p["state"] for p in typed["heartbeats"]["partitions"]] == ["stuck", "idle"]
+    assert snapshot().to_dict()["types"]["t"]["heartbeats"] is None
+
+
+def test_the_tables_show_the_limit_and_flag_stuck_partitions() -> None:
+    console = Console(record=True, width=120)
+    console.print(render_stats(flow_snapshot(), Settings(), partitions=True))
+    text = console.export_text()
+    assert "50/s throttle" in text
+    assert "1 partition stuck" in text
+    assert "p.t[0]" in text
+    assert "stuck 4.0s" in text
+
+
+def test_a_report_carries_the_rate_and_heartbeats_through_json() -> None:
+    sent = replace(report("w1", -1, succeeded=3), rate_limit_per_s=50.0,
+                   rate_source="throttle", rate_share_per_s=25.0,
+                   heartbeats=(("p.t", 0, NOW - 5), ("p.t.high", 2, NOW - 9)))
+    assert WorkerReport.from_json(sent.to_json()) == sent
+    older = WorkerReport.from_json(b'{"job_type": "t", "worker_id": "w", "at_ms": 1, '
+                                   b'"started_at_ms": 0}')
+    assert older is not None
+    assert (older.rate_limit_per_s, older.rate_source, older.heartbeats) == (None, "none", ())
+    assert WorkerReport.from_json(b'{"job_type": "t", "worker_id": "w", "at_ms": 1, '
+                                  b'"started_at_ms": 0, "heartbeats": [["p.t", "x"]]}') is None

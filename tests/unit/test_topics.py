@@ -379,3 +379,40 @@ def test_overrides_set_by_hand_are_kept() -> None:
     state = TopicState(spec.name, 12, 1, {"retention.ms": "5"},
                        {"retention.ms": "5", "segment.ms": "3600000"})
     assert desired_overrides(spec, state) == {**spec.configs, "segment.ms": "3600000"}
+
+
+# --- flow control keys --------------------------------------------------------------------
+
+
+def test_lane_weights_default_to_six_three_one_over_the_declared_lanes(tmp_path: Path) -> None:
+    three = load_one(tmp_path, 'priorities = ["high", "default", "low"]')
+    assert three.lane_weights == (("high", 6), ("default", 3), ("low", 1))
+    assert JobTypePolicy("email.send").lane_weights == (("default", 3),)
+
+
+def test_lane_weights_and_heartbeat_interval_are_read(tmp_path: Path) -> None:
+    policy = load_one(tmp_path, """
+        priorities = ["high", "default", "low"]
+        lane_weights = {low = 2, high = 10}
+        heartbeat_interval = "500ms"
+    """)
+    assert policy.lane_weights == (("high", 10), ("default", 3), ("low", 2))
+    assert policy.lane_weight("low") == 2
+    assert policy.heartbeat_interval_s == 0.5
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('lane_weights = {high = 6}', "'lane_weights' weighs 'high', which 'priorities' does "
+                                      "not declare (default)"),
+        ('lane_weights = {urgent = 6}', "'lane_weights' has 'urgent'; lanes are high,"),
+        ('lane_weights = {default = 0}', "'lane_weights.default' must be a whole number of 1"),
+        ('lane_weights = {default = 1.5}', "'lane_weights.default' must be a whole number"),
+        ('lane_weights = [6, 3, 1]', "'lane_weights' must be a table such as {high = 6"),
+        ('heartbeat_interval = "10ms"', "'heartbeat_interval' must be at least 100ms"),
+        ('heartbeat_interval = "often"', "'heartbeat_interval': 'often' is not a duration"),
+    ],
+)
+def test_bad_flow_control_keys_are_refused(tmp_path: Path, text: str, expected: str) -> None:
+    assert expected in refusal(tmp_path, text)
