@@ -44,5 +44,14 @@ test: setup lint unit integration
 demo: stack
 	$(SJ) demo
 
+# Benchmarks against Kafka's tools, raw aiokafka, Celery and Dramatiq: ops/bench/RESULTS.md
+# (~20 min). Not part of `make test`. BENCH_QUICK=1 make bench: a smoke run, under 3 min.
+bench: stack $(VENV)/.bench-installed
+	$(BIN)/python -m ops.bench.run
+
+$(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	@touch $@
+
 clean: down
 	rm -rf .stack

@@ -1,0 +1,294 @@
+"""What every bench section shares: the scale, the run's context, statistics, payloads,
+topics and backlogs.
+
+A bench run owns its log: one fresh topic prefix (and Postgres schema) per `make bench`,
+one job type (so topics and consumer groups) per section, and every topic under the
+prefix is deleted at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from stream_jobs.admin import admin_client, apply
+from stream_jobs.client import Job
+from stream_jobs.naming import validate_job_type, worker_group
+from stream_jobs.settings import Settings
+from stream_jobs.topics import JobTypePolicy, load_job_types
+
+# The bench runs from a snapshot of the code taken when it starts (see run.py), so a
+# change to the checkout during a run cannot mix two versions into one set of figures.
+# CODE_DIR holds the code under test; REPO_DIR is the checkout (venvs, out/, RESULTS.md).
+SNAPSHOT_ENV = "BENCH_SNAPSHOT"
+CODE_DIR = Path(__file__).resolve().parents[2]
+REPO_DIR = Path(os.environ.get("BENCH_REPO_DIR") or CODE_DIR)
+BENCH_DIR = REPO_DIR / "ops" / "bench"
+OUT_DIR = BENCH_DIR / "out"
+PROJECT_PYTHON = REPO_DIR / ".venv" / "bin" / "python"
+PROJECT_CLI = REPO_DIR / ".venv" / "bin" / "stream-jobs"
+
+PARTITIONS = 6
+PAYLOAD_BYTES = 200
+ENQUEUE_BATCH = 500
+FETCH_RECORDS = 500
+
+
+class BenchError(Exception):
+    """A section could not produce a trustworthy figure (wrong count, timeout, tool failure)."""
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How much each section does. Counts are jobs or records unless the name says otherwise."""
+
+    runs: int
+    kafka_tool_records: int
+    kafka_e2e_messages: int
+    produce_n: int
+    awaited_n: int
+    backlog_n: int
+    once_n: int
+    e2e_seconds: float
+    mem_small: int
+    mem_mid: int
+    mem_big: int
+    mem_big_runs: int
+    retry_n: int
+    peer_n: int
+    profile_n: int
+
+
+FULL = Scale(runs=3, kafka_tool_records=200_000, kafka_e2e_messages=1_500, produce_n=50_000,
+             awaited_n=1_000, backlog_n=100_000, once_n=10_000, e2e_seconds=10.0,
+             mem_small=10_000, mem_mid=100_000, mem_big=1_000_000, mem_big_runs=1,
+             retry_n=200, peer_n=6_000, profile_n=30_000)
+QUICK = Scale(runs=1, kafka_tool_records=50_000, kafka_e2e_messages=300, produce_n=5_000,
+              awaited_n=100, backlog_n=5_000, once_n=1_000, e2e_seconds=4.0,
+              mem_small=1_000, mem_mid=3_000, mem_big=10_000, mem_big_runs=1, retry_n=20,
+              peer_n=1_000, profile_n=3_000)
+
+
+# -- statistics -----------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank percentile `q` (0-100) of `values`."""
+    if not values:
+        raise BenchError("no samples to take a percentile of")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass
+class Figure:
+    """One measured quantity over the runs: the median and the spread (min-max)."""
+
+    name: str
+    label: str
+    unit: str
+    values: list[float]
+    note: str = ""
+    median: float = 0.0
+    low: float = 0.0
+    high: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.values:
+            raise BenchError(f"{self.name}: no values")
+        self.median = statistics.median(self.values)
+        self.low = min(self.values)
+        self.high = max(self.values)
+
+
+@dataclass
+class Results:
+    """Everything a run collects; written to `out/results*.json`, rendered to RESULTS.md."""
+
+    meta: dict[str, Any] = field(default_factory=dict)
+    figures: dict[str, Figure] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, label: str, unit: str, values: Iterable[float],
+            note: str = "") -> Figure:
+        figure = Figure(name, label, unit, [float(v) for v in values], note)
+        self.figures[name] = figure
+        return figure
+
+    def to_json(self) -> dict[str, Any]:
+        return {"meta": self.meta, "figures": {k: asdict(v) for k, v in self.figures.items()},
+                "details": self.details, "errors": self.errors, "timings_s": self.timings_s}
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n")
+
+
+def rotated(items: Sequence[str], run: int) -> list[str]:
+    """`items` rotated by `run`: side-by-side measurements do not always go in one order."""
+    k = run % len(items)
+    return [*items[k:], *items[:k]]
+
+
+# -- payloads -------------------------------------------------------------------------------
+
+
+def _note_length() -> int:
+    bare = orjson.dumps({"user": "user-00000000", "n": 0, "note": ""})
+    return PAYLOAD_BYTES - len(bare) - 3  # `n` grows to a few digits
+
+
+_NOTE = "x" * _note_length()
+
+
+def payload(i: int) -> dict[str, Any]:
+    """A job payload of about PAYLOAD_BYTES bytes of JSON (the bench's typical job)."""
+    return {"user": f"user-{i:08d}", "n": i, "note": _NOTE}
+
+
+def payload_bytes() -> int:
+    return len(orjson.dumps(payload(123_456)))
+
+
+class Tally:
+    """Counts handler calls and stamps the first and the last (perf_counter seconds)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first = 0.0
+        self.last = 0.0
+
+    def hit(self) -> None:
+        now = time.perf_counter()
+        if self.count == 0:
+            self.first = now
+        self.count += 1
+        self.last = now
+
+    def rate(self) -> float:
+        """Jobs per second from the first call to the last."""
+        if self.count < 2 or self.last <= self.first:
+            raise BenchError(f"too few handler calls ({self.count}) to time")
+        return (self.count - 1) / (self.last - self.first)
+
+
+# -- the run's context ----------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    """One `make bench`: its scale, its prefix, where it writes, and what it has measured."""
+
+    scale: Scale
+    quick: bool
+    prefix: str
+    out_dir: Path
+    base: Settings
+    results: Results
+
+    @property
+    def topics_dir(self) -> Path:
+        return self.out_dir / "topics"
+
+    def settings(self, prefix: str | None = None) -> Settings:
+        """Settings on this run's prefix, topics folder and Postgres schema."""
+        return self.base.model_copy(update={
+            "topic_prefix": prefix or self.prefix,
+            "topics_dir": self.topics_dir,
+            "database_schema": self.prefix,
+        })
+
+    def env(self, prefix: str | None = None) -> dict[str, str]:
+        """The environment for a subprocess (worker, pacer) on the same settings."""
+        s = self.settings(prefix)
+        return {**os.environ,
+                "STREAM_JOBS_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
+                "STREAM_JOBS_DATABASE_URL": s.database_url,
+                "STREAM_JOBS_DATABASE_SCHEMA": s.database_schema,
+                "STREAM_JOBS_TOPIC_PREFIX": s.topic_prefix,
+                "STREAM_JOBS_TOPICS_DIR": str(s.topics_dir),
+                "PYTHONPATH": str(CODE_DIR)}
+
+    async def declare(self, job_type: str, *, prefix: str | None = None,
+                      **keys: object) -> JobTypePolicy:
+        """Write topics/<type>.toml (6 partitions, one 5 s tier) and make Kafka match."""
+        validate_job_type(job_type)  # a bad name must not leave a file that breaks the folder
+        table: dict[str, object] = {"partitions": PARTITIONS, "retry_tiers": ["5s"],
+                                    "max_attempts": 2, "retention": "2h", **keys}
+        lines = [f"{name} = {json.dumps(value)}" for name, value in table.items()]
+        self.topics_dir.mkdir(parents=True, exist_ok=True)
+        (self.topics_dir / f"{job_type}.toml").write_text("\n".join(lines) + "\n")
+        types = load_job_types(self.topics_dir)
+        await apply(self.settings(prefix), {job_type: types[job_type]})
+        return types[job_type]
+
+
+async def fill(settings: Settings, job_type: str, n: int) -> float:
+    """Enqueue `n` jobs with `enqueue_many` in batches of 500, each batch awaited before the
+    next; returns the jobs per second."""
+    from stream_jobs.app import App
+
+    app = App(settings)
+    async with app.client() as client:
+        began = time.perf_counter()
+        for i in range(0, n, ENQUEUE_BATCH):
+            upto = min(n, i + ENQUEUE_BATCH)
+            await client.enqueue_many(Job(job_type, payload(j)) for j in range(i, upto))
+        return n / (time.perf_counter() - began)
+
+
+async def rewind_worker_group(settings: Settings, job_type: str) -> None:
+    """Commit offset 0 for the type's worker group, so the same backlog is drained again."""
+    from stream_jobs.replay import reset_offsets
+
+    group = worker_group(settings.topic_prefix, job_type)
+    for _ in range(30):  # the group is empty once the last member's LeaveGroup landed
+        try:
+            await reset_offsets(settings, group, to_earliest=True)
+            return
+        except Exception as exc:
+            if "member" not in str(exc):
+                raise
+            await asyncio.sleep(0.5)
+    raise BenchError(f"group {group} kept members; could not rewind it")
+
+
+async def delete_topics(settings: Settings, prefix: str) -> int:
+    """Delete every topic named `prefix...` (this run's only); returns how many."""
+    async with admin_client(settings) as admin:
+        names = [t for t in await admin.list_topics() if t.startswith(prefix)]
+        if names:
+            await admin.delete_topics(names)
+    return len(names)
+
+
+def run_async(coro: Any, timeout_s: float) -> Any:
+    """Run a section's coroutine on a fresh event loop, bounded by `timeout_s`: uvloop where
+    it is installed, as `stream-jobs worker` runs (and the raw baselines run on the same)."""
+    bounded = asyncio.wait_for(coro, timeout_s)
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(bounded)
+    return uvloop.run(bounded)
+
+
+def event_loop_name() -> str:
+    try:
+        import uvloop
+    except ImportError:
+        return "asyncio default loop"
+    return f"uvloop {uvloop.__version__}"

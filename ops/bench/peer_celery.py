@@ -1,0 +1,48 @@
+"""The Celery peer: a no-op task on Redis (runs in the peers' venv).
+
+Settings, from Celery's "Optimizing" guide for many short tasks: a large prefetch
+multiplier (128), results ignored (no result backend), rate limits off, early acks
+(acks_late off, the default), the default broker connection pool. The bench starts the
+worker with `celery -A ops.bench.peer_celery worker --pool <pool> --concurrency <n>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from celery import Celery
+
+from ops.bench.peer_common import QUEUE, REDIS_URL, tally, timed_enqueue
+
+app = Celery("bench", broker=REDIS_URL)
+app.conf.update(
+    task_default_queue=QUEUE,
+    task_ignore_result=True,
+    task_acks_late=False,
+    worker_prefetch_multiplier=128,
+    worker_disable_rate_limits=True,
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    task_serializer="json",
+    accept_content=["json"],
+)
+
+
+@app.task(name="bench.noop")
+def noop(job: dict[str, Any]) -> None:
+    tally()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Enqueue Celery no-op tasks.")
+    parser.add_argument("command", choices=["enqueue"])
+    parser.add_argument("--n", type=int, required=True)
+    args = parser.parse_args()
+    noop.delay({"warm": True})  # connection pool warm; counted by the bench
+    print(json.dumps(timed_enqueue(noop.delay, args.n - 1)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Where the no-op processing path spends its time: pyinstrument over a worker draining
+a backlog (ordering=key, the default), sampling the whole thread (event loop included)
+every millisecond. Writes out/profile.html and out/profile.txt; RESULTS.md gets the
+time by package, the heaviest functions of stream_jobs and the top of the call tree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+from ops.bench.common import Bench, fill, run_async
+from ops.bench.ours import drain
+
+TREE_LINES = 70
+LOOP_ROW = "event loop in C (uvloop): polling, waiting, scheduling"
+TOP_FUNCTIONS = 15
+
+
+def _package(path: str | None, function: str) -> str:
+    """A frame's file as the package it belongs to (stream_jobs, aiokafka, asyncio, ...);
+    a C function by its name (`epoll.poll` is the event loop waiting for the network)."""
+    if not path:
+        return "(native)"
+    if path == "<built-in>":
+        return f"built-in {function}"
+    if path.endswith("asyncio/runners.py") or (path.endswith("ops/bench/common.py")
+                                               and function == "run_async"):
+        # Self time of the frame that entered the loop is time in the loop's own C code
+        # (uvloop): polling, waiting for the network and running its scheduler.
+        return LOOP_ROW
+    if "/site-packages/" in path:
+        return path.split("/site-packages/", 1)[1].split("/", 1)[0].removesuffix(".py")
+    if "/stream_jobs/" in path:
+        return "stream_jobs"
+    if "/ops/bench/" in path:
+        return "bench (the no-op handler)"
+    found = re.search(r"/lib/python3\.\d+/([^/]+)", path)
+    if found:
+        name = found.group(1).removesuffix(".py")
+        return f"stdlib {name}"
+    return path.rsplit("/", 1)[-1]
+
+
+def _walk(frame: Any, ancestors: frozenset[str], by_package: Counter[str],
+          by_function: Counter[str]) -> None:
+    if not frame.is_synthetic:
+        by_package[_package(frame.file_path, frame.function)] += frame.total_self_time
+        if frame.file_path and "/stream_jobs/" in frame.file_path:
+            name = f"{frame.function} ({frame.file_path.rsplit('/stream_jobs/', 1)[1]})"
+            if name not in ancestors:  # inclusive time, counted once per call chain
+                by_function[name] += frame.time
+                ancestors = ancestors | {name}
+    for child in frame.children:
+        _walk(child, ancestors, by_package, by_function)
+
+
+def profile(b: Bench) -> None:
+    from pyinstrument import Profiler
+
+    s = b.settings()
+    job_type = "bench.profile"
+    n = b.scale.profile_n
+    run_async(b.declare(job_type), 60)
+    run_async(fill(s, job_type, n), 600)
+    profiler = Profiler(interval=0.001, async_mode="disabled")
+    # Sampling runs from the first job to the last, so start-up and the idle check at the
+    # end are not in the profile.
+    try:
+        result = run_async(drain(s, job_type, n, window=(profiler.start, profiler.stop)), 900)
+    finally:
+        if profiler.is_running:
+            profiler.stop()
+    session = profiler.last_session
+    if session is None:
+        return
+    root = session.root_frame()
+    by_package: Counter[str] = Counter()
+    by_function: Counter[str] = Counter()
+    if root is not None:
+        _walk(root, frozenset(), by_package, by_function)
+    total = sum(by_package.values()) or 1.0
+    tree = profiler.output_text(unicode=False, color=False, show_all=False)
+    (b.out_dir / "profile.txt").write_text(tree)
+    (b.out_dir / "profile.html").write_text(profiler.output_html())
+    b.results.details["profile"] = {
+        "jobs": n,
+        "rate_under_profiler": result["rate"],
+        "duration_s": session.duration,
+        "cpu_s": session.cpu_time,
+        "by_package": [(name, t, t / total) for name, t in by_package.most_common(14)],
+        "stream_jobs_functions": [(name, t, t / total)
+                                  for name, t in by_function.most_common(TOP_FUNCTIONS)],
+        "tree": "\n".join(tree.splitlines()[:TREE_LINES]),
+    }

@@ -1,0 +1,352 @@
+"""RESULTS.md from results.json: figures with their spread, ratios, and each goal as
+MET / NOT MET with by how much. Pure: `render(data) -> str`.
+
+    .venv/bin/python -m ops.bench.report ops/bench/out/results.json > ops/bench/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# (name, numerator figure, denominator figure)
+RATIOS: list[tuple[str, str, str]] = [
+    ("raw aiokafka producer / Kafka ProducerPerformance", "raw.produce", "kafka.produce"),
+    ("raw aiokafka consume loop / Kafka ConsumerPerformance", "raw.consume", "kafka.consume"),
+    ("enqueue_many / raw aiokafka producer", "ours.enqueue_many", "raw.produce"),
+    ("no-op, key / raw consume loop", "ours.noop_key", "raw.consume"),
+    ("no-op, unordered / raw consume loop", "ours.noop_unordered", "raw.consume"),
+    ("exactly-once / raw consume loop", "ours.once", "raw.consume"),
+    ("exactly-once / no-op, key", "ours.once", "ours.noop_key"),
+    ("no-op, key / Dramatiq no-op", "ours.noop_key", "dramatiq.process"),
+    ("no-op, unordered / Dramatiq no-op", "ours.noop_unordered", "dramatiq.process"),
+    ("no-op, key / Celery no-op", "ours.noop_key", "celery.process"),
+    ("no-op, unordered / Celery no-op", "ours.noop_unordered", "celery.process"),
+    ("exactly-once / Dramatiq no-op", "ours.once", "dramatiq.process"),
+    ("exactly-once / Celery no-op", "ours.once", "celery.process"),
+    ("enqueue_many / Dramatiq enqueue", "ours.enqueue_many", "dramatiq.enqueue"),
+    ("enqueue_many / Celery enqueue", "ours.enqueue_many", "celery.enqueue"),
+    ("awaited enqueue / Dramatiq enqueue", "ours.enqueue_awaited", "dramatiq.enqueue"),
+    ("awaited enqueue / Celery enqueue", "ours.enqueue_awaited", "celery.enqueue"),
+    ("RSS draining the big backlog / the small one", "ours.rss_big", "ours.rss_small"),
+    ("RSS draining the big backlog / the middle one", "ours.rss_big", "ours.rss_mid"),
+    ("RSS draining the middle backlog / the small one", "ours.rss_mid", "ours.rss_small"),
+]
+
+RETRY_JITTER_MAX_MS = 500.0  # 10% of the 5 s tier (stream_jobs.retry.RetryPolicy)
+
+
+@dataclass(frozen=True)
+class Goal:
+    text: str
+    ratio: tuple[str, str] | None  # (numerator, denominator) or None for a plain figure
+    figure: str | None
+    op: str  # ">=", "<=" or "<"
+    target: float
+    unit: str
+
+
+GOALS: list[Goal] = [
+    Goal("enqueue_many >= 0.7x raw aiokafka producer", ("ours.enqueue_many", "raw.produce"),
+         None, ">=", 0.7, "x"),
+    Goal("awaited enqueue p99 < 20 ms", None, "ours.enqueue_p99", "<", 20.0, "ms"),
+    Goal("no-op processing (key) >= 0.5x raw consume loop", ("ours.noop_key", "raw.consume"),
+         None, ">=", 0.5, "x"),
+    Goal("no-op processing (unordered) >= 0.5x raw consume loop",
+         ("ours.noop_unordered", "raw.consume"), None, ">=", 0.5, "x"),
+    Goal("no-op processing (key) >= 3x Dramatiq", ("ours.noop_key", "dramatiq.process"), None,
+         ">=", 3.0, "x"),
+    Goal("no-op processing (unordered) >= 3x Dramatiq",
+         ("ours.noop_unordered", "dramatiq.process"), None, ">=", 3.0, "x"),
+    Goal("no-op processing (key) >= 10x Celery", ("ours.noop_key", "celery.process"), None,
+         ">=", 10.0, "x"),
+    Goal("no-op processing (unordered) >= 10x Celery",
+         ("ours.noop_unordered", "celery.process"), None, ">=", 10.0, "x"),
+    Goal("exactly-once >= 0.25x raw consume loop", ("ours.once", "raw.consume"), None, ">=",
+         0.25, "x"),
+    Goal("p99 end-to-end <= 50 ms at half capacity", None, "ours.e2e_p99", "<=", 50.0, "ms"),
+    Goal("RSS(big backlog) <= 1.2x RSS(small backlog)", ("ours.rss_big", "ours.rss_small"),
+         None, "<=", 1.2, "x"),
+    Goal("5 s retry runs within 5 s + jitter (<= 0.5 s) + 1 s at p99 (cold worker)", None,
+         "ours.retry_late_p99", "<=", RETRY_JITTER_MAX_MS + 1000.0, "ms late"),
+    Goal("the same, warm worker (its producer has written to the tier before)", None,
+         "ours.retry_warm_late_p99", "<=", RETRY_JITTER_MAX_MS + 1000.0, "ms late"),
+]
+
+
+def _fmt(value: float, unit: str = "") -> str:
+    if unit in ("x",):
+        return f"{value:.2f}x"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def ratio_of(figures: dict[str, Any], num: str, den: str) -> tuple[float, float, float, str]:
+    """(median ratio, low, high, how the spread was taken)."""
+    a, b = figures[num], figures[den]
+    median = a["median"] / b["median"]
+    if len(a["values"]) == len(b["values"]) > 1:
+        paired = [x / y for x, y in zip(a["values"], b["values"], strict=True)]
+        return median, min(paired), max(paired), "paired by run"
+    return median, a["low"] / b["high"], a["high"] / b["low"], "extremes"
+
+
+def _met(op: str, value: float, target: float) -> bool:
+    return value >= target if op == ">=" else value <= target if op == "<=" else value < target
+
+
+def _by_how_much(op: str, value: float, target: float, unit: str) -> str:
+    if op == ">=":
+        pct = (value / target - 1) * 100
+        if value >= target:
+            return f"{pct:+.0f}% above the target"
+        return f"short by {-pct:.0f}%: needs {target / value:.2f}x the measured figure"
+    diff = value - target
+    amount = f"{abs(diff):.2f}x" if unit == "x" else f"{abs(diff):.1f} {unit.split()[0]}"
+    if _met(op, value, target):
+        return f"{amount} under the limit"
+    return f"over by {amount} ({diff / target * 100:+.0f}%)"
+
+
+def goal_rows(figures: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for goal in GOALS:
+        names = list(goal.ratio) if goal.ratio else [goal.figure or ""]
+        if any(n not in figures for n in names):
+            rows.append([goal.text, "not measured", "", "NOT MEASURED", "", ""])
+            continue
+        if goal.ratio:
+            value, low, high, _ = ratio_of(figures, *goal.ratio)
+            a, b = figures[goal.ratio[0]], figures[goal.ratio[1]]
+            per_run = ([x / y for x, y in zip(a["values"], b["values"], strict=True)]
+                       if len(a["values"]) == len(b["values"]) else [value])
+        else:
+            fig = figures[goal.figure or ""]
+            value, low, high, per_run = fig["median"], fig["low"], fig["high"], fig["values"]
+        met = _met(goal.op, value, goal.target)
+        unit = goal.unit
+        spread = f"{_fmt(low, unit)} - {_fmt(high, unit)}"
+        meeting = sum(_met(goal.op, v, goal.target) for v in per_run)
+        rows.append([goal.text, f"{_fmt(value, unit)} {'' if unit == 'x' else unit}".strip(),
+                     spread, "**MET**" if met else "**NOT MET**",
+                     _by_how_much(goal.op, value, goal.target, unit),
+                     f"{meeting}/{len(per_run)}"])
+    return rows
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+GROUPS = [
+    ("Kafka's own tools (the broker's ceiling)", "kafka."),
+    ("Raw aiokafka (the client's ceiling)", "raw."),
+    ("stream-jobs", "ours."),
+    ("Celery on Redis", "celery."),
+    ("Dramatiq on Redis", "dramatiq."),
+]
+
+
+def _figure_rows(figures: dict[str, Any], prefix: str) -> list[list[str]]:
+    rows = []
+    for name, f in figures.items():
+        if not name.startswith(prefix):
+            continue
+        rows.append([f["label"], f"{_fmt(f['median'])} {f['unit']}",
+                     f"{_fmt(f['low'])} - {_fmt(f['high'])}", str(len(f["values"])),
+                     f["note"]])
+    return rows
+
+
+def _profile_section(profile: dict[str, Any]) -> list[str]:
+    out = ["## Profile of the no-op processing path", ""]
+    out.append(f"pyinstrument, 1 ms sampling of the whole thread (event loop included), while "
+               f"one worker drained {profile['jobs']:,} no-op jobs (ordering=key): "
+               f"{profile['duration_s']:.1f} s wall, {profile['cpu_s']:.1f} s CPU, "
+               f"{profile['rate_under_profiler']:,.0f} jobs/s under the profiler. Sampling "
+               "runs from the first job to the last (start-up and the idle check are not in "
+               "it). Time inside the event loop's C code (uvloop), waiting for the network "
+               "included, shows as its own row. Full tree: "
+               "`ops/bench/out/run-*/profile.html` and `profile.txt`.")
+    out += ["", "**Self time by package** (where the samples landed):", ""]
+    out.append(_table(["package", "self time (s)", "share"],
+                      [[n, f"{t:.2f}", f"{share * 100:.1f}%"]
+                       for n, t, share in profile["by_package"]]))
+    out += ["", "**Heaviest stream_jobs functions** (inclusive time, counted once per call "
+            "chain):", ""]
+    out.append(_table(["function (module)", "inclusive (s)", "share of all samples"],
+                      [[n, f"{t:.2f}", f"{share * 100:.1f}%"]
+                       for n, t, share in profile["stream_jobs_functions"]]))
+    out += ["", "**Top of the call tree**:", "", "```text", profile["tree"], "```", ""]
+    return out
+
+
+def render(data: dict[str, Any]) -> str:
+    meta = data["meta"]
+    figures: dict[str, Any] = data["figures"]
+    details: dict[str, Any] = data["details"]
+    machine = meta.get("machine", {})
+    out = ["# stream-jobs benchmarks", ""]
+    quick = " (BENCH_QUICK smoke run: small N, 1 run; not for quoting)" if meta.get("quick") \
+        else ""
+    out.append(f"Generated by `make bench` ({'`ops/bench/run.py`'}) on {meta.get('started_at')}"
+               f"{quick}; the whole run took {meta.get('total_s', 0) / 60:.1f} min. Every "
+               "figure is the median of the runs, with the spread (min - max); every ratio "
+               "compares figures measured side by side in this one run on this machine. "
+               "Do not compare these numbers with another machine's: compare the ratios.")
+    loads = list(details.get("load_avg_after", {}).values())
+    cores = machine.get("nproc") or 1
+    if loads and max(loads) > cores:
+        out += ["", f"**The box was shared with other work during this run**: the 1-minute "
+                f"load average after the sections ranged {min(loads):.1f} to {max(loads):.1f} "
+                f"on {cores} cores (see the Run table). The spreads carry that noise; the "
+                "ratios, taken side by side, carry less of it."]
+    out += ["", "## Goals", ""]
+    out.append(_table(["goal", "measured (median)", "spread", "status", "by how much",
+                       "runs meeting it"], goal_rows(figures)))
+    out += ["", "Ratios are of medians; a ratio's spread pairs the two figures run by run "
+            "(the sections rotate the order of their contenders from run to run).", ""]
+    out += ["## Figures", ""]
+    for title, prefix in GROUPS:
+        rows = _figure_rows(figures, prefix)
+        if rows:
+            out += [f"### {title}", "",
+                    _table(["figure", "median", "spread (min - max)", "runs", "notes"], rows),
+                    ""]
+    ratio_rows = []
+    for name, num, den in RATIOS:
+        if num in figures and den in figures:
+            value, low, high, how = ratio_of(figures, num, den)
+            ratio_rows.append([name, f"{value:.2f}x", f"{low:.2f}x - {high:.2f}x", how])
+    out += ["## Ratios", "", _table(["ratio", "median", "spread", "spread taken"], ratio_rows),
+            ""]
+    mem = details.get("memory_runs")
+    if mem:
+        out += ["## Memory detail", "",
+                "Each run is a `stream-jobs worker ops.bench.apps:app --type bench.mem "
+                "--until-idle` process; VmRSS and VmHWM sampled every 200 ms from "
+                "/proc/<pid>/status; CPU is user+sys from the process's rusage, start-up "
+                "included.", ""]
+        rows = []
+        for size, runs in mem.items():
+            for i, run in enumerate(runs):
+                rows.append([f"{size} #{i + 1}", f"{run['max_rss_mb']:.1f}",
+                             f"{run['peak_hwm_mb']:.1f}",
+                             " / ".join(f"{run[f'rss_mb_at_{q}pct']:.0f}"
+                                        for q in (10, 25, 50, 75, 100)),
+                             f"{run['cpu_ms_per_1k']:.0f}", f"{run['elapsed_s']:.0f}",
+                             f"{run['jobs_per_s_incl_startup']:,.0f}"])
+        out.append(_table(["backlog", "max RSS (MiB)", "peak HWM (MiB)",
+                           "RSS at 10/25/50/75/100% of the drain (MiB)", "CPU ms / 1k jobs",
+                           "drain (s)", "jobs/s incl. start-up"], rows))
+        out.append("")
+    out += ["## Machine and versions", ""]
+    rows = [[k, str(v)] for k, v in machine.items()]
+    rows += [[k, str(v)] for k, v in meta.get("versions", {}).items()]
+    out += [_table(["", ""], rows), ""]
+    out += ["## Settings", "", _table(["", ""], [[k, str(v)] for k, v in
+                                                 meta.get("settings", {}).items()]), ""]
+    out += ["## How each figure is taken", "", *METHOD, ""]
+    if "profile" in details:
+        out += _profile_section(details["profile"])
+    retry_runs = details.get("retry_runs")
+    if retry_runs:
+        out += ["## Retry detail", "", "Lateness of each run's retries against 5 s (ms), and "
+                "the relay's counters (a hop is a record taken from a tier before it was due "
+                "and written back to a tier).", ""]
+        rows = []
+        seen: dict[str, int] = {}
+        for run in retry_runs:
+            late = run["late_ms"]
+            kind = "warm" if run.get("warm") else "cold"
+            seen[kind] = seen.get(kind, 0) + 1
+            rows.append([f"{kind} #{seen[kind]}", f"{late[0]:.0f}",
+                         f"{late[len(late) // 2]:.0f}",
+                         f"{late[min(len(late) - 1, len(late) * 9 // 10)]:.0f}",
+                         f"{late[-1]:.0f}", str(sum(1 for v in late if v > 1500)),
+                         str(run.get("relay_released")), str(run.get("relay_hops"))])
+        out += [_table(["run", "min", "p50", "p90", "max", "over 1.5 s", "relay released",
+                        "relay hops"], rows), ""]
+    fills = {k: v for k, v in details.items() if k.endswith("_fill_jobs_per_s")}
+    if fills:
+        out += ["Backlog fills (enqueue_many, for reference): " + ", ".join(
+            f"{k.removesuffix('_fill_jobs_per_s')} {v:,.0f} jobs/s" for k, v in fills.items()),
+            ""]
+    loads = details.get("load_avg_after", {})
+    out += ["## Run", "", "The 1-minute load average after each section shows how busy the "
+            "box was (2 cores; other work on the box counts too).", "",
+            _table(["section", "seconds", "load average after"],
+                   [[k, f"{v:.0f}", f"{loads.get(k, float('nan')):.1f}"]
+                    for k, v in data["timings_s"].items()]), ""]
+    if data.get("errors"):
+        out += ["### Sections that failed", ""]
+        out += [f"- **{name}**: {text}" for name, text in data["errors"].items()]
+        out.append("")
+    return "\n".join(out)
+
+
+METHOD = [
+    "- **Kafka tools**: `ProducerPerformance`, `ConsumerPerformance` (its fetch rate, "
+    "without the group join) and `EndToEndLatency` (acks=all, one message at a time, "
+    "linger 0) from the broker's own jars, on 6-partition topics made by `stream-jobs`' "
+    "admin, records as large as ours on the wire.",
+    "- **Raw aiokafka producer**: JobProducer's settings, the same value, key and header "
+    "bytes, every `send()` pipelined and then every future awaited; first send to last ack.",
+    "- **Raw aiokafka consume loop**: `getmany(max_records=500)` then `commit()` per batch, "
+    "counting records, on the same backlog the worker drains, from the first batch to the "
+    "last record.",
+    "- **enqueue_many**: `JobClient.enqueue_many` of 500 `Job`s at a time, each call awaited "
+    "(all acks) before the next. **Awaited enqueue**: `await client.enqueue(...)` one by "
+    "one; each call's latency is its own round trip including linger.",
+    "- **Processing**: `Worker.run(until_idle=True)` in-process over a pre-filled backlog "
+    "(6 partitions), timed from the first handler call to the last (start-up, group join "
+    "and the idle check are left out and reported separately). The backlog is filled once; "
+    "between runs the worker group is rewound to offset 0 with `reset_offsets`. Each "
+    "run drains the raw loop, unordered and key in a rotated order.",
+    "- **Exactly-once**: the handler inserts one row through `ctx.once()` (dedup row and "
+    "effect in one transaction); the tables are truncated between runs and the row count "
+    "is checked to equal N.",
+    "- **End-to-end latency**: a worker runs (key ordering); a separate paced process offers "
+    "half the measured no-op key capacity, each job its own `enqueue`; the handler records "
+    "now - `ctx.enqueued_at` (stamped by `enqueue` before sending, so linger and the ack "
+    "are inside). The first second is dropped.",
+    "- **Memory**: see the memory detail. The 1,000,000-job backlog is drained once, not "
+    "three times: filling it at enqueue_many speed and draining it take about two minutes "
+    "each, and three drains would not fit the ~20-minute budget. Its RSS curve over the "
+    "drain (10% to 100%) stands in for the spread: it shows whether memory grows with the "
+    "jobs behind the worker. The 10,000- and 100,000-job backlogs are drained three times "
+    "each (rewound between runs); the 100,000 one tells a plateau (buffers full) from "
+    "growth with the backlog.",
+    "- **Retry accuracy**: N jobs each fail once on attempt 1; the gap from the failure to "
+    "attempt 2's start, minus 5 s. The tier adds up to 10% jitter (<= 0.5 s). Cold: a fresh "
+    "worker meets the N jobs as a backlog, so its first failures are its producer's first "
+    "writes to the tier topic. Warm: the running worker has already retried one canary job "
+    "when the N jobs are enqueued.",
+    "- **Celery / Dramatiq**: their own venv, Redis 127.0.0.1:6390 without persistence, "
+    "N no-op tasks enqueued one by one (timed), then the workers started and timed from "
+    "their first task to their last (counted in memory per process, flushed to Redis every "
+    "100 ms: no broker round trip per task). Celery: 2 worker processes with the solo pool "
+    "(the fastest of solo, threads, prefork and gevent for a no-op task in a pilot on this "
+    "box: about 600, 490, 410 and 400 tasks/s), prefetch multiplier 128 (Celery's advice "
+    "for many short tasks), results ignored, early acks. Dramatiq: 2 processes x 8 threads "
+    "(its defaults here), default middleware.",
+]
+
+
+def main() -> None:
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("ops/bench/out/results.json")
+    print(render(json.loads(path.read_text())))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""`make bench`: every section in one run on this box, then RESULTS.md.
+
+    .venv/bin/python -m ops.bench.run            # full: 3 runs per figure, ~20 minutes
+    BENCH_QUICK=1 .venv/bin/python -m ops.bench.run   # smoke: small N, 1 run, < 3 minutes
+
+The code under test (stream_jobs/, ops/bench/) is copied to ops/bench/out/code first and
+the bench runs from that copy. The full run writes ops/bench/out/results.json and
+ops/bench/RESULTS.md; the quick one writes ops/bench/out/results-quick.json and
+ops/bench/out/RESULTS-quick.md, leaving the published figures alone. A section that fails
+is recorded and the others still run; the exit status is 1 if any failed. Goals that are
+missed do not fail the run: they are what RESULTS.md is for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+
+from ops.bench import kafka_tools, memory, ours, peers, profile
+from ops.bench.common import (
+    BENCH_DIR,
+    CODE_DIR,
+    ENQUEUE_BATCH,
+    FETCH_RECORDS,
+    FULL,
+    OUT_DIR,
+    PARTITIONS,
+    QUICK,
+    REPO_DIR,
+    SNAPSHOT_ENV,
+    Bench,
+    BenchError,
+    Results,
+    delete_topics,
+    event_loop_name,
+    payload_bytes,
+    run_async,
+)
+from ops.bench.raw import record_bytes, typical_record
+from ops.bench.report import render
+from stream_jobs.admin import admin_client
+from stream_jobs.settings import Settings, load_settings
+from stream_jobs.stack.kafka import kafka_version, ops_dir
+
+Section = tuple[str, Callable[[Bench], None]]
+
+
+def _loopback_only(settings: Settings) -> None:
+    hosts = [server.rpartition(":")[0] for server in settings.bootstrap_servers]
+    hosts.append(urlsplit(settings.database_url).hostname or "")
+    for host in hosts:
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = host == "localhost"
+        if not loopback:
+            raise BenchError(f"the bench runs against loopback services only, not {host}")
+
+
+def _machine() -> dict[str, Any]:
+    model = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    mem_kb = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem_kb = int(line.split()[1])
+    return {"nproc": os.cpu_count(), "memory_gib": round(mem_kb / 1024 / 1024, 1),
+            "cpu_model": model, "kernel": platform.release(),
+            "load_avg_at_start": os.getloadavg()}
+
+
+def _run_text(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return (done.stdout + done.stderr).strip()
+
+
+async def _broker_topics(settings: Settings) -> int:
+    async with admin_client(settings) as admin:
+        return len(await admin.list_topics())
+
+
+async def _postgres_version(settings: Settings) -> str:
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        return str(await conn.fetchval("SHOW server_version"))
+    finally:
+        await conn.close()
+
+
+def _versions(settings: Settings) -> dict[str, str]:
+    found = {"python": platform.python_version(),
+             "kafka": kafka_version(ops_dir() / "kafka" / "pom.xml"),
+             "java": _run_text(["java", "-version"]).splitlines()[0],
+             "postgres": run_async(_postgres_version(settings), 30)}
+    for package in ("stream-jobs", "aiokafka", "asyncpg", "orjson", "pydantic", "pyinstrument"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "not installed"
+    from aiokafka.record import default_records
+
+    builder = default_records.DefaultRecordBatchBuilder
+    found["aiokafka C extension"] = "yes" if "_crecords" in builder.__module__ else "no"
+    commit = _run_text(["git", "-C", str(REPO_DIR), "rev-parse", "--short", "HEAD"])
+    dirty = _run_text(["git", "-C", str(REPO_DIR), "status", "--porcelain", "stream_jobs"])
+    found["stream-jobs commit"] = commit + (" + uncommitted changes in stream_jobs/"
+                                            if dirty else "")
+    return found
+
+
+def _settings_table(b: Bench) -> dict[str, Any]:
+    s = b.base
+    record = typical_record(b.settings())
+    return {
+        "partitions per topic": PARTITIONS,
+        "payload": f"{payload_bytes()} B JSON dict (handlers take `dict`, no pydantic model)",
+        "record on the wire": f"{record_bytes(record)} B (value + key + {len(record.headers())} "
+                              "headers); the Kafka tools send records of this size",
+        "producer": f"acks=all, idempotent, linger_ms={s.producer_linger_ms}, "
+                    f"max_batch_size={min(s.producer_max_batch_bytes, 16 * 1024 * 1024)}",
+        "enqueue_many batch": ENQUEUE_BATCH,
+        "worker": f"concurrency 64 (default), getmany max_records {FETCH_RECORDS}, "
+                  "relay on, other options at their defaults",
+        "event loop (ours and raw aiokafka)": f"{event_loop_name()}, as `stream-jobs worker`",
+        "runs per figure": b.scale.runs,
+        "quick": b.quick,
+        "topic prefix": b.prefix,
+    }
+
+
+async def _make_schema(settings: Settings, *, drop: bool) -> None:
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        if drop:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{settings.database_schema}" CASCADE')
+        else:
+            await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{settings.database_schema}"')
+    finally:
+        await conn.close()
+    if not drop:
+        await ours.migrate(settings)
+
+
+def _sections() -> list[Section]:
+    return [
+        ("kafka tools", lambda b: kafka_tools.kafka_tools(
+            b, record_bytes(typical_record(b.settings())))),
+        ("enqueue", ours.enqueue),
+        ("processing", ours.processing),
+        ("exactly-once", ours.exactly_once),
+        ("latency", ours.latency),
+        ("retry", ours.retry),
+        ("peers", peers.peers),
+        ("profile", profile.profile),
+        ("memory", memory.memory),
+    ]
+
+
+def _code_digest(root: Path) -> str:
+    """A digest of stream_jobs/*.py under `root`: the code a set of figures belongs to."""
+    digest = hashlib.sha256()
+    for path in sorted((root / "stream_jobs").rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _run_from_snapshot() -> int:
+    """Copy the code under test (stream_jobs/, ops/bench/, ops/kafka/) to out/code and run
+    the bench from there, so edits to the checkout during the run are not measured."""
+    snapshot = OUT_DIR / "code"
+    shutil.rmtree(snapshot, ignore_errors=True)
+    skip = shutil.ignore_patterns("__pycache__", "out", ".venv-peers", "RESULTS.md")
+    shutil.copytree(REPO_DIR / "stream_jobs", snapshot / "stream_jobs", ignore=skip)
+    shutil.copytree(REPO_DIR / "ops" / "bench", snapshot / "ops" / "bench", ignore=skip)
+    shutil.copytree(REPO_DIR / "ops" / "kafka", snapshot / "ops" / "kafka", ignore=skip)
+    env = {**os.environ, SNAPSHOT_ENV: str(snapshot), "BENCH_REPO_DIR": str(REPO_DIR),
+           "PYTHONPATH": str(snapshot)}
+    try:
+        done = subprocess.run([sys.executable, "-m", "ops.bench.run"], cwd=snapshot, env=env,
+                              timeout=3600, check=False)
+    except subprocess.TimeoutExpired:
+        print("[bench] the run took over an hour and was stopped", file=sys.stderr)
+        return 1
+    return done.returncode
+
+
+def main() -> int:
+    if not os.environ.get(SNAPSHOT_ENV):
+        return _run_from_snapshot()
+    import stream_jobs
+
+    if not Path(stream_jobs.__file__).resolve().is_relative_to(CODE_DIR):
+        raise BenchError(f"stream_jobs was imported from {stream_jobs.__file__}, not the "
+                         f"snapshot in {CODE_DIR}")
+    quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
+    only = {name.strip() for name in os.environ.get("BENCH_ONLY", "").split(",") if name.strip()}
+    base = load_settings()
+    _loopback_only(base)
+    prefix = f"bench{time.strftime('%m%d%H%M')}{uuid.uuid4().hex[:4]}"
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    for old in OUT_DIR.glob("run-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    out_dir = OUT_DIR / f"run-{prefix}"
+    out_dir.mkdir(parents=True)
+    results = Results()
+    b = Bench(scale=QUICK if quick else FULL, quick=quick, prefix=prefix, out_dir=out_dir,
+              base=base, results=results)
+    json_path = OUT_DIR / ("results-quick.json" if quick else "results.json")
+    md_path = OUT_DIR / "RESULTS-quick.md" if quick else BENCH_DIR / "RESULTS.md"
+    measured_digest = _code_digest(CODE_DIR)
+    began = time.monotonic()
+    results.meta.update(started_at=time.strftime("%Y-%m-%d %H:%M:%S %Z"), quick=quick,
+                        machine=_machine(), versions=_versions(base))
+    results.meta["settings"] = _settings_table(b)
+    # Every client's full-metadata fetch grows with this; other users' topics count too.
+    results.meta["machine"]["topics on the broker at start"] = run_async(_broker_topics(base), 60)
+    print(f"[bench] prefix {prefix}, {'quick' if quick else 'full'} run, results in {json_path}",
+          flush=True)
+    run_async(_make_schema(b.settings(), drop=False), 60)
+    try:
+        for name, section in _sections():
+            if only and name not in only:
+                continue
+            print(f"[bench] {name} ...", flush=True)
+            t0 = time.monotonic()
+            try:
+                section(b)
+            except Exception as exc:
+                results.errors[name] = f"{type(exc).__name__}: {exc}"
+                traceback.print_exc()
+            results.timings_s[name] = round(time.monotonic() - t0, 1)
+            results.details.setdefault("load_avg_after", {})[name] = os.getloadavg()[0]
+            state = "FAILED" if name in results.errors else "done"
+            print(f"[bench] {name} {state} in {results.timings_s[name]:.0f} s", flush=True)
+            results.save(json_path)
+    finally:
+        try:
+            run_async(delete_topics(b.settings(), prefix), 120)
+            run_async(_make_schema(b.settings(), drop=True), 60)
+        except Exception as exc:
+            print(f"[bench] cleanup failed: {exc}", file=sys.stderr)
+        results.meta["machine"]["load_avg_at_end"] = os.getloadavg()
+        now_digest = _code_digest(REPO_DIR)
+        results.meta["versions"]["stream_jobs/ digest (measured)"] = measured_digest
+        if now_digest != measured_digest:
+            results.meta["versions"]["stream_jobs/ digest (checkout at the end)"] = (
+                f"{now_digest}: stream_jobs/ changed during the run; the figures are of the "
+                "snapshot taken at the start")
+        results.meta["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        results.meta["total_s"] = round(time.monotonic() - began, 1)
+        results.save(json_path)
+    md_path.write_text(render(results.to_json()))
+    print(f"[bench] wrote {md_path} in {results.meta['total_s']:.0f} s", flush=True)
+    return 1 if results.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
