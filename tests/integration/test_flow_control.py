@@ -140,7 +140,10 @@ async def test_high_finishes_first_and_low_keeps_its_share_meanwhile(
 async def test_a_rate_limit_holds_across_two_workers_and_a_throttle_applies_within_2_s(
         app: App, declare: Declare, settings: Settings,
         running: Callable[[Worker], asyncio.Task[None]]) -> None:
-    rate, window_s, new_rate = 50.0, 8.0, 20.0
+    # 8 s keeps the suite inside CI's budget; STREAM_JOBS_TEST_RATE_WINDOW_S=20 runs the
+    # issue's 20 s window by hand.
+    window_s = float(os.environ.get("STREAM_JOBS_TEST_RATE_WINDOW_S", "8"))
+    rate, new_rate = 50.0, 20.0
     await declare("rate.capped", partitions=4, retry_tiers=["1s"], rate_limit="50/s")
     starts: list[float] = []
 
