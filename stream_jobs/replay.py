@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import (
     CommitFailedError,
     IllegalGenerationError,
-    KafkaConnectionError,
     KafkaError,
     RebalanceInProgressError,
     UnknownMemberIdError,
@@ -37,7 +36,6 @@ from aiokafka.errors import (
 )
 
 from stream_jobs.admin import admin_client
-from stream_jobs.connection import connect_error, kafka_client_kwargs
 from stream_jobs.durations import parse_duration
 from stream_jobs.errors import (
     BadRecord,
@@ -51,7 +49,14 @@ from stream_jobs.heartbeats import is_heartbeat
 from stream_jobs.naming import DEFAULT_LANE, TopicRef, lane_topic, parse_topic
 from stream_jobs.producer import JobProducer
 from stream_jobs.record import JobRecord, decode_record, new_job_id
-from stream_jobs.scan import PartitionRange, partitions_of, ranges, reader, scan
+from stream_jobs.scan import (
+    PartitionRange,
+    partitions_of,
+    ranges,
+    reader,
+    scan,
+    started_consumer,
+)
 from stream_jobs.settings import Settings
 from stream_jobs.topics import JobTypePolicy, get_job_type, load_job_types
 
@@ -538,27 +543,20 @@ async def _targets(consumer: Any, tps: list[TopicPartition], to_offset: int | No
 async def _commit(settings: Settings, group: str, offsets: dict[TopicPartition, int]) -> None:
     # assign() instead of subscribe(): the consumer never joins the group, so the commit
     # goes in as one from outside it (generation -1), which Kafka takes for an empty group.
-    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings, client_id="stream-jobs-admin"),
-                                group_id=group, enable_auto_commit=False)
-    try:
-        await consumer.start()
-    except KafkaConnectionError as exc:
-        await consumer.stop()
-        raise await connect_error(settings, exc) from exc
-    try:
-        consumer.assign(list(offsets))
-        await consumer.commit(offsets)
-    except (CommitFailedError, UnknownMemberIdError, IllegalGenerationError,
-            RebalanceInProgressError) as exc:
-        raise GroupInUse(
-            f"Kafka refused the new offsets because consumer group {group!r} has active "
-            "members (it takes offsets from outside a group only when the group is empty): "
-            "stop its workers first.") from exc
-    except KafkaError as exc:
-        raise StreamJobsError(f"Kafka refused the new offsets of group {group!r}: {exc}.") \
-            from exc
-    finally:
-        await consumer.stop()
+    async with started_consumer(settings, client_id="stream-jobs-admin", group_id=group,
+                                enable_auto_commit=False) as consumer:
+        try:
+            consumer.assign(list(offsets))
+            await consumer.commit(offsets)
+        except (CommitFailedError, UnknownMemberIdError, IllegalGenerationError,
+                RebalanceInProgressError) as exc:
+            raise GroupInUse(
+                f"Kafka refused the new offsets because consumer group {group!r} has active "
+                "members (it takes offsets from outside a group only when the group is "
+                "empty): stop its workers first.") from exc
+        except KafkaError as exc:
+            raise StreamJobsError(f"Kafka refused the new offsets of group {group!r}: {exc}."
+                                  ) from exc
 
 
 async def _check_committed(settings: Settings, group: str, changes: list[OffsetChange]) -> None:

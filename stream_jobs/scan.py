@@ -7,7 +7,7 @@ terminates on a topic that is still being written.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,10 +34,10 @@ class PartitionRange:
 
 
 @asynccontextmanager
-async def reader(settings: Settings) -> AsyncIterator[Any]:
-    """A group-less consumer (nothing is committed), wrapped for connection errors."""
-    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), enable_auto_commit=False,
-                                auto_offset_reset="earliest", group_id=None)
+async def started_consumer(settings: Settings, **options: Any) -> AsyncIterator[Any]:
+    """An aiokafka consumer on our connection settings plus `options`, started (a refused
+    connection becomes one sentence) and stopped on the way out."""
+    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), **options)
     try:
         await consumer.start()
     except KafkaConnectionError as exc:
@@ -47,6 +47,12 @@ async def reader(settings: Settings) -> AsyncIterator[Any]:
         yield consumer
     finally:
         await consumer.stop()
+
+
+def reader(settings: Settings, **options: Any) -> AbstractAsyncContextManager[Any]:
+    """A group-less consumer (nothing is committed), wrapped for connection errors."""
+    return started_consumer(settings, enable_auto_commit=False, auto_offset_reset="earliest",
+                            group_id=None, **options)
 
 
 async def partitions_of(consumer: Any, topic: str) -> list[int]:

@@ -20,18 +20,17 @@ The arithmetic (lag, age, rates, liveness) is pure and lives at the top of this 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
 from stream_jobs import scan
 from stream_jobs.admin import admin_client
-from stream_jobs.connection import connect_error, kafka_client_kwargs
 from stream_jobs.control import NO_LIMIT, RateInForce, rate_in_force, read_overrides
 from stream_jobs.errors import BrokerUnavailable
 from stream_jobs.heartbeats import HeartbeatStats, heartbeat_stats
@@ -413,22 +412,11 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-@asynccontextmanager
-async def _peeker(settings: Settings) -> AsyncIterator[Any]:
+def _peeker(settings: Settings) -> AbstractAsyncContextManager[Any]:
     """A group-less consumer with small fetches: reads single records, commits nothing."""
-    consumer = AIOKafkaConsumer(
-        **kafka_client_kwargs(settings, client_id="stream-jobs-stats"),
-        group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
-        max_partition_fetch_bytes=_PEEK_FETCH_BYTES, fetch_max_bytes=16 * _PEEK_FETCH_BYTES)
-    try:
-        await consumer.start()
-    except KafkaConnectionError as exc:
-        await consumer.stop()
-        raise await connect_error(settings, exc) from exc
-    try:
-        yield consumer
-    finally:
-        await consumer.stop()
+    return scan.reader(settings, client_id="stream-jobs-stats",
+                       max_partition_fetch_bytes=_PEEK_FETCH_BYTES,
+                       fetch_max_bytes=16 * _PEEK_FETCH_BYTES)
 
 
 async def _partitions(consumer: Any, topics: Sequence[str]) -> dict[str, list[TopicPartition]]:
