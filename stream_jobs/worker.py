@@ -137,10 +137,6 @@ class Worker(GroupMember):
         """Process jobs until `stop()` (or SIGTERM via the CLI); with `until_idle`, until
         the lanes and tiers are read to their ends and nothing is in flight or held."""
         await self.producer.start()
-        prefix = self.settings.topic_prefix
-        await self.producer.warm([*self.topics, dlq_topic(prefix, self.policy.job_type),
-                                  *(tier_topic(prefix, self.policy.job_type, tier)
-                                    for tier in self.policy.retry_tiers)])
         follower = ControlFollower(self.settings, self._on_control) if self.control else None
         background: list[asyncio.Task[None]] = []
         try:
