@@ -39,6 +39,7 @@ from stream_jobs.naming import (
     control_topic,
     dlq_topic,
     lane_topic,
+    stats_topic,
     tier_topic,
     worker_group,
 )
@@ -52,7 +53,7 @@ from stream_jobs.record import (
     decode_record,
 )
 from stream_jobs.relay import Relay
-from stream_jobs.reports import WorkerReport, new_worker_id, publish, publish_every
+from stream_jobs.reports import WorkerReport, ensure_stats_topic, new_worker_id
 from stream_jobs.retry import DeadLetter, RetryPolicy, decide
 from stream_jobs.settings import Settings
 from stream_jobs.topics import JobTypePolicy
@@ -181,11 +182,21 @@ class Worker(GroupMember):
                              for tp, at_ms in sorted(self.heartbeats.items())))
 
     async def _report_every(self) -> None:
-        await publish_every(self.settings, self.producer, self.worker_id, self.report,
-                            self.report_interval_s)
+        try:
+            await ensure_stats_topic(self.settings)
+        except StreamJobsError as exc:
+            log.warning("cannot create the stats topic; reports are skipped: %s", exc)
+        while True:
+            await self._report()
+            await asyncio.sleep(self.report_interval_s)  # a period, not a wait for a condition
 
     async def _report(self, *, final: bool = False) -> None:
-        await publish(self.settings, self.producer, self.worker_id, self.report(final=final))
+        report = self.report(final=final)
+        try:
+            await self.producer.send_raw(stats_topic(self.settings.topic_prefix),
+                                         self.worker_id.encode(), report.to_json(), [])
+        except StreamJobsError as exc:
+            log.warning("worker report not written: %s", exc)
 
     # -- flow control -----------------------------------------------------------------------
 
