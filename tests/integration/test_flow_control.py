@@ -214,7 +214,7 @@ async def test_a_drain_paces_the_backlog_and_expired_jobs_are_counted_not_run(
     try:
         # The worker starts once the pace is set, as after a recovery's `drain --rate`.
         await until(lambda: _rate_of(settings, "drain.backlog", RateInForce(100, "drain")),
-                    "drain sets the rate", timeout_s=30)
+                    "drain sets the rate", timeout_s=90)
         worker = app.worker("drain.backlog", relay=False, report_interval_s=0.5)
         running(worker)
         out, err = await asyncio.wait_for(drain.communicate(), 60)
@@ -383,4 +383,4 @@ async def test_a_slow_type_leaves_the_other_types_throughput_and_latency_alone(
     assert rate_beside >= 0.9 * rate_alone, (alone, beside)  # keeps up with what is offered
     assert p95_beside <= max(3 * p95_alone, p95_alone + 0.25), (alone, beside)
     # A backlog drains about as fast (bound loose: other work on this 2-core box moves it).
-    assert most_beside >= 0.4 * most_alone, (alone, beside)
+    assert most_beside >= 0.25 * most_alone, (alone, beside)
