@@ -10,6 +10,7 @@ applied, since changing it means moving replicas between brokers, an operator's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -24,6 +25,7 @@ from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
     NodeNotReadyError,
+    TopicAlreadyExistsError,
     for_code,
 )
 from aiokafka.structs import TopicPartition
@@ -81,6 +83,19 @@ async def admin_client(settings: Settings) -> AsyncIterator[Any]:
         raise await connect_error(settings, exc) from exc
     finally:
         await client.close()
+
+
+async def ensure_internal_topic(settings: Settings, name: str, configs: dict[str, str]) -> None:
+    """Create one of stream-jobs' own topics (`P._stats`, `P._control`) if it is missing:
+    one partition, replicated to as many brokers as there are, up to 3."""
+    async with admin_client(settings) as admin:
+        if name in set(await admin.list_topics()):
+            return
+        brokers = len((await admin.describe_cluster())["brokers"])
+        with contextlib.suppress(TopicAlreadyExistsError):  # another process made it first
+            await admin.create_topics([NewTopic(
+                name, num_partitions=1, replication_factor=min(3, max(1, brokers)),
+                topic_configs=configs)])
 
 
 async def plan(settings: Settings, types: Mapping[str, JobTypePolicy]) -> list[Change]:

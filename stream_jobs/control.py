@@ -14,7 +14,6 @@ The value is JSON, readable by any Kafka tool: `{"rate_limit_per_s": 50.0, "at_m
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,11 +21,10 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import NewTopic
-from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaConnectionError
 
 from stream_jobs import scan
-from stream_jobs.admin import admin_client
+from stream_jobs.admin import ensure_internal_topic
 from stream_jobs.connection import connect_error, kafka_client_kwargs
 from stream_jobs.errors import BrokerUnavailable
 from stream_jobs.naming import control_topic
@@ -117,15 +115,8 @@ def apply_record(overrides: dict[str, RateOverride], key: bytes | None,
 
 async def ensure_control_topic(settings: Settings) -> None:
     """Create `P._control` if it is missing: one partition, compacted, kept forever."""
-    name = control_topic(settings.topic_prefix)
-    async with admin_client(settings) as admin:
-        if name in set(await admin.list_topics()):
-            return
-        brokers = len((await admin.describe_cluster())["brokers"])
-        with contextlib.suppress(TopicAlreadyExistsError):  # another process made it first
-            await admin.create_topics([NewTopic(
-                name, num_partitions=1, replication_factor=min(3, max(1, brokers)),
-                topic_configs={"cleanup.policy": "compact", "retention.ms": "-1"})])
+    await ensure_internal_topic(settings, control_topic(settings.topic_prefix),
+                                {"cleanup.policy": "compact", "retention.ms": "-1"})
 
 
 async def publish_rate(settings: Settings, job_type: str, rate_limit_per_s: float | None, *,

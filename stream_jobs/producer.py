@@ -76,6 +76,19 @@ class JobProducer:
                                 "least one topic)") from exc
         self._started = True
 
+    async def warm(self, topics: Sequence[str]) -> None:
+        """Learn the partitions of `topics` now. The first write to a topic otherwise waits
+        for the producer to fetch its metadata, which delayed a cold worker's first
+        retries by seconds."""
+        try:
+            metadata = await self._producer.client.fetch_all_metadata()
+            self._known_topics.update(metadata.topics())
+            for topic in topics:
+                if topic in self._known_topics:  # a missing one is reported when written
+                    await self._producer.partitions_for(topic)
+        except KafkaError as exc:
+            log.warning("could not learn the topics' partitions yet: %s", exc)
+
     async def stop(self) -> None:
         if self._started:
             self._started = False

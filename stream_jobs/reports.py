@@ -9,20 +9,21 @@ cannot be written is logged and skipped; jobs never wait on it. Shadow consumers
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import logging
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
-from aiokafka.admin import NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
 
-from stream_jobs.admin import admin_client
+from stream_jobs.admin import ensure_internal_topic
+from stream_jobs.errors import StreamJobsError
 from stream_jobs.naming import stats_topic
+from stream_jobs.producer import JobProducer
 from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.reports")
@@ -155,12 +156,33 @@ class ShadowReport:
 
 async def ensure_stats_topic(settings: Settings) -> None:
     """Create `P._stats` if it is missing (one partition, one day of reports)."""
-    name = stats_topic(settings.topic_prefix)
-    async with admin_client(settings) as admin:
-        if name in set(await admin.list_topics()):
-            return
-        brokers = len((await admin.describe_cluster())["brokers"])
-        with contextlib.suppress(TopicAlreadyExistsError):  # another worker made it first
-            await admin.create_topics([NewTopic(
-                name, num_partitions=1, replication_factor=min(3, max(1, brokers)),
-                topic_configs={"retention.ms": str(REPORT_RETENTION_MS)})])
+    await ensure_internal_topic(settings, stats_topic(settings.topic_prefix),
+                                {"retention.ms": str(REPORT_RETENTION_MS)})
+
+
+class Report(Protocol):
+    """What a member publishes to `P._stats` (a worker's or a shadow's report)."""
+
+    def to_json(self) -> bytes: ...
+
+
+async def publish(settings: Settings, producer: JobProducer, member_id: str,
+                  report: Report) -> None:
+    """Write one report; a report that cannot be written is logged and skipped."""
+    try:
+        await producer.send_raw(stats_topic(settings.topic_prefix), member_id.encode(),
+                                report.to_json(), [])
+    except StreamJobsError as exc:
+        log.warning("report of %s not written: %s", member_id, exc)
+
+
+async def publish_every(settings: Settings, producer: JobProducer, member_id: str,
+                        report: Callable[[], Report], interval_s: float) -> None:
+    """Publish `report()` every `interval_s` until cancelled (the stats topic made first)."""
+    try:
+        await ensure_stats_topic(settings)
+    except StreamJobsError as exc:
+        log.warning("cannot create the stats topic; reports are skipped: %s", exc)
+    while True:
+        await publish(settings, producer, member_id, report())
+        await asyncio.sleep(interval_s)  # a period, not a wait for a condition

@@ -25,12 +25,12 @@ from typing import Any
 
 from stream_jobs.app import JobHandler
 from stream_jobs.consumer import GroupMember, PartitionWork, Record
-from stream_jobs.errors import BadRecord, StreamJobsError
+from stream_jobs.errors import BadRecord
 from stream_jobs.heartbeats import is_heartbeat
-from stream_jobs.naming import shadow_group, stats_topic
+from stream_jobs.naming import shadow_group
 from stream_jobs.producer import JobProducer
 from stream_jobs.record import decode_record
-from stream_jobs.reports import LaneSeen, ShadowReport, ensure_stats_topic, new_worker_id
+from stream_jobs.reports import LaneSeen, ShadowReport, new_worker_id, publish, publish_every
 from stream_jobs.settings import Settings
 from stream_jobs.topics import JobTypePolicy
 
@@ -150,21 +150,11 @@ class Shadow(GroupMember):
             interval_s=self.report_interval_s)
 
     async def _report_every(self) -> None:
-        try:
-            await ensure_stats_topic(self.settings)
-        except StreamJobsError as exc:
-            log.warning("cannot create the stats topic; reports are skipped: %s", exc)
-        while True:
-            await self._report()
-            await asyncio.sleep(self.report_interval_s)  # a period, not a wait for a condition
+        await publish_every(self.settings, self.producer, self.worker_id, self.report,
+                            self.report_interval_s)
 
     async def _report(self, *, final: bool = False) -> None:
-        try:
-            await self.producer.send_raw(stats_topic(self.settings.topic_prefix),
-                                         self.worker_id.encode(),
-                                         self.report(final=final).to_json(), [])
-        except StreamJobsError as exc:
-            log.warning("shadow report not written: %s", exc)
+        await publish(self.settings, self.producer, self.worker_id, self.report(final=final))
 
 
 # ---------------------------------------------------------------------------------------

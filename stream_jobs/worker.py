@@ -39,7 +39,6 @@ from stream_jobs.naming import (
     control_topic,
     dlq_topic,
     lane_topic,
-    stats_topic,
     tier_topic,
     worker_group,
 )
@@ -53,7 +52,7 @@ from stream_jobs.record import (
     decode_record,
 )
 from stream_jobs.relay import Relay
-from stream_jobs.reports import WorkerReport, ensure_stats_topic, new_worker_id
+from stream_jobs.reports import WorkerReport, new_worker_id, publish, publish_every
 from stream_jobs.retry import DeadLetter, RetryPolicy, decide
 from stream_jobs.settings import Settings
 from stream_jobs.topics import JobTypePolicy
@@ -138,6 +137,10 @@ class Worker(GroupMember):
         """Process jobs until `stop()` (or SIGTERM via the CLI); with `until_idle`, until
         the lanes and tiers are read to their ends and nothing is in flight or held."""
         await self.producer.start()
+        prefix = self.settings.topic_prefix
+        await self.producer.warm([*self.topics, dlq_topic(prefix, self.policy.job_type),
+                                  *(tier_topic(prefix, self.policy.job_type, tier)
+                                    for tier in self.policy.retry_tiers)])
         follower = ControlFollower(self.settings, self._on_control) if self.control else None
         background: list[asyncio.Task[None]] = []
         try:
@@ -182,21 +185,11 @@ class Worker(GroupMember):
                              for tp, at_ms in sorted(self.heartbeats.items())))
 
     async def _report_every(self) -> None:
-        try:
-            await ensure_stats_topic(self.settings)
-        except StreamJobsError as exc:
-            log.warning("cannot create the stats topic; reports are skipped: %s", exc)
-        while True:
-            await self._report()
-            await asyncio.sleep(self.report_interval_s)  # a period, not a wait for a condition
+        await publish_every(self.settings, self.producer, self.worker_id, self.report,
+                            self.report_interval_s)
 
     async def _report(self, *, final: bool = False) -> None:
-        report = self.report(final=final)
-        try:
-            await self.producer.send_raw(stats_topic(self.settings.topic_prefix),
-                                         self.worker_id.encode(), report.to_json(), [])
-        except StreamJobsError as exc:
-            log.warning("worker report not written: %s", exc)
+        await publish(self.settings, self.producer, self.worker_id, self.report(final=final))
 
     # -- flow control -----------------------------------------------------------------------
 
