@@ -51,21 +51,24 @@ def watch_worker(b: Bench, prefix: str, n: int, log: Path) -> dict[str, Any]:
         samples: list[tuple[float, int]] = []
         hwm_kb = 0
         usage: Any = None
-        status = 0
-        while True:
-            kb = _status_kb(proc.pid)
-            if "VmRSS" in kb:
-                samples.append((time.monotonic() - began, kb["VmRSS"]))
-                hwm_kb = max(hwm_kb, kb.get("VmHWM", 0))
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                proc.returncode = os.waitstatus_to_exitcode(status)
-                break
-            if time.monotonic() - began > timeout_s:
+        try:
+            while True:
+                kb = _status_kb(proc.pid)
+                if "VmRSS" in kb:
+                    samples.append((time.monotonic() - began, kb["VmRSS"]))
+                    hwm_kb = max(hwm_kb, kb.get("VmHWM", 0))
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    proc.returncode = os.waitstatus_to_exitcode(status)
+                    break
+                if time.monotonic() - began > timeout_s:
+                    raise BenchError(f"the worker did not drain {n:,} jobs in "
+                                     f"{timeout_s:.0f} s")
+                time.sleep(SAMPLE_S)
+        finally:
+            if proc.returncode is None:  # timed out, or the bench is being stopped
                 proc.kill()
                 proc.wait(timeout=30)
-                raise BenchError(f"the worker did not drain {n:,} jobs in {timeout_s:.0f} s")
-            time.sleep(SAMPLE_S)
     elapsed = time.monotonic() - began
     text = log.read_text(errors="replace")
     done = re.search(r"succeeded (\d+)", text)

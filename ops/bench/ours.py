@@ -42,7 +42,7 @@ EFFECTS_TABLE = "bench_effects"
 # -- enqueue --------------------------------------------------------------------------------
 
 
-async def _awaited(settings: Settings, job_type: str, n: int) -> tuple[float, list[float]]:
+async def awaited_enqueue(settings: Settings, job_type: str, n: int) -> tuple[float, list[float]]:
     """`await enqueue(...)` one by one: jobs per second and each call's latency in ms."""
     latencies: list[float] = []
     async with App(settings).client() as client:
@@ -77,7 +77,7 @@ def enqueue(b: Bench) -> None:
                 many.append(run_async(fill(s, "bench.enqueue-many", n), 600))
             else:
                 rate, latencies = run_async(
-                    _awaited(s, "bench.enqueue-awaited", b.scale.awaited_n), 600)
+                    awaited_enqueue(s, "bench.enqueue-awaited", b.scale.awaited_n), 600)
                 awaited.append(rate)
                 p50.append(percentile(latencies, 50))
                 p99.append(percentile(latencies, 99))
@@ -255,7 +255,8 @@ async def _latency_run(b: Bench, job_type: str, rate: float, seconds: float,
             cwd=CODE_DIR, env=b.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = await asyncio.wait_for(pacer.communicate(), seconds + 120)
         if pacer.returncode != 0:
-            raise BenchError(f"the pacer failed: {err.decode()[-600:]}")
+            text = err.decode(errors="replace")
+            raise BenchError(f"the pacer failed: {text[:400]} ... {text[-600:]}")
         sent_text, achieved_text, began_text = out.decode().split()[:3]
         expected, achieved, began = int(sent_text), float(achieved_text), float(began_text)
         if len(stamps) < expected:

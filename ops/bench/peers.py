@@ -20,7 +20,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ops.bench.common import BENCH_DIR, CODE_DIR, Bench, BenchError, rotated
+from ops.bench.common import (
+    BENCH_DIR,
+    CODE_DIR,
+    Bench,
+    BenchError,
+    fill,
+    rewind_worker_group,
+    rotated,
+    run_async,
+)
+from ops.bench.ours import awaited_enqueue, drain
 
 PEERS_VENV = BENCH_DIR / ".venv-peers"
 PEERS_PYTHON = PEERS_VENV / "bin" / "python"
@@ -185,11 +195,25 @@ def peers(b: Bench) -> None:
     n = b.scale.peer_n
     log_dir = b.out_dir / "peers"
     log_dir.mkdir(parents=True, exist_ok=True)
-    found: dict[str, list[dict[str, float]]] = {"celery": [], "dramatiq": []}
+    found: dict[str, list[dict[str, float]]] = {"celery": [], "dramatiq": [], "ours": []}
+    # Ours runs in the same rotation, so the ratios to the peers are side by side: awaited
+    # enqueues one by one (as the peers enqueue), then a drain of a 5N backlog, rewound.
+    s = b.settings()
+    backlog_n = n * 5
+    run_async(b.declare("bench.beside-enqueue"), 60)
+    run_async(b.declare("bench.beside-noop"), 60)
+    run_async(fill(s, "bench.beside-noop", backlog_n), 600)
     with RedisServer(binary, b.out_dir / "redis") as server:
         b.results.meta.setdefault("versions", {})["redis-server"] = server.version()
         for run in range(b.scale.runs):
-            for peer in rotated(["celery", "dramatiq"], run):
+            for peer in rotated(["celery", "dramatiq", "ours"], run):
+                if peer == "ours":
+                    enqueue_rate, _ = run_async(awaited_enqueue(s, "bench.beside-enqueue", n), 600)
+                    drained = run_async(drain(s, "bench.beside-noop", backlog_n), 900)
+                    run_async(rewind_worker_group(s, "bench.beside-noop"), 60)
+                    found[peer].append({"enqueue_rate": enqueue_rate,
+                                        "process_rate": drained["rate"]})
+                    continue
                 queue = f"{b.prefix}-{peer}-{run}"
                 found[peer].append(peer_run(peer, queue, n, log_dir))
     versions = subprocess.run(
@@ -212,3 +236,10 @@ def peers(b: Bench) -> None:
               [x["enqueue_p99_ms"] for x in runs])
         r.add(f"{peer}.process", f"{peer.title()} no-op processing", "jobs/s",
               [x["process_rate"] for x in runs], f"{n:,} tasks; {cfg}")
+    beside = found["ours"]
+    r.add("ours.enqueue_awaited_beside", "enqueue, awaited one by one (beside the peers)",
+          "jobs/s", [x["enqueue_rate"] for x in beside],
+          f"{n:,} calls, in the peers' rotation")
+    r.add("ours.noop_key_beside", "no-op processing, key (beside the peers)", "jobs/s",
+          [x["process_rate"] for x in beside],
+          f"{backlog_n:,} jobs backlog, in the peers' rotation")

@@ -18,6 +18,7 @@ import ipaddress
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -197,18 +198,27 @@ def _run_from_snapshot() -> int:
     shutil.copytree(REPO_DIR / "ops" / "kafka", snapshot / "ops" / "kafka", ignore=skip)
     env = {**os.environ, SNAPSHOT_ENV: str(snapshot), "BENCH_REPO_DIR": str(REPO_DIR),
            "PYTHONPATH": str(snapshot)}
+    child = subprocess.Popen([sys.executable, "-m", "ops.bench.run"], cwd=snapshot, env=env)
+    # A SIGTERM to this process reaches the run, which then cleans up (topics, schema).
+    signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signal.SIGTERM))
     try:
-        done = subprocess.run([sys.executable, "-m", "ops.bench.run"], cwd=snapshot, env=env,
-                              timeout=3600, check=False)
+        return child.wait(timeout=3600)
     except subprocess.TimeoutExpired:
         print("[bench] the run took over an hour and was stopped", file=sys.stderr)
-        return 1
-    return done.returncode
+        child.terminate()
+        return child.wait(timeout=120) or 1
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # As SystemExit, a SIGTERM unwinds through the `finally` blocks: subprocesses stopped,
+    # this run's topics and schema removed.
+    raise SystemExit(128 + signum)
 
 
 def main() -> int:
     if not os.environ.get(SNAPSHOT_ENV):
         return _run_from_snapshot()
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     import stream_jobs
 
     if not Path(stream_jobs.__file__).resolve().is_relative_to(CODE_DIR):
