@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from stream_jobs.errors import ConfigError
 
 DEFAULT_KAFKA_PORT = 9092
+DEFAULT_CLUSTER_PORTS = (19092, 29092, 39092)
 DEFAULT_POSTGRES_PORT = 54320
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -63,6 +64,9 @@ class Settings(BaseSettings):
     dev_kafka_port: int = Field(default=DEFAULT_KAFKA_PORT, gt=0, lt=65535)
     dev_postgres_port: int = Field(default=DEFAULT_POSTGRES_PORT, gt=0, lt=65536)
     dev_kafka_heap_mb: int = Field(default=512, ge=128)
+    # The three-node cluster's client ports (each node's controller listens on port + 1);
+    # STREAM_JOBS_DEV_CLUSTER_PORTS='[19192, 29192, 39192]' runs a second cluster beside it.
+    dev_cluster_ports: tuple[int, int, int] = DEFAULT_CLUSTER_PORTS
     dev_postgres_os_user: str = "postgres"
 
     @field_validator("kafka_bootstrap")

@@ -3,7 +3,8 @@
 The broker version is pinned in `ops/kafka/pom.xml`. Jars are copied once into a cache
 outside the repository (`STREAM_JOBS_JARS_CACHE_DIR`), so later starts take seconds.
 One node listens on 127.0.0.1:9092; `--brokers 3` starts a separate three-node cluster
-on 127.0.0.1:19092, 29092 and 39092 (replication factor 3, min.insync.replicas 2).
+on 127.0.0.1:19092, 29092 and 39092 by default (`dev_cluster_ports`; replication factor 3,
+min.insync.replicas 2).
 With `security=ScramTls(...)` the client listener demands TLS and SCRAM logins
 (`stream_jobs.stack.secure`); that broker lives in a folder of its own.
 """
@@ -35,7 +36,6 @@ from stream_jobs.stack.process import (
 from stream_jobs.stack.secure import ScramTls, TlsFiles, listener_config, make_tls_files
 
 HOST = "127.0.0.1"
-CLUSTER_PORTS = (19092, 29092, 39092)
 READY_TIMEOUT_S = 120.0
 
 
@@ -148,7 +148,7 @@ class KafkaCluster:
             self.home = root / ("kafka-cluster" if security is None else "kafka-cluster-secure")
             self.nodes = [KafkaNode(i + 1, port, port + 1, self.home / f"node{i + 1}",
                                     port + internal if internal else None)
-                          for i, port in enumerate(CLUSTER_PORTS)]
+                          for i, port in enumerate(settings.dev_cluster_ports)]
 
     @property
     def name(self) -> str:
