@@ -5,7 +5,12 @@ Shared by the worker (lanes, group `T.worker`) and the relay (delay tiers, group
 backpressure by pausing partitions, periodic commits, and the rebalance contract:
 revoked partitions stop dispatching, in-flight work gets a bounded grace period, the
 tracker's position is committed, and buffers are dropped. Subclasses say what to do
-with fetched records (`dispatch`) and whether a partition has work left (`busy`).
+with a record (`handle`) and which records run in order (`chain_of`).
+
+Records run on `Runner`s: at most `concurrency` tasks, each taking the next ready chain's
+head as soon as it is done with one, so a record costs no task of its own. A runner's
+`deadline` (set by the subclass around the part that may time out) is enforced by one
+watchdog timer per member rather than a timer per record.
 
 Flow control (off unless asked for, so the default path is unchanged): topics may be
 lanes with weights (`lane_weights`), each lane keeping its own ready queue and
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -59,6 +65,31 @@ class Record(Protocol):
     headers: Sequence[tuple[str, bytes]]
 
 
+# A runner lets other tasks run after this many records in a row (handlers that never
+# await would otherwise hold the loop, and fetches, heartbeats and commits would wait).
+RUNNER_YIELD_EVERY = 64
+# How often the watchdog looks for runners past their deadline: a deadline fires at most
+# this late.
+WATCHDOG_TICK_S = 0.05
+
+
+@dataclass(eq=False, slots=True)
+class Runner:
+    """A task that runs the heads of ready chains, one record at a time."""
+
+    task: asyncio.Task[None] | None = None
+    # The partition whose record it runs now; None between records.
+    work: PartitionWork | None = None
+    # Loop time by which the current step must end (`math.inf`: none); the subclass sets
+    # it around a handler call and reads `expired` when the call is cancelled.
+    deadline: float = math.inf
+    expired: bool = False
+    # Set when revocation's grace period ran out on its record: the record is abandoned.
+    abandoned: bool = False
+    # Resolved when the current record is done (created by `release` only).
+    record_done: asyncio.Future[None] | None = None
+
+
 @dataclass(eq=False)
 class Chain:
     """Records that run one after another in offset order (one key, or one partition).
@@ -82,7 +113,6 @@ class PartitionWork:
     revoked: bool = False
     paused: bool = False
     buffered: int = 0
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
     chains: dict[Hashable, Chain] = field(default_factory=dict)
 
     def dispatched(self, offset: int) -> None:
@@ -136,7 +166,8 @@ class GroupMember(ABC):
         self._token_timer: asyncio.TimerHandle | None = None
         # Finishes a record at fetch time, without starting it, when it returns True.
         self.screen: Callable[[PartitionWork, Record], bool] | None = None
-        self._running = 0
+        self._runners: set[Runner] = set()
+        self._watchdog: asyncio.TimerHandle | None = None
         self.group_id = group_id
         self.topics = topics
         self.grace_s = grace_s
@@ -171,8 +202,12 @@ class GroupMember(ABC):
         """Records with the same chain run one after another in offset order."""
 
     @abstractmethod
-    async def handle(self, work: PartitionWork, record: Record) -> None:
-        """Finish one record. Returning marks it finished; raising leaves it unfinished."""
+    async def handle(self, work: PartitionWork, record: Record, runner: Runner) -> None:
+        """Finish one record. Returning marks it finished; raising leaves it unfinished.
+
+        `runner` runs it; to bound a step, set `runner.deadline` (loop time) and call
+        `watch()`: past the deadline the runner is cancelled with `runner.expired` set.
+        """
 
     # -- dispatch ---------------------------------------------------------------------------
 
@@ -193,42 +228,48 @@ class GroupMember(ABC):
         self._pump()
 
     def _pump(self) -> None:
-        """Start the heads of ready chains while fewer than `concurrency` records run.
+        """Start runners while fewer than `concurrency` run and chains are ready.
 
-        A task exists only for a running record, so a deep buffer costs no tasks and no
-        waiters. Chains of a revoked partition (or all, once stopping) are dropped
-        unstarted: their records stay unfinished and go to the next owner.
+        Tasks exist only for running records' runners, so a deep buffer costs no tasks and
+        no waiters. A runner that finds nothing it may start ends.
         """
-        if self._picker is not None or self._bucket is not None:
-            self._pump_flow()
-            return
-        while self._running < self.concurrency and self._ready:
-            chain = self._ready.popleft()
-            work = chain.work
-            if work.revoked or self.stopping.is_set():
-                work.chains.pop(chain.key, None)
-                continue
-            self._running += 1
-            task = asyncio.create_task(self._execute(chain, chain.records[0]))
-            work.tasks.add(task)
-            task.add_done_callback(work.tasks.discard)
+        ready = sum(len(q) for q in self._queues) if self._picker else len(self._ready)
+        for _ in range(min(self.concurrency, ready) - len(self._runners)):
+            runner = Runner()
+            self._runners.add(runner)
+            runner.task = asyncio.create_task(self._run(runner))
 
-    def _pump_flow(self) -> None:
-        """`_pump` with weighted lanes and/or a rate: the picker chooses the lane, the
+    def _take(self) -> Chain | None:
+        """The next chain to run a record of, or None if none may start now. Chains of a
+        revoked partition (or all, once stopping) are dropped unstarted: their records stay
+        unfinished and go to the next owner."""
+        if self._picker is None and self._bucket is None:
+            ready = self._ready
+            while ready:
+                chain = ready.popleft()
+                if chain.work.revoked or self.stopping.is_set():
+                    chain.work.chains.pop(chain.key, None)
+                    continue
+                return chain
+            return None
+        return self._take_flow()
+
+    def _take_flow(self) -> Chain | None:
+        """`_take` with weighted lanes and/or a rate: the picker chooses the lane, the
         bucket decides whether anything may start now (if not, a timer comes back when a
         token is due). A token is checked before the pick so a refused start costs no
         lane its turn."""
         queues = self._queues
         picker = self._picker
         bucket = self._bucket
-        while self._running < self.concurrency:
+        while True:
             if bucket is not None and not bucket.has_token(time.monotonic()):
                 if any(queues):
                     self._wake_for_token(bucket)
-                return
+                return None
             lane = picker.pick(queues) if picker is not None else (0 if queues[0] else None)
             if lane is None:
-                return
+                return None
             chain = queues[lane].popleft()
             work = chain.work
             if work.revoked or self.stopping.is_set():
@@ -236,10 +277,75 @@ class GroupMember(ABC):
                 continue
             if bucket is not None:
                 bucket.try_take(time.monotonic())
-            self._running += 1
-            task = asyncio.create_task(self._execute(chain, chain.records[0]))
-            work.tasks.add(task)
-            task.add_done_callback(work.tasks.discard)
+            return chain
+
+    async def _run(self, runner: Runner) -> None:
+        """A runner's life: run ready chains' heads until none may start now."""
+        try:
+            ran = 0
+            while (chain := self._take()) is not None:
+                await self._run_head(runner, chain)
+                ran += 1
+                if ran % RUNNER_YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+        finally:
+            self._runners.discard(runner)
+            if runner.abandoned:
+                self._pump()  # the chains it would have taken next
+
+    async def _run_head(self, runner: Runner, chain: Chain) -> None:
+        work = chain.work
+        record = chain.records[0]
+        runner.work = work
+        finished = False
+        try:
+            await self.handle(work, record, runner)
+            finished = True
+        except Abandoned:
+            pass
+        except Exception:
+            # A bug in our own code, not in a handler: the offset stays unfinished, so the
+            # partition stops committing and the record is delivered again after a restart.
+            log.exception("%s: unexpected error on %s; its offset stays uncommitted",
+                          self.group_id, work.tp)
+        finally:
+            runner.work = None
+            runner.deadline = math.inf
+            if finished:
+                chain.records.popleft()
+                work.finished(record.offset)
+                self.relieve(work)
+            if finished and chain.records and not work.revoked:
+                work.ready.append(chain)
+            else:
+                work.chains.pop(chain.key, None)
+            done = runner.record_done
+            if done is not None:
+                runner.record_done = None
+                if not done.done():
+                    done.set_result(None)
+
+    def watch(self) -> None:
+        """Make sure the watchdog runs: call after setting a runner's deadline."""
+        if self._watchdog is None:
+            self._watchdog = asyncio.get_running_loop().call_later(WATCHDOG_TICK_S,
+                                                                   self._watch)
+
+    def _watch(self) -> None:
+        """Cancel runners past their deadline; come back while any deadline is set."""
+        self._watchdog = None
+        now = asyncio.get_running_loop().time()
+        armed = False
+        for runner in self._runners:
+            if runner.deadline == math.inf or runner.expired:
+                continue
+            if runner.deadline <= now and runner.task is not None:
+                runner.expired = True
+                runner.task.cancel()
+            else:
+                armed = True
+        if armed:
+            self.watch()
 
     def _wake_for_token(self, bucket: TokenBucket) -> None:
         if self._token_timer is not None:
@@ -265,31 +371,6 @@ class GroupMember(ABC):
         else:
             self._bucket.set_rate(rate_per_s, now)
         self._pump()
-
-    async def _execute(self, chain: Chain, record: Record) -> None:
-        work = chain.work
-        finished = False
-        try:
-            await self.handle(work, record)
-            finished = True
-        except Abandoned:
-            pass
-        except Exception:
-            # A bug in our own code, not in a handler: the offset stays unfinished, so the
-            # partition stops committing and the record is delivered again after a restart.
-            log.exception("%s: unexpected error on %s; its offset stays uncommitted",
-                          self.group_id, work.tp)
-        finally:
-            self._running -= 1
-            if finished:
-                chain.records.popleft()
-                work.finished(record.offset)
-                self.relieve(work)
-            if finished and chain.records and not work.revoked:
-                work.ready.append(chain)
-            else:
-                work.chains.pop(chain.key, None)
-            self._pump()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -326,9 +407,10 @@ class GroupMember(ABC):
 
     async def stop(self) -> None:
         """Stop dispatching, give in-flight work the grace period, commit, leave the group."""
-        if self._token_timer is not None:
-            self._token_timer.cancel()
-            self._token_timer = None
+        for timer in (self._token_timer, self._watchdog):
+            if timer is not None:
+                timer.cancel()
+        self._token_timer = self._watchdog = None
         with contextlib.suppress(Exception):
             await self.release(list(self.partitions))
         await self.consumer.stop()
@@ -392,16 +474,28 @@ class GroupMember(ABC):
         works = [self.partitions[tp] for tp in tps if tp in self.partitions]
         for work in works:
             work.revoked = True
-        tasks = {t for w in works for t in w.tasks}
-        if tasks:
-            _, late = await asyncio.wait(tasks, timeout=self.grace_s)
-            for task in late:
-                task.cancel()
+        busy = [r for r in self._runners if r.work in works]
+        if busy:
+            loop = asyncio.get_running_loop()
+            waits: list[asyncio.Future[None]] = []
+            for runner in busy:
+                if runner.record_done is None:
+                    runner.record_done = loop.create_future()
+                waits.append(runner.record_done)
+            await asyncio.wait(waits, timeout=self.grace_s)
+            # No await since the wait: a runner still on one of these partitions has been
+            # on the same record all along.
+            late = [r for r in self._runners if r.work in works and r.task is not None]
+            for runner in late:
+                runner.abandoned = True
+                assert runner.task is not None
+                runner.task.cancel()
             if late:
                 log.warning("%s: %d jobs did not finish within the %.0f s grace period; "
                             "they will run again on the partition's next owner",
                             self.group_id, len(late), self.grace_s)
-                await asyncio.gather(*late, return_exceptions=True)
+                await asyncio.gather(*(r.task for r in late if r.task is not None),
+                                     return_exceptions=True)
         await self.commit(works)
         for work in works:
             self.partitions.pop(work.tp, None)

@@ -19,12 +19,17 @@ class JobContext:
     job_type: str
     attempt: int
     key: str | None
-    enqueued_at: datetime
+    enqueued_at_ms: int
     lane: str
     topic: str
     partition: int
     offset: int
     _dedup: DedupStore
+
+    @property
+    def enqueued_at(self) -> datetime:
+        """When the job was first enqueued (UTC)."""
+        return ms_to_datetime(self.enqueued_at_ms)
 
     @asynccontextmanager
     async def once(self) -> AsyncIterator[Any]:

@@ -77,7 +77,7 @@ _KNOWN_HEADERS = frozenset(
 )
 # Integers travel as plain ASCII digits; bounding the length keeps them within Kafka's
 # int64 and keeps int() away from pathological inputs.
-_ASCII_INT = re.compile(rb"[0-9]{1,19}")
+_INT_DIGITS_MAX = 19
 _INT64_MAX = 2**63 - 1
 _UUID7 = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", re.IGNORECASE
@@ -274,7 +274,7 @@ def decode_record(
         if required not in found:
             raise BadRecord(REASON_MISSING_HEADER, f"The record has no {required!r} header.")
 
-    raw_id = _as_bytes(found[HEADER_JOB_ID])
+    raw_id = found[HEADER_JOB_ID]
     if raw_id is not None and len(raw_id) > MAX_JOB_ID_BYTES:
         raise BadRecord(REASON_BAD_HEADER, f"The {HEADER_JOB_ID!r} header is {len(raw_id)} "
                                            f"bytes, over the limit of {MAX_JOB_ID_BYTES}.")
@@ -295,11 +295,11 @@ def decode_record(
     origin = _text(found, HEADER_ORIGIN) if HEADER_ORIGIN in found else None
     requeues = _int(found, HEADER_REQUEUES, default=0)
     rerun_of = _text(found, HEADER_RERUN_OF) if HEADER_RERUN_OF in found else None
-    failure = parse_failure(_as_bytes(found.get(HEADER_ERROR)))
+    failure = parse_failure(found.get(HEADER_ERROR))
     # Trace context is set by other tools' instrumentation too; a bad one must never
     # cost a job, so it is dropped instead of rejected.
     traceparent: str | None = None
-    raw_trace = _as_bytes(found.get(HEADER_TRACEPARENT))
+    raw_trace = found.get(HEADER_TRACEPARENT)
     if raw_trace is not None:
         try:
             traceparent = raw_trace.decode()
@@ -475,16 +475,26 @@ def parse_origin(text: str) -> tuple[str, int, int] | None:
     return topic, int(partition), int(offset)
 
 
-def _our_headers(headers: Sequence[tuple[str, bytes]] | None) -> dict[str, object]:
-    found: dict[str, object] = {}
-    for item in headers or ():
-        try:
-            name, raw = item
-        except (TypeError, ValueError):
-            continue  # not a (name, value) pair, so not one of ours
-        if isinstance(name, str) and name in _KNOWN_HEADERS:
-            found[name] = raw  # later duplicates overwrite earlier ones
-    return found
+def _our_headers(headers: Sequence[tuple[str, bytes]] | None) -> dict[str, bytes | None]:
+    """Our headers by name (the last of a repeated one wins), each value as bytes, or None
+    when it is not bytes-like."""
+    try:
+        # The common case: (str, bytes) pairs, as aiokafka hands them over.
+        found: dict[str, object] = {name: raw for name, raw in headers or ()
+                                    if name in _KNOWN_HEADERS}
+    except (TypeError, ValueError):
+        found = {}
+        for item in headers or ():
+            try:
+                name, raw = item
+            except (TypeError, ValueError):
+                continue  # not a (name, value) pair, so not one of ours
+            if isinstance(name, str) and name in _KNOWN_HEADERS:
+                found[name] = raw
+    for name, value in found.items():
+        if type(value) is not bytes:
+            found[name] = _as_bytes(value)
+    return found  # type: ignore[return-value]  # every value is now bytes or None
 
 
 def _as_bytes(raw: object) -> bytes | None:
@@ -495,8 +505,8 @@ def _as_bytes(raw: object) -> bytes | None:
     return None
 
 
-def _text(found: dict[str, object], name: str) -> str:
-    raw = _as_bytes(found.get(name))
+def _text(found: dict[str, bytes | None], name: str) -> str:
+    raw = found.get(name)
     if raw is None:
         raise BadRecord(REASON_BAD_HEADER, f"The {name!r} header has no bytes value.")
     try:
@@ -505,11 +515,12 @@ def _text(found: dict[str, object], name: str) -> str:
         raise BadRecord(REASON_BAD_HEADER, f"The {name!r} header is not UTF-8 text.") from exc
 
 
-def _int(found: dict[str, object], name: str, *, default: int, minimum: int = 0) -> int:
+def _int(found: dict[str, bytes | None], name: str, *, default: int, minimum: int = 0) -> int:
     if name not in found:
         return default
-    raw = _as_bytes(found[name])
-    if raw is None or not _ASCII_INT.fullmatch(raw):
+    raw = found[name]
+    # bytes.isdigit() is true for ASCII digits only.
+    if raw is None or not raw.isdigit() or len(raw) > _INT_DIGITS_MAX:
         raise BadRecord(REASON_BAD_HEADER, f"The {name!r} header is not a non-negative integer.")
     number = int(raw)
     if number > _INT64_MAX or number < minimum:
@@ -519,7 +530,7 @@ def _int(found: dict[str, object], name: str, *, default: int, minimum: int = 0)
     return number
 
 
-def _optional_int(found: dict[str, object], name: str) -> int | None:
+def _optional_int(found: dict[str, bytes | None], name: str) -> int | None:
     return _int(found, name, default=0) if name in found else None
 
 

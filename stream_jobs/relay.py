@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from aiokafka import TopicPartition
 
-from stream_jobs.consumer import GroupMember, PartitionWork, Record
+from stream_jobs.consumer import GroupMember, PartitionWork, Record, Runner
 from stream_jobs.errors import Abandoned, BadRecord
 from stream_jobs.naming import lane_topic, parse_topic, relay_group, tier_topic
 from stream_jobs.producer import JobProducer
@@ -72,7 +72,7 @@ class Relay(GroupMember):
         self.stopping.set()
         await super().stop()
 
-    async def handle(self, work: PartitionWork, record: Record) -> None:
+    async def handle(self, work: PartitionWork, record: Record, runner: Runner) -> None:
         prefix = self.settings.topic_prefix
         try:
             job = decode_record(key=record.key, value=record.value, headers=record.headers,

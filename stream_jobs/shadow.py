@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stream_jobs.app import JobHandler
-from stream_jobs.consumer import GroupMember, PartitionWork, Record
+from stream_jobs.consumer import GroupMember, PartitionWork, Record, Runner
 from stream_jobs.errors import BadRecord
 from stream_jobs.heartbeats import is_heartbeat
 from stream_jobs.naming import shadow_group
@@ -77,7 +77,7 @@ class Shadow(GroupMember):
     def chain_of(self, record: Record) -> Hashable:
         return None
 
-    async def handle(self, work: PartitionWork, record: Record) -> None:
+    async def handle(self, work: PartitionWork, record: Record, runner: Runner) -> None:
         self.count(record)  # not reached: `dispatch` counts each record itself
 
     def count(self, record: Record) -> None:

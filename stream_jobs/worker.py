@@ -23,13 +23,14 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
 from enum import StrEnum
+from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from stream_jobs.app import JobHandler
-from stream_jobs.consumer import GroupMember, PartitionWork, Record
-from stream_jobs.context import JobContext, ms_to_datetime
+from stream_jobs.consumer import GroupMember, PartitionWork, Record, Runner
+from stream_jobs.context import JobContext
 from stream_jobs.control import ControlFollower, RateOverride, rate_in_force
 from stream_jobs.dedup import DedupStore
 from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError, StreamJobsError
@@ -322,12 +323,12 @@ class Worker(GroupMember):
             return record.key
         return record.offset
 
-    async def handle(self, work: PartitionWork, record: Record) -> None:
-        outcome = await self._run_job(record)
+    async def handle(self, work: PartitionWork, record: Record, runner: Runner) -> None:
+        outcome = await self._run_job(record, runner)
         if outcome is not None:
             self.outcomes[outcome] += 1
 
-    async def _run_job(self, record: Record) -> Outcome | None:
+    async def _run_job(self, record: Record, runner: Runner) -> Outcome | None:
         try:
             job = decode_record(key=record.key, value=record.value, headers=record.headers,
                                 expected_type=self.policy.job_type,
@@ -354,21 +355,46 @@ class Worker(GroupMember):
         ctx = JobContext(
             job_id=job.job_id, job_type=job.job_type, attempt=job.attempt,
             key=job.key.decode(errors="replace") if job.key is not None else None,
-            enqueued_at=ms_to_datetime(job.enqueued_at_ms), lane=job.lane,
+            enqueued_at_ms=job.enqueued_at_ms, lane=job.lane,
             topic=record.topic, partition=record.partition, offset=record.offset,
             _dedup=self.dedup,
         )
-        try:
-            async with asyncio.timeout(self.handler.timeout_s):
-                await self.handler.func(payload, ctx)
-        except AlreadyDone:
+        error = await self._call_handler(runner, payload, ctx)
+        if error is None:
+            return Outcome.SUCCEEDED
+        if isinstance(error, AlreadyDone):
             return Outcome.DUPLICATE
-        except TimeoutError as exc:
-            return await self._failed(job, record, exc, "timeout")
+        if isinstance(error, TimeoutError):
+            reason = "timeout"
+        else:
+            reason = "permanent" if isinstance(error, PermanentError) else "handler-error"
+        return await self._failed(job, record, error, reason)
+
+    async def _call_handler(self, runner: Runner, payload: Any,
+                            ctx: JobContext) -> Exception | None:
+        """Run the handler within its timeout: None, or the exception it ended with (a
+        `TimeoutError` when the runner's watchdog cut it off)."""
+        runner.deadline = asyncio.get_running_loop().time() + self.handler.timeout_s
+        self.watch()
+        try:
+            await self.handler.func(payload, ctx)
+        except asyncio.CancelledError:
+            if not runner.expired:
+                raise  # revoked past the grace period, or the worker is being torn down
+            return self._expired(runner)
         except Exception as exc:
-            reason = "permanent" if isinstance(exc, PermanentError) else "handler-error"
-            return await self._failed(job, record, exc, reason)
-        return Outcome.SUCCEEDED
+            return exc
+        finally:
+            runner.deadline = math.inf
+        if runner.expired:  # the handler swallowed the cancellation and returned
+            self._expired(runner)
+        return None
+
+    def _expired(self, runner: Runner) -> TimeoutError:
+        runner.expired = False
+        if runner.task is not None:
+            runner.task.uncancel()
+        return TimeoutError(f"The handler ran past its timeout of {self.handler.timeout_s:g} s.")
 
     async def _failed(self, job: JobRecord, record: Record, exc: BaseException,
                       reason: str) -> Outcome:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import orjson
@@ -71,6 +72,52 @@ async def test_the_real_5s_tier_holds_a_retry_for_5_seconds(
     await app.worker("slow.retry").run(until_idle=True)
     assert len(seen) == 2
     assert 5_000 <= seen[1] - seen[0] < 5_000 + 500 + 1_500
+
+
+async def test_a_handler_past_its_timeout_is_cut_off_and_retried(
+        app: App, declare: Declare, settings: Settings) -> None:
+    await declare("slow.handler", partitions=1, retry_tiers=["1s"], max_attempts=2)
+    started: list[tuple[str, int, float]] = []
+    cut_off: list[str] = []
+    ran_for: list[float] = []
+    never = asyncio.Event()
+
+    @app.job("slow.handler", timeout=0.3, concurrency=4)
+    async def slow(job: dict[str, str], ctx: JobContext) -> None:
+        started.append((job["name"], ctx.attempt, time.monotonic()))
+        if job["name"] == "hangs" or (job["name"] == "hangs-once" and ctx.attempt == 1):
+            began = time.monotonic()
+            try:
+                await never.wait()
+            except asyncio.CancelledError:
+                cut_off.append(job["name"])
+                ran_for.append(time.monotonic() - began)
+                raise
+
+    async with app.client() as client:
+        for name in ("hangs", "hangs-once", "quick"):
+            await client.enqueue("slow.handler", {"name": name})
+    worker = app.worker("slow.handler")
+    await worker.run(until_idle=True)
+
+    assert sorted(n for n, _, _ in started) == ["hangs", "hangs", "hangs-once",
+                                                "hangs-once", "quick"]
+    assert sorted(cut_off) == ["hangs", "hangs", "hangs-once"]
+    assert worker.outcomes["succeeded"] == 2
+    assert worker.outcomes["retried"] == 2
+    assert worker.outcomes["dead_lettered"] == 1
+    # Cut off at its timeout, not before (the watchdog ticks every 50 ms; the bound above
+    # is loose because the test machine may be loaded).
+    assert all(0.29 <= t < 5 for t in ran_for), ran_for
+    letters = await read_topic(settings, dlq_topic(settings.topic_prefix, "slow.handler"))
+    assert len(letters) == 1
+    job = decode_record(key=letters[0].key, value=letters[0].value,
+                        headers=letters[0].headers, expected_type="slow.handler",
+                        max_payload_bytes=10**6)
+    assert job.failure is not None
+    assert job.failure.reason == "max-attempts"
+    assert job.failure.error_class == "TimeoutError"
+    assert "0.3 s" in job.failure.message
 
 
 async def test_always_failing_job_is_dead_lettered_after_max_attempts(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 
-from stream_jobs.consumer import GroupMember, PartitionWork, Record
+from stream_jobs.consumer import GroupMember, PartitionWork, Record, Runner
 from stream_jobs.producer import JobProducer
 from stream_jobs.settings import Settings
 
@@ -39,7 +39,7 @@ class Member(GroupMember):
     def chain_of(self, record: Record) -> Hashable:
         return record.offset
 
-    async def handle(self, work: PartitionWork, record: Record) -> None:
+    async def handle(self, work: PartitionWork, record: Record, runner: Runner) -> None:
         self.started.append((record.topic, time.monotonic()))
         await asyncio.sleep(0)
 
@@ -91,10 +91,10 @@ async def test_a_screened_record_is_finished_without_starting() -> None:
     work = member.partitions[tp]
     member.dispatch(work, [FakeRecord("t", 0, 0, key=b"skip"), FakeRecord("t", 0, 1),
                            FakeRecord("t", 0, 2, key=b"skip")])
-    assert member._running == 1  # only the job started; the others finished on arrival
+    assert len(member._runners) == 1  # only the job started; the others finished on arrival
     await until_started(member, 1)
     deadline = time.monotonic() + 10
-    while member._running:
+    while member._runners:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.001)
     assert len(member.started) == 1

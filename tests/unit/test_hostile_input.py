@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
 from stream_jobs.app import App, JobHandler
+from stream_jobs.consumer import Runner
 from stream_jobs.errors import BadRecord
 from stream_jobs.naming import LANES
 from stream_jobs.record import (
@@ -324,7 +325,7 @@ async def test_fuzz_one_record_through_the_worker(worker: Any, key: Any, value: 
     worker.write = write
     before = sum(worker.outcomes.values())
     record = FakeRecord("fuzz.email.send", 0, 7, 1_700_000_000_000, key, value, headers)
-    await asyncio.wait_for(worker.handle(None, record), 10)
+    await asyncio.wait_for(worker.handle(None, record, Runner()), 10)
     after = sum(worker.outcomes.values())
     assert after - before <= 1  # one outcome, or none for a heartbeat
     assert all(reason in DECODE_REASONS for reason in letters)
