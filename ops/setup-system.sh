@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages the local stack needs, when they are missing:
-# Java 17+ and Maven (to resolve and run the Kafka broker jars) and PostgreSQL.
+# Java 17+ and Maven (to resolve and run the Kafka broker jars) and PostgreSQL, and
+# Chromium with a font for the dashboard's browser test.
 # Safe to re-run; installs nothing that is already there.
 set -euo pipefail
 
@@ -9,6 +10,9 @@ command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v runuser >/dev/null 2>&1 || missing+=(util-linux)
+# The gateway's browser test drives Debian's Chromium (playwright never downloads one).
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+ls /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf >/dev/null 2>&1 || missing+=(fonts-dejavu-core)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

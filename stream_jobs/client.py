@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from stream_jobs.errors import ConfigError, PayloadError
+from stream_jobs.errors import ConfigError, PayloadError, PayloadTooLarge
 from stream_jobs.naming import lane_topic, tier_topic
 from stream_jobs.producer import JobProducer
 from stream_jobs.record import JobRecord, encode_payload, new_job_id
@@ -125,7 +125,7 @@ class JobClient:
         value = self._encode(job.job_type, job.payload)
         limit = policy.max_payload_bytes or self.settings.max_payload_bytes
         if len(value) > limit:
-            raise PayloadError(
+            raise PayloadTooLarge(
                 f"The {job.job_type} payload is {len(value)} bytes, over the limit of {limit} "
                 "(STREAM_JOBS_MAX_PAYLOAD_BYTES): store large data elsewhere and enqueue a "
                 "reference to it."

@@ -51,6 +51,14 @@ class PayloadError(StreamJobsError):
     """A payload cannot be encoded, is too large, or fails its type's model."""
 
 
+class PayloadTooLarge(PayloadError):
+    """A payload is over its type's size limit (max_payload_bytes)."""
+
+
+class NotAuthorized(StreamJobsError):
+    """A gateway request lacks the bearer token that write and operator routes need."""
+
+
 class PublishError(StreamJobsError):
     """The broker did not acknowledge a record; nothing is known to be written."""
 

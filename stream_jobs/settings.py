@@ -58,6 +58,18 @@ class Settings(BaseSettings):
     dedup_batch_max: int = Field(default=200, gt=0)
     dedup_linger_ms: float = Field(default=3.0, ge=0)
 
+    # The HTTP gateway (`stream-jobs serve`): the bearer token of its write and operator
+    # routes, request limits, and how often it samples stats for /metrics and the dashboard.
+    gateway_token: SecretStr | None = None
+    gateway_max_batch: int = Field(default=1000, gt=0)
+    gateway_max_body_bytes: int = Field(default=16 * 1_048_576, gt=0)
+    gateway_enqueue_timeout_s: float = Field(default=10.0, gt=0)
+    gateway_retry_after_s: int = Field(default=5, gt=0)
+    gateway_sample_interval_s: float = Field(default=5.0, gt=0)
+    # Prometheus metrics of a worker on this port (`worker --metrics-port`); 0: off.
+    metrics_port: int = Field(default=0, ge=0, lt=65536)
+    metrics_host: str = "127.0.0.1"
+
     # Local development stack (`stream-jobs dev ...`).
     stack_dir: Path = Path(".stack")
     jars_cache_dir: Path = Path.home() / ".cache" / "stream-jobs"

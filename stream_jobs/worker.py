@@ -56,6 +56,7 @@ from stream_jobs.relay import Relay
 from stream_jobs.reports import WorkerReport, new_worker_id, publish, publish_every
 from stream_jobs.retry import DeadLetter, RetryPolicy, decide
 from stream_jobs.settings import Settings
+from stream_jobs.timing import DurationHistogram
 from stream_jobs.topics import JobTypePolicy
 
 log = logging.getLogger("stream_jobs.worker")
@@ -118,6 +119,8 @@ class Worker(GroupMember):
         self.relay = Relay(settings, policy, self.producer, grace_s=grace_s) if relay else None
         self.outcomes: Counter[str] = Counter()
         self.dead_letter_reasons: Counter[str] = Counter()
+        # Handler run times, kept only while metrics are on (`stream_jobs.metrics`).
+        self.durations: DurationHistogram | None = None
         self.worker_id = new_worker_id()
         self.report_interval_s = heartbeat_report_interval_s(report_interval_s,
                                                              policy.heartbeat_interval_s)
@@ -376,6 +379,8 @@ class Worker(GroupMember):
         `TimeoutError` when the runner's watchdog cut it off)."""
         runner.deadline = asyncio.get_running_loop().time() + self.handler.timeout_s
         self.watch()
+        durations = self.durations
+        started = time.perf_counter() if durations is not None else 0.0
         try:
             await self.handler.func(payload, ctx)
         except asyncio.CancelledError:
@@ -386,6 +391,8 @@ class Worker(GroupMember):
             return exc
         finally:
             runner.deadline = math.inf
+            if durations is not None:
+                durations.observe(time.perf_counter() - started)
         if runner.expired:  # the handler swallowed the cancellation and returned
             self._expired(runner)
         return None

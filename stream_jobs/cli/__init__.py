@@ -15,6 +15,7 @@ from stream_jobs.cli import db as _db  # noqa: F401 - registers `db prune`
 from stream_jobs.cli import demo as _demo  # noqa: F401 - registers `demo`
 from stream_jobs.cli import enqueue as _enqueue  # noqa: F401 - registers `enqueue`
 from stream_jobs.cli import flow as _flow  # noqa: F401 - registers `throttle`, `drain`
+from stream_jobs.cli import serve as _serve  # noqa: F401 - registers `serve`
 from stream_jobs.cli.common import app
 from stream_jobs.cli.dev import dev_app
 from stream_jobs.cli.dlq import dlq_app

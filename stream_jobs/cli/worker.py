@@ -31,6 +31,9 @@ def worker(
     shadow: bool = typer.Option(False, "--shadow", help="Run nothing: read the lanes in "
                                 "group T.shadow and count what is there (see `stats`)."),
     log_level: str = typer.Option("INFO", "--log-level", envvar="STREAM_JOBS_LOG_LEVEL"),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", envvar="STREAM_JOBS_METRICS_PORT",
+        help="Serve Prometheus metrics on this port (0: off)."),
 ) -> None:
     """Run one type's handlers (group T.worker) and its delay relay (group T.relay).
 
@@ -41,7 +44,7 @@ def worker(
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("aiokafka").propagate = True  # a worker's log wants the driver's view
     job_app = load_app(app_spec)
-    settings = settings_of(ctx)
+    settings = settings_of(ctx, metrics_port=metrics_port)
     job_app.use_settings(settings)
     if shadow:
         _shadow(job_app, job_type, until_idle)
@@ -55,7 +58,17 @@ def worker(
             loop.add_signal_handler(sig, runner.request_stop)
         console.print(f"worker for [bold]{job_type}[/] on {settings.kafka_bootstrap} "
                       f"(group {runner.group_id}); Ctrl-C drains and stops")
-        await runner.run(until_idle=until_idle)
+        metrics = None
+        if settings.metrics_port:
+            from stream_jobs.metrics import serve_metrics, worker_registry
+
+            metrics = await serve_metrics(worker_registry(runner), settings.metrics_host,
+                                          settings.metrics_port)
+        try:
+            await runner.run(until_idle=until_idle)
+        finally:
+            if metrics is not None:
+                metrics.close()
         return runner
 
     runner = run_fast(main())

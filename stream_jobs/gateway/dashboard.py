@@ -1,0 +1,199 @@
+"""The dashboard: server-rendered pages over the same tools as the JSON routes.
+
+`/` shows every type's lanes, tiers, DLQ depth, oldest job and live workers, with
+throughput and failure-rate charts over the last hour from the gateway's stats samples;
+it refreshes itself. `/ui/dlq/{type}` browses the DLQ (reason histogram, recent letters,
+a letter's details) and requeues, always through a confirmation page that shows what a
+dry run found. DLQ pages need the session that `/login` sets from the gateway's token.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Annotated, Any
+from urllib.parse import parse_qs, quote, urlencode
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from stream_jobs.dlq import list_letters, show_letter
+from stream_jobs.errors import ConfigError, LetterNotFound
+from stream_jobs.gateway.api import RequeueIn, run_requeue
+from stream_jobs.gateway.charts import bar_chart, line_chart
+from stream_jobs.gateway.state import SESSION_COOKIE, Gateway, gateway_of
+from stream_jobs.requeue import requeue
+from stream_jobs.topics import get_job_type
+
+templates = Environment(loader=PackageLoader("stream_jobs.gateway", "templates"),
+                        autoescape=select_autoescape(default=True), trim_blocks=True,
+                        lstrip_blocks=True)
+router = APIRouter(include_in_schema=False)
+GatewayDep = Annotated[Gateway, Depends(gateway_of)]
+_FORM_LIMIT = 64 * 1024
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    if seconds < 90:
+        return f"{seconds:.1f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "—"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+templates.filters["ago"] = _ago
+templates.filters["when"] = _when
+
+
+def _page(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    return HTMLResponse(templates.get_template(name).render(**context), status_code=status_code)
+
+
+def _signed_in(request: Request, gateway: Gateway) -> bool:
+    return gateway.session_matches(request.cookies.get(SESSION_COOKIE))
+
+
+def _to_login(request: Request) -> RedirectResponse:
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return RedirectResponse(f"/login?{urlencode({'next': target})}", status_code=303)
+
+
+def _safe_next(target: str | None) -> str:
+    # Only paths on this gateway: "//host" or "https://..." would send the user away.
+    if target and target.startswith("/") and not target.startswith("//"):
+        return target
+    return "/"
+
+
+async def _form(request: Request) -> dict[str, str]:
+    body = await request.body()
+    if len(body) > _FORM_LIMIT:
+        raise ConfigError("The form is too large.")
+    fields = parse_qs(body.decode(errors="replace"), keep_blank_values=True)
+    return {name: values[-1] for name, values in fields.items()}
+
+
+@router.get("/", response_class=HTMLResponse)
+async def overview(gateway: GatewayDep) -> HTMLResponse:
+    sampler = gateway.sampler
+    snapshot = sampler.latest
+    now_ms = int(time.time() * 1000)
+    cards = []
+    for stats in snapshot.types if snapshot is not None else ():
+        series = sampler.series(stats.job_type)
+        cards.append({
+            "stats": stats,
+            "done": stats.rates.counts.done,
+            "failed": stats.rates.counts.retried + stats.rates.counts.dead_lettered,
+            "in_flight": sum(w.in_flight for w in stats.workers),
+            "throughput": line_chart([(t, p.done_per_s) for t, p in series],
+                                     title="done", unit="/s", end_ms=now_ms),
+            "failures": line_chart([(t, p.failure_ratio) for t, p in series],
+                                   title="failure rate", unit="", end_ms=now_ms, percent=True),
+            "backlog": line_chart([(t, float(p.lag)) for t, p in series],
+                                  title="lag", unit="jobs", end_ms=now_ms),
+        })
+    return _page("overview.html", cards=cards, snapshot=snapshot, problem=sampler.problem,
+                 declared=sorted(gateway.types), refresh_s=max(2, round(sampler.interval_s)),
+                 window_s=sampler.window_s)
+
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_form(next: str | None = None) -> HTMLResponse:
+    return _page("login.html", next=_safe_next(next), problem=None)
+
+
+@router.post("/login")
+async def login(request: Request, gateway: GatewayDep) -> Response:
+    form = await _form(request)
+    target = _safe_next(form.get("next"))
+    value = gateway.session_value()
+    if value is None or not gateway.token_matches(form.get("token", "")):
+        problem = ("This gateway has no token configured (STREAM_JOBS_GATEWAY_TOKEN)."
+                   if value is None else "That is not the gateway's token.")
+        return _page("login.html", status_code=401, next=target, problem=problem)
+    response = RedirectResponse(target, status_code=303)
+    response.set_cookie(SESSION_COOKIE, value, httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https", max_age=12 * 3600)
+    return response
+
+
+@router.post("/logout")
+async def logout() -> Response:
+    response = RedirectResponse("/", status_code=303)
+    response.delete_cookie(SESSION_COOKIE)
+    return response
+
+
+@router.get("/ui/dlq/{job_type}", response_class=HTMLResponse)
+async def dlq_page(request: Request, job_type: str, gateway: GatewayDep,
+                   reason: str | None = None, done: str | None = None) -> Response:
+    if not _signed_in(request, gateway):
+        return _to_login(request)
+    get_job_type(gateway.types, job_type)
+    listing = await list_letters(gateway.settings, job_type, reason=reason or None, limit=50)
+    histogram = bar_chart(list(listing.reasons.items()), title="letters by reason")
+    return _page("dlq.html", listing=listing, histogram=histogram, reason=reason or "",
+                 done=done, rows=list(reversed(listing.rows)), quote=quote)
+
+
+@router.get("/ui/dlq/{job_type}/letters/{job_id}", response_class=HTMLResponse)
+async def letter_page(request: Request, job_type: str, job_id: str,
+                      gateway: GatewayDep) -> Response:
+    if not _signed_in(request, gateway):
+        return _to_login(request)
+    get_job_type(gateway.types, job_type)
+    letter = await show_letter(gateway.settings, job_type, job_id)
+    return _page("letter.html", letter=letter, quote=quote)
+
+
+@router.get("/ui/dlq/{job_type}/requeue", response_class=HTMLResponse)
+async def confirm_requeue(request: Request, job_type: str, gateway: GatewayDep,
+                          id: str | None = None, reason: str | None = None) -> Response:
+    """What a requeue would do (a dry run), with the button that does it."""
+    if not _signed_in(request, gateway):
+        return _to_login(request)
+    get_job_type(gateway.types, job_type)
+    body = _selection(id, reason)
+    result = await requeue(gateway.settings, job_type, select=body.selection(), dry_run=True)
+    return _page("confirm.html", job_type=job_type, job_id=id or "", reason=reason or "",
+                 plan=result.plan)
+
+
+@router.post("/ui/dlq/{job_type}/requeue")
+async def do_requeue(request: Request, job_type: str, gateway: GatewayDep) -> Response:
+    if not _signed_in(request, gateway):
+        return _to_login(request)
+    get_job_type(gateway.types, job_type)
+    form = await _form(request)
+    body = _selection(form.get("id") or None, form.get("reason") or None)
+    try:
+        result = await run_requeue(gateway, job_type, body)
+    except LetterNotFound as exc:
+        done = str(exc)
+    else:
+        left = ", ".join(f"{n} left ({why})" for why, n in result.left.items())
+        done = f"Requeued {result.requeued} of {result.selected} selected" + \
+            (f"; {left}" if left else "") + "."
+    return RedirectResponse(f"/ui/dlq/{quote(job_type)}?{urlencode({'done': done})}",
+                            status_code=303)
+
+
+def _selection(job_id: str | None, reason: str | None) -> RequeueIn:
+    if job_id:
+        return RequeueIn(ids=[job_id])
+    if reason:
+        return RequeueIn(reason=reason)
+    raise ConfigError("Choose a letter (id) or a reason to requeue.")
+
+
+__all__ = ["router", "templates"]
