@@ -294,19 +294,33 @@ class Worker(GroupMember):
         self.stopping.set()
 
     async def _loop(self, until_idle: bool) -> None:
-        idle_rounds = 0
-        while not self.stopping.is_set():
-            fetched = await self.poll_once()
-            if self.relay is not None:
-                fetched += await self.relay.poll_once(timeout_ms=0 if fetched else 50)
-            if not until_idle:
-                continue
-            if fetched or self.in_flight() or (self.relay and self.relay.in_flight()):
-                idle_rounds = 0
-                continue
-            idle_rounds = idle_rounds + 1 if await self._idle() else 0
-            if idle_rounds >= 2:
-                return
+        # The relay polls its tiers in a task of its own: a lane fetch never waits for a
+        # tier fetch's long poll, nor a due retry for the lanes'.
+        ended = asyncio.Event()
+        relaying = (asyncio.create_task(self._relay_loop(self.relay, ended))
+                    if self.relay is not None else None)
+        try:
+            idle_rounds = 0
+            while not self.stopping.is_set():
+                if relaying is not None and relaying.done():
+                    await relaying  # it ended with an error: raise it here
+                fetched = await self.poll_once()
+                if not until_idle:
+                    continue
+                if fetched or self.in_flight() or (self.relay and self.relay.in_flight()):
+                    idle_rounds = 0
+                    continue
+                idle_rounds = idle_rounds + 1 if await self._idle() else 0
+                if idle_rounds >= 2:
+                    return
+        finally:
+            ended.set()
+            if relaying is not None:
+                await relaying
+
+    async def _relay_loop(self, relay: Relay, ended: asyncio.Event) -> None:
+        while not (ended.is_set() or self.stopping.is_set()):
+            await relay.poll_once()
 
     async def _idle(self) -> bool:
         await self.commit()
