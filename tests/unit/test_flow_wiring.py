@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 
@@ -14,18 +13,11 @@ from stream_jobs.consumer import GroupMember, PartitionWork, Record, Runner
 from stream_jobs.producer import JobProducer
 from stream_jobs.settings import Settings
 
+from .fake_records import FakeRecord
+
 LANES = [("t.high", 6), ("t", 3), ("t.low", 1)]
 
 
-@dataclass
-class FakeRecord:
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int = 0
-    key: bytes | None = None
-    value: bytes | None = b"{}"
-    headers: list[tuple[str, bytes]] = field(default_factory=list)
 
 
 class Member(GroupMember):

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Hashable
 
 from aiokafka import TopicPartition
 from hypothesis import given, settings
@@ -17,18 +16,11 @@ from stream_jobs.consumer import RUNNER_YIELD_EVERY, GroupMember, PartitionWork,
 from stream_jobs.producer import JobProducer
 from stream_jobs.settings import Settings
 
+from .fake_records import FakeRecord
+
 Handle = Callable[["Member", PartitionWork, Record, Runner], Awaitable[None]]
 
 
-@dataclass
-class FakeRecord:
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int = 0
-    key: bytes | None = None
-    value: bytes | None = b"{}"
-    headers: Sequence[tuple[str, bytes]] = ()
 
 
 class Member(GroupMember):
