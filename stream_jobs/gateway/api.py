@@ -9,7 +9,6 @@ request that cannot be a job, 503 (with Retry-After) Kafka not answering.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
@@ -24,7 +23,7 @@ from stream_jobs.dlq import list_letters
 from stream_jobs.errors import PayloadTooLarge, PublishError
 from stream_jobs.gateway.auth import Authorized
 from stream_jobs.gateway.state import Gateway, gateway_of
-from stream_jobs.letters import parse_since
+from stream_jobs.letters import LetterRow, parse_since
 from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, locate_job
 from stream_jobs.requeue import SelectAll, SelectIds, Selection, SelectReason, requeue
 from stream_jobs.stats import collect
@@ -83,28 +82,13 @@ class TypeOut(BaseModel):
     max_payload_bytes: int
 
 
-class LetterOut(BaseModel):
-    job_id: str
-    reason: str
-    error_class: str
-    message: str
-    attempt: int | None
-    origin: str | None
-    enqueued_at_ms: int | None
-    failed_at_ms: int
-    partition: int
-    offset: int
-    requeues: int
-    runnable: bool
-
-
 class DlqOut(BaseModel):
     job_type: str
     topic: str
     letters: int = Field(description="Letters the DLQ holds.")
     reasons: dict[str, int] = Field(description="Letters per reason, over the whole DLQ.")
     matching: int
-    rows: list[LetterOut] = Field(description="The most recent matching letters, oldest first.")
+    rows: list[LetterRow] = Field(description="The most recent matching letters, oldest first.")
     pending_drain: int = Field(description="Letters after the drain position (`all`).")
 
 
@@ -269,7 +253,7 @@ async def dlq(job_type: TypeName, gateway: GatewayDep,
                                  limit=limit)
     return DlqOut(job_type=listing.job_type, topic=listing.topic, letters=listing.letters,
                   reasons=listing.reasons, matching=listing.matching,
-                  rows=[LetterOut(**dataclasses.asdict(row)) for row in listing.rows],
+                  rows=list(listing.rows),
                   pending_drain=listing.pending_drain)
 
 
