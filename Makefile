@@ -45,7 +45,8 @@ demo: stack
 	$(SJ) demo
 
 # Benchmarks against Kafka's tools, raw aiokafka, Celery and Dramatiq: ops/bench/RESULTS.md
-# (~20 min). Not part of `make test`. BENCH_QUICK=1 make bench: a smoke run, under 3 min.
+# (~30 min, the scaling run included). Not part of `make test`. BENCH_QUICK=1 make bench: a
+# smoke run, under 3 min. BENCH_ONLY=scaling make bench: one section.
 bench: stack $(VENV)/.bench-installed
 	$(BIN)/python -m ops.bench.run
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -43,6 +43,8 @@ PAYLOAD_BYTES = 200
 ENQUEUE_BATCH = 500
 FETCH_RECORDS = 500
 
+T = TypeVar("T")
+
 
 class BenchError(Exception):
     """A section could not produce a trustworthy figure (wrong count, timeout, tool failure)."""
@@ -67,16 +69,22 @@ class Scale:
     retry_n: int
     peer_n: int
     profile_n: int
+    # The scaling run: backlogs drained by 1, 2 and 4 worker processes, and its repeats.
+    scaling_noop_n: int
+    scaling_once_n: int
+    scaling_runs: int
 
 
 FULL = Scale(runs=3, kafka_tool_records=200_000, kafka_e2e_messages=1_500, produce_n=50_000,
              awaited_n=1_000, backlog_n=100_000, once_n=10_000, e2e_seconds=10.0,
              mem_small=10_000, mem_mid=100_000, mem_big=1_000_000, mem_big_runs=1,
-             retry_n=200, peer_n=6_000, profile_n=30_000)
+             retry_n=200, peer_n=6_000, profile_n=30_000, scaling_noop_n=60_000,
+             scaling_once_n=8_000, scaling_runs=3)
 QUICK = Scale(runs=1, kafka_tool_records=50_000, kafka_e2e_messages=300, produce_n=5_000,
               awaited_n=100, backlog_n=5_000, once_n=1_000, e2e_seconds=4.0,
               mem_small=1_000, mem_mid=3_000, mem_big=10_000, mem_big_runs=1, retry_n=20,
-              peer_n=1_000, profile_n=3_000)
+              peer_n=1_000, profile_n=3_000, scaling_noop_n=20_000, scaling_once_n=3_000,
+              scaling_runs=1)
 
 
 # -- statistics -----------------------------------------------------------------------------
@@ -137,7 +145,7 @@ class Results:
         path.write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n")
 
 
-def rotated(items: Sequence[str], run: int) -> list[str]:
+def rotated(items: Sequence[T], run: int) -> list[T]:
     """`items` rotated by `run`: side-by-side measurements do not always go in one order."""
     k = run % len(items)
     return [*items[k:], *items[:k]]
@@ -291,4 +299,4 @@ def event_loop_name() -> str:
         import uvloop
     except ImportError:
         return "asyncio default loop"
-    return f"uvloop {uvloop.__version__}"
+    return f"uvloop {getattr(uvloop, '__version__', 'unknown')}"  # not in uvloop's stubs

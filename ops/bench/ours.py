@@ -169,7 +169,7 @@ def processing(b: Bench) -> None:
           "left out of the processing rates")
 
 
-async def _prepare_effects(settings: Settings, *, truncate: bool) -> None:
+async def prepare_effects(settings: Settings, *, truncate: bool) -> None:
     conn = await asyncpg.connect(settings.database_url,
                                  server_settings={"search_path": settings.database_schema})
     try:
@@ -181,7 +181,7 @@ async def _prepare_effects(settings: Settings, *, truncate: bool) -> None:
         await conn.close()
 
 
-async def _effects_count(settings: Settings) -> tuple[int, int]:
+async def effects_count(settings: Settings) -> tuple[int, int]:
     conn = await asyncpg.connect(settings.database_url,
                                  server_settings={"search_path": settings.database_schema})
     try:
@@ -208,9 +208,9 @@ def exactly_once(b: Bench) -> None:
     run_async(fill(s, job_type, n), 600)
     rates: list[float] = []
     for _ in range(b.scale.runs):
-        run_async(_prepare_effects(s, truncate=True), 60)
+        run_async(prepare_effects(s, truncate=True), 60)
         rates.append(run_async(drain(s, job_type, n, once=True), 960)["rate"])
-        distinct, total = run_async(_effects_count(s), 60)
+        distinct, total = run_async(effects_count(s), 60)
         if distinct != n or total != n:
             raise BenchError(f"exactly-once: {total} effect rows for {distinct} of {n} jobs")
         run_async(rewind_worker_group(s, job_type), 60)

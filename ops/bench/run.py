@@ -1,12 +1,16 @@
 """`make bench`: every section in one run on this box, then RESULTS.md.
 
-    .venv/bin/python -m ops.bench.run            # full: 3 runs per figure, ~20 minutes
+    .venv/bin/python -m ops.bench.run            # full: 3 runs per figure, ~30 minutes
     BENCH_QUICK=1 .venv/bin/python -m ops.bench.run   # smoke: small N, 1 run, < 3 minutes
+    BENCH_ONLY=scaling .venv/bin/python -m ops.bench.run   # some sections only (comma list)
 
 The code under test (stream_jobs/, ops/bench/) is copied to ops/bench/out/code first and
 the bench runs from that copy. The full run writes ops/bench/out/results.json and
 ops/bench/RESULTS.md; the quick one writes ops/bench/out/results-quick.json and
-ops/bench/out/RESULTS-quick.md, leaving the published figures alone. A section that fails
+ops/bench/out/RESULTS-quick.md, leaving the published figures alone. A partial run
+(BENCH_ONLY) writes out/results-partial.json; in RESULTS.md it replaces only the sections
+that own a heading of their own (report.OWN_HEADINGS, e.g. scaling) and keeps the rest,
+and its whole report goes to out/RESULTS-partial.md. A section that fails
 is recorded and the others still run; the exit status is 1 if any failed. Goals that are
 missed do not fail the run: they are what RESULTS.md is for.
 """
@@ -32,7 +36,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from ops.bench import kafka_tools, memory, ours, peers, profile
+from ops.bench import kafka_tools, memory, ours, peers, profile, scaling
 from ops.bench.common import (
     BENCH_DIR,
     CODE_DIR,
@@ -53,9 +57,10 @@ from ops.bench.common import (
     run_async,
 )
 from ops.bench.raw import record_bytes, typical_record
-from ops.bench.report import render
+from ops.bench.report import OWN_HEADINGS, merge_sections, render
 from stream_jobs.admin import admin_client
 from stream_jobs.settings import Settings, load_settings
+from stream_jobs.stack import KafkaCluster, PostgresServer
 from stream_jobs.stack.kafka import kafka_version, ops_dir
 
 Section = tuple[str, Callable[[Bench], None]]
@@ -71,6 +76,34 @@ def _loopback_only(settings: Settings) -> None:
             loopback = host == "localhost"
         if not loopback:
             raise BenchError(f"the bench runs against loopback services only, not {host}")
+
+
+def _on_the_dev_stack(base: Settings) -> Settings:
+    """`make bench` starts the dev stack (`stream-jobs dev up`, on STREAM_JOBS_DEV_*_PORT);
+    without an explicit STREAM_JOBS_KAFKA_BOOTSTRAP or STREAM_JOBS_DATABASE_URL the bench
+    measures that stack, so a stack on other ports (one per session) is the one measured."""
+    update: dict[str, object] = {}
+    stack = base.model_copy(update={"stack_dir": REPO_DIR / base.stack_dir})
+    if "STREAM_JOBS_KAFKA_BOOTSTRAP" not in os.environ:
+        update["kafka_bootstrap"] = KafkaCluster(stack, 1).bootstrap
+    if "STREAM_JOBS_DATABASE_URL" not in os.environ:
+        update["database_url"] = PostgresServer(stack).dsn
+    return base.model_copy(update=update)
+
+
+def _write_report(text: str, md_path: Path, only: set[str], quick: bool) -> list[Path]:
+    """Write the run's report; a partial run merges only its own sections into RESULTS.md."""
+    if not only or quick:
+        md_path.write_text(text)
+        return [md_path]
+    written = [OUT_DIR / "RESULTS-partial.md"]
+    written[0].write_text(text)
+    own = [OWN_HEADINGS[name] for name in sorted(only) if name in OWN_HEADINGS]
+    if own:
+        old = md_path.read_text() if md_path.is_file() else ""
+        md_path.write_text(merge_sections(old, text, own) if old else text)
+        written.append(md_path)
+    return written
 
 
 def _machine() -> dict[str, Any]:
@@ -175,6 +208,7 @@ def _sections() -> list[Section]:
         ("peers", peers.peers),
         ("profile", profile.profile),
         ("memory", memory.memory),
+        ("scaling", scaling.scaling),
     ]
 
 
@@ -226,7 +260,7 @@ def main() -> int:
                          f"snapshot in {CODE_DIR}")
     quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
     only = {name.strip() for name in os.environ.get("BENCH_ONLY", "").split(",") if name.strip()}
-    base = load_settings()
+    base = _on_the_dev_stack(load_settings())
     _loopback_only(base)
     prefix = f"bench{time.strftime('%m%d%H%M')}{uuid.uuid4().hex[:4]}"
     OUT_DIR.mkdir(parents=True, exist_ok=True)
@@ -237,7 +271,8 @@ def main() -> int:
     results = Results()
     b = Bench(scale=QUICK if quick else FULL, quick=quick, prefix=prefix, out_dir=out_dir,
               base=base, results=results)
-    json_path = OUT_DIR / ("results-quick.json" if quick else "results.json")
+    json_path = OUT_DIR / ("results-quick.json" if quick else "results-partial.json" if only
+                           else "results.json")
     md_path = OUT_DIR / "RESULTS-quick.md" if quick else BENCH_DIR / "RESULTS.md"
     measured_digest = _code_digest(CODE_DIR)
     began = time.monotonic()
@@ -281,8 +316,9 @@ def main() -> int:
         results.meta["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         results.meta["total_s"] = round(time.monotonic() - began, 1)
         results.save(json_path)
-    md_path.write_text(render(results.to_json()))
-    print(f"[bench] wrote {md_path} in {results.meta['total_s']:.0f} s", flush=True)
+    written = _write_report(render(results.to_json()), md_path, only, quick)
+    print(f"[bench] wrote {', '.join(map(str, written))} in {results.meta['total_s']:.0f} s",
+          flush=True)
     return 1 if results.errors else 0
 
 
