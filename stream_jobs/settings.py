@@ -15,7 +15,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from stream_jobs.errors import ConfigError
 
 DEFAULT_KAFKA_PORT = 9092
-DEFAULT_CLUSTER_PORTS = (19092, 29092, 39092)
+# Below Linux's ephemeral port range (32768+), where a port can be taken for a while by
+# an outgoing connection; each node also uses port + 1 (controller) and + 2 (secure).
+DEFAULT_CLUSTER_PORTS = (19092, 19192, 19292)
 DEFAULT_POSTGRES_PORT = 54320
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]

@@ -3,7 +3,7 @@
 The broker version is pinned in `ops/kafka/pom.xml`. Jars are copied once into a cache
 outside the repository (`STREAM_JOBS_JARS_CACHE_DIR`), so later starts take seconds.
 One node listens on 127.0.0.1:9092; `--brokers 3` starts a separate three-node cluster
-on 127.0.0.1:19092, 29092 and 39092 by default (`dev_cluster_ports`; replication factor 3,
+on 127.0.0.1:19092, 19192 and 19292 by default (`dev_cluster_ports`; replication factor 3,
 min.insync.replicas 2).
 With `security=ScramTls(...)` the client listener demands TLS and SCRAM logins
 (`stream_jobs.stack.secure`); that broker lives in a folder of its own.

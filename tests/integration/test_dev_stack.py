@@ -3,8 +3,8 @@
 Every test that starts, stops or kills something does it to a stack of its own, in a
 folder of its own on ports of its own, so the shared stack that the other integration
 tests use (127.0.0.1:9092, Postgres 54320) is never disturbed; `dev check` only reads it.
-The three-node cluster has fixed ports (19092/29092/39092 and +1), so the single-node
-ports are drawn from a range that cannot meet them.
+The three-node cluster has fixed ports (19092/19192/19292, each +1 and +2), so the
+single-node ports are drawn from a range that cannot meet them.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from stream_jobs.stack.process import pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "stream-jobs"
-# Below Linux's ephemeral range (32768+) and clear of the cluster's 19092-39093.
+# Below Linux's ephemeral range (32768+) and clear of the cluster's 19092-19294.
 PORT_RANGE = (20_000, 28_999)
 
 
