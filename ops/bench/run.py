@@ -3,6 +3,7 @@
     .venv/bin/python -m ops.bench.run            # full: 3 runs per figure, ~30 minutes
     BENCH_QUICK=1 .venv/bin/python -m ops.bench.run   # smoke: small N, 1 run, < 3 minutes
     BENCH_ONLY=scaling .venv/bin/python -m ops.bench.run   # some sections only (comma list)
+    BENCH_SKIP=scaling .venv/bin/python -m ops.bench.run   # full, but keep Scaling's last
 
 The code under test (stream_jobs/, ops/bench/) is copied to ops/bench/out/code first and
 the bench runs from that copy. The full run writes ops/bench/out/results.json and
@@ -91,10 +92,18 @@ def _on_the_dev_stack(base: Settings) -> Settings:
     return base.model_copy(update=update)
 
 
-def _write_report(text: str, md_path: Path, only: set[str], quick: bool) -> list[Path]:
-    """Write the run's report; a partial run merges only its own sections into RESULTS.md."""
-    if not only or quick:
+def _write_report(text: str, md_path: Path, only: set[str], quick: bool,
+                  skipped: set[str]) -> list[Path]:
+    """Write the run's report; a partial run merges only its own sections into RESULTS.md,
+    and a full run that skipped sections with headings of their own keeps their last
+    results."""
+    if quick:
         md_path.write_text(text)
+        return [md_path]
+    if not only:
+        kept = [OWN_HEADINGS[name] for name in sorted(skipped) if name in OWN_HEADINGS]
+        old = md_path.read_text() if kept and md_path.is_file() else ""
+        md_path.write_text(merge_sections(text, old, kept) if old else text)
         return [md_path]
     written = [OUT_DIR / "RESULTS-partial.md"]
     written[0].write_text(text)
@@ -260,6 +269,10 @@ def main() -> int:
                          f"snapshot in {CODE_DIR}")
     quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
     only = {name.strip() for name in os.environ.get("BENCH_ONLY", "").split(",") if name.strip()}
+    # BENCH_SKIP=scaling: a full run without the (long) scaling section, which keeps its
+    # last results in RESULTS.md.
+    skipped = {name.strip() for name in os.environ.get("BENCH_SKIP", "").split(",")
+               if name.strip()}
     base = _on_the_dev_stack(load_settings())
     _loopback_only(base)
     prefix = f"bench{time.strftime('%m%d%H%M')}{uuid.uuid4().hex[:4]}"
@@ -286,7 +299,7 @@ def main() -> int:
     run_async(_make_schema(b.settings(), drop=False), 60)
     try:
         for name, section in _sections():
-            if only and name not in only:
+            if (only and name not in only) or name in skipped:
                 continue
             print(f"[bench] {name} ...", flush=True)
             t0 = time.monotonic()
@@ -316,7 +329,7 @@ def main() -> int:
         results.meta["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         results.meta["total_s"] = round(time.monotonic() - began, 1)
         results.save(json_path)
-    written = _write_report(render(results.to_json()), md_path, only, quick)
+    written = _write_report(render(results.to_json()), md_path, only, quick, skipped)
     print(f"[bench] wrote {', '.join(map(str, written))} in {results.meta['total_s']:.0f} s",
           flush=True)
     return 1 if results.errors else 0
