@@ -90,6 +90,11 @@ class CommitBatch:
             if self.poisoned is not None:
                 await self._tx.rollback()
                 raise self.poisoned
+            # Postgres answers COMMIT of an aborted transaction (a body caught a failed
+            # statement's error and went on) with a ROLLBACK that asyncpg does not report:
+            # every job of the batch would be acknowledged and nothing written. This one
+            # round trip per batch raises InFailedSQLTransactionError instead.
+            await self.conn.execute("SELECT 1")
             await self._tx.commit()
         except BaseException as exc:  # every waiting job must hear about it
             if not self.committed.done():
@@ -160,10 +165,18 @@ class GroupCommitter:
                 savepoint = batch.next_savepoint()
                 # One round trip: the savepoint and the claim go in one simple query.
                 # (A savepoint needs no RELEASE; the batch's size keeps them few.)
-                status = await conn.execute(
-                    f"SAVEPOINT {savepoint}; INSERT INTO stream_jobs_done (job_id, job_type, "
-                    f"attempt) VALUES ({_literal(job_id)}, {_literal(job_type)}, {int(attempt)}) "
-                    "ON CONFLICT (job_id) DO NOTHING")
+                try:
+                    status = await conn.execute(
+                        f"SAVEPOINT {savepoint}; INSERT INTO stream_jobs_done (job_id, "
+                        f"job_type, attempt) VALUES ({_literal(job_id)}, {_literal(job_type)}, "
+                        f"{int(attempt)}) ON CONFLICT (job_id) DO NOTHING")
+                except BaseException:
+                    # Cancelled (the handler's timeout) or failed mid-claim: the server may
+                    # hold the claim, or an aborted transaction. Committed with the batch,
+                    # a claim without its effects would mark the job done for good, and an
+                    # aborted transaction would silently roll back the whole batch.
+                    await _undo(batch, savepoint)
+                    raise
                 if status.endswith(" 0"):
                     raise AlreadyDone(f"job {job_id} already finished")
                 try:
