@@ -19,6 +19,7 @@ from aiokafka.errors import (
     ClusterAuthorizationFailedError,
     KafkaConnectionError,
     KafkaError,
+    OutOfOrderSequenceNumber,
     TopicAuthorizationFailedError,
 )
 
@@ -52,7 +53,14 @@ class JobProducer:
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._producer = AIOKafkaProducer(
+        self._producer = self._new_producer()
+        self._renewing = asyncio.Lock()
+        self._started = False
+        self._known_topics: set[str] = set()
+
+    def _new_producer(self) -> AIOKafkaProducer:
+        settings = self._settings
+        return AIOKafkaProducer(
             **kafka_client_kwargs(settings),
             acks="all",
             enable_idempotence=True,
@@ -60,8 +68,30 @@ class JobProducer:
             max_batch_size=min(settings.producer_max_batch_bytes, 16 * 1024 * 1024),
             max_request_size=settings.max_payload_bytes + _RECORD_OVERHEAD_BYTES,
         )
-        self._started = False
-        self._known_topics: set[str] = set()
+
+    async def _renew(self, failed: AIOKafkaProducer) -> None:
+        """Replace `failed` with a producer that has a new producer ID.
+
+        aiokafka's idempotent producer gives a batch its sequence numbers when it sends
+        it and does not take them back when the broker refuses the batch for good (too
+        large, not authorised): every later write to that partition then fails with
+        OutOfOrderSequenceNumber, so a retry or dead-letter write would never succeed.
+        """
+        async with self._renewing:
+            if self._producer is not failed or not self._started:
+                return  # renewed by another writer meanwhile, or stopping
+            fresh = self._new_producer()
+            try:
+                await fresh.start()
+            except KafkaError as exc:  # the next failed write tries again
+                log.warning("could not renew the producer yet: %s", exc)
+                with contextlib.suppress(Exception):
+                    await fresh.stop()
+                return
+            self._producer = fresh
+        log.warning("producer renewed after an out-of-order sequence number")
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(failed.stop(), 10)
 
     async def start(self) -> None:
         try:
@@ -111,8 +141,14 @@ class JobProducer:
                        headers: Sequence[tuple[str, bytes]], *,
                        partition: int | None = None) -> Written:
         """Write bytes as they are (dead letters of undecodable records, replays)."""
+        producer = self._producer
         future = await self._enqueue(topic, key, value, headers, partition)
-        return await self._acked(topic, future)
+        try:
+            return await self._acked(topic, future)
+        except PublishError as exc:
+            if isinstance(exc.__cause__, OutOfOrderSequenceNumber):
+                await self._renew(producer)
+            raise
 
     async def send_many(self, items: Sequence[tuple[str, JobRecord]]) -> list[Written]:
         """Write many records pipelined, then wait for every acknowledgement.
