@@ -155,10 +155,13 @@ class JobProducer:
 
         Raises `PublishError` if any record was not acknowledged; the others may be written.
         """
+        producer = self._producer
         futures = [await self._enqueue(topic, rec.key, rec.payload, rec.headers(), None)
                    for topic, rec in items]
         # The broker's futures are awaited as they are: no task per record.
         results = await asyncio.gather(*futures, return_exceptions=True)
+        if any(isinstance(meta, OutOfOrderSequenceNumber) for meta in results):
+            await self._renew(producer)
         written = []
         for (topic, _), meta in zip(items, results, strict=True):
             if isinstance(meta, KafkaError):

@@ -1,0 +1,57 @@
+"""A write the broker refuses for good must not stall the partition's later writes.
+
+aiokafka's idempotent producer keeps the sequence numbers of a refused batch, so every
+later write to that partition fails with OutOfOrderSequenceNumber; the producer must
+renew itself (a new producer ID) so that a retried write goes through."""
+
+from __future__ import annotations
+
+from aiokafka.admin import NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from stream_jobs.admin import admin_client
+from stream_jobs.errors import PublishError
+from stream_jobs.producer import JobProducer
+from stream_jobs.record import JobRecord, new_job_id
+from stream_jobs.settings import Settings
+
+
+async def _set_max_message_bytes(settings: Settings, topic: str, value: str | None) -> None:
+    configs = {} if value is None else {"max.message.bytes": value}
+    async with admin_client(settings) as admin:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs)])
+
+
+def _job() -> JobRecord:
+    return JobRecord(job_id=new_job_id(), job_type="renew.x", payload=b'{"n": 1}', key=None)
+
+
+async def test_writes_go_through_again_after_the_broker_refused_one(
+        settings: Settings) -> None:
+    topic = f"{settings.topic_prefix}.renew"
+    async with admin_client(settings) as admin:
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+    async with JobProducer(settings) as producer:
+        await producer.send(topic, _job())  # the partition has a sequence already
+        await _set_max_message_bytes(settings, topic, "16")
+        refused = 0
+        for _ in range(3):
+            try:
+                await producer.send(topic, _job())
+            except PublishError:
+                refused += 1
+        assert refused == 3
+        await _set_max_message_bytes(settings, topic, None)
+        # The first write after the refusal may still meet the stale sequence (and renew
+        # the producer); a retry, as a worker's until_acked makes, must then succeed.
+        outcomes: list[str] = []
+        for _ in range(3):
+            try:
+                await producer.send(topic, _job())
+                outcomes.append("ok")
+            except PublishError as exc:
+                outcomes.append(type(exc.__cause__).__name__)
+        assert outcomes[-1] == "ok", outcomes
+        assert outcomes.count("ok") >= 2, outcomes
+        written = await producer.send_many([(topic, _job()) for _ in range(10)])
+        assert len(written) == 10
