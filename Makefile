@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SJ     := $(BIN)/stream-jobs
 
-.PHONY: setup system venv stack down status lint unit integration test demo bench clean
+.PHONY: setup system venv stack down status lint unit integration test demo bench clean chaos
 
 setup: system venv
 
@@ -49,6 +49,13 @@ demo: stack
 # smoke run, under 3 min. BENCH_ONLY=scaling make bench: one section.
 bench: stack $(VENV)/.bench-installed
 	$(BIN)/python -m ops.bench.run
+
+# Fault injection: every scenario 3 times against real worker processes (kill -9, SIGSTOP,
+# broker kills and pauses on a 3-node cluster, Postgres restarts and outages, refused
+# retry writes, rolling restarts, rebalance storms): ops/chaos/RESULTS.md (~35 min).
+# CHAOS_JOBS=N jobs per run, CHAOS_RUNS=R runs each, CHAOS_ONLY=kill9,zombie,... a subset.
+chaos: stack
+	$(BIN)/python -m ops.chaos.run
 
 $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[dev,bench]'

@@ -1,0 +1,122 @@
+"""`make chaos` / `python -m ops.chaos.run`: every scenario, several runs each, then
+`ops/chaos/RESULTS.md`.
+
+Environment knobs: CHAOS_JOBS (jobs per run, default DEFAULT_JOBS), CHAOS_RUNS (runs per
+scenario, default 3), CHAOS_ONLY (comma-separated scenario names, default all). The stack
+is the one the project's settings name (`stream-jobs dev up` on its ports); the 3-node
+cluster for the broker scenarios is started here and stopped afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from ops.chaos import report
+from ops.chaos.scenarios import SCENARIOS, Scenario
+from ops.chaos.trial import Stack, TrialResult, run_trial
+from stream_jobs.settings import Settings
+from stream_jobs.stack import KafkaCluster, PostgresServer
+
+# 100,000 (the issue's figure) would take about 2 h here: see RESULTS.md.
+DEFAULT_JOBS = 10_000
+CHAOS_DIR = Path(__file__).resolve().parent
+OUT_DIR = CHAOS_DIR / "out"
+
+log = logging.getLogger("ops.chaos")
+
+
+def chosen(only: str) -> list[Scenario]:
+    if not only.strip():
+        return list(SCENARIOS.values())
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise SystemExit(f"CHAOS_ONLY names unknown scenarios {unknown}; "
+                         f"choose from {', '.join(SCENARIOS)}.")
+    return [SCENARIOS[n] for n in names]
+
+
+async def run_scenario(stack: Stack, scenario: Scenario, run: int, jobs: int) -> TrialResult:
+    result = await run_trial(
+        stack, scenario=scenario.name, run=run, jobs=jobs, inject=scenario.inject,
+        out_dir=OUT_DIR, workers=scenario.workers,
+        replication=3 if scenario.cluster else 1, fail_fraction=scenario.fail_fraction,
+        handler_timeout_s=scenario.handler_timeout_s, enqueue_over_s=scenario.enqueue_over_s)
+    v = result.verdict
+    if scenario.no_redelivery and v.duplicate_deliveries:
+        result.notes.append(f"{v.duplicate_deliveries} duplicate deliveries where the goal "
+                            "is 0")
+    log.info("%s run %d: lost %d, dup effects %d, dup deliveries %d, %.0f s%s",
+             scenario.name, run, v.lost, v.duplicate_effects, v.duplicate_deliveries,
+             result.seconds, "" if v.ok else f" PROBLEMS: {v.problems}")
+    return result
+
+
+async def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    jobs = int(os.environ.get("CHAOS_JOBS", DEFAULT_JOBS))
+    runs = int(os.environ.get("CHAOS_RUNS", "3"))
+    scenarios = chosen(os.environ.get("CHAOS_ONLY", ""))
+    began = time.time()
+    base = Settings()
+    kafka = KafkaCluster(base, 1)
+    postgres = PostgresServer(base)
+    log.info("starting the stack (single broker and Postgres)")
+    await asyncio.to_thread(kafka.up)
+    await asyncio.to_thread(postgres.up)
+    single = Stack(base.model_copy(update={"kafka_bootstrap": kafka.bootstrap,
+                                           "database_url": postgres.dsn}), postgres)
+    results: list[TrialResult] = []
+    meta = {"date": report.today(), "jobs": jobs, "runs": runs, "minutes": 0.0,
+            "machine": report.machine(),
+            "n_note": (f"N is {jobs:,}, not the issue's 100,000. Most of a run's time is "
+                       "its faults (20 kills, a 30 s outage, five broker restarts), not its "
+                       "jobs, but a run still processes its N with exactly-once effects at "
+                       "a few hundred to ~1,000 jobs/s here, and at 100,000 the full run "
+                       "(10 scenarios x 3 runs) would take about 2 hours on this shared "
+                       "2-core machine instead of the ~35 minutes asked for. "
+                       "CHAOS_JOBS=100000 runs it at the issue's N."
+                       if jobs < 100_000 else "")}
+    plain = [s for s in scenarios if not s.cluster]
+    clustered = [s for s in scenarios if s.cluster]
+    try:
+        for scenario in plain:
+            for run in range(1, runs + 1):
+                results.append(await run_scenario(single, scenario, run, jobs))
+                _write(results, meta, began)
+        if clustered:
+            cluster = KafkaCluster(base, 3)
+            log.info("starting the 3-node cluster on %s", cluster.bootstrap)
+            await asyncio.to_thread(cluster.up)
+            stack = Stack(single.settings.model_copy(
+                update={"kafka_bootstrap": cluster.bootstrap}), postgres, cluster)
+            try:
+                for scenario in clustered:
+                    for run in range(1, runs + 1):
+                        results.append(await run_scenario(stack, scenario, run, jobs))
+                        _write(results, meta, began)
+            finally:
+                await asyncio.to_thread(cluster.down)
+    finally:
+        _write(results, meta, began)
+    bad = [r for r in results if not r.verdict.ok]
+    print(f"{len(results)} runs, {len(bad)} with problems; see {CHAOS_DIR / 'RESULTS.md'}")
+    return 1 if bad else 0
+
+
+def _write(results: list[TrialResult], meta: dict[str, object], began: float) -> None:
+    if not results:
+        return
+    meta["minutes"] = (time.time() - began) / 60
+    rows = report.merged(OUT_DIR / "results.json", [report.row(r) for r in results])
+    report.write(CHAOS_DIR / "RESULTS.md", rows, meta)
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
