@@ -85,6 +85,14 @@ async def admin_client(settings: Settings) -> AsyncIterator[Any]:
         await client.close()
 
 
+async def group_state(settings: Settings, group: str) -> tuple[str, int]:
+    """(state, member count) of a consumer group as its coordinator describes it; a group
+    that never existed is ("Dead", 0)."""
+    async with admin_client(settings) as admin:
+        described = (await admin.describe_consumer_groups([group]))[0].to_object()["groups"][0]
+    return str(described["state"]), len(described["members"])
+
+
 async def ensure_internal_topic(settings: Settings, name: str, configs: dict[str, str]) -> None:
     """Create one of stream-jobs' own topics (`P._stats`, `P._control`) if it is missing:
     one partition, replicated to as many brokers as there are, up to 3."""

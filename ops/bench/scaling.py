@@ -49,7 +49,7 @@ from ops.bench.common import (
 )
 from ops.bench.ours import effects_count, prepare_effects
 from ops.bench.scaling_app import NOOP_TYPE, ONCE_TYPE, STAMPS_ENV, read_stamps
-from stream_jobs.admin import admin_client, apply
+from stream_jobs.admin import apply, group_state
 from stream_jobs.control import publish_rate
 from stream_jobs.errors import PortInUse
 from stream_jobs.naming import worker_group
@@ -294,13 +294,6 @@ def _setup(b: Bench, brokers: int, kafka: KafkaCluster) -> Setup:
 # -- I/O: one point: N worker processes draining one backlog --------------------------------
 
 
-async def _group_state(settings: Settings, group: str) -> tuple[str, int]:
-    """(state, member count) of a consumer group, as the coordinator describes it."""
-    async with admin_client(settings) as admin:
-        described = (await admin.describe_consumer_groups([group]))[0].to_object()["groups"][0]
-    return str(described["state"]), len(described["members"])
-
-
 def _wait_for_group(settings: Settings, group: str, members: int,
                     procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path]) -> None:
     """Return once `group` is Stable with `members` members (every partition assigned)."""
@@ -312,7 +305,7 @@ def _wait_for_group(settings: Settings, group: str, members: int,
                 raise BenchError(f"worker process {index + 1} exited with {proc.returncode} "
                                  f"before the group formed: {_tail(logs[index])}")
         try:
-            state, count = run_async(_group_state(settings, group), 30)
+            state, count = run_async(group_state(settings, group), 30)
         except KafkaError as exc:  # e.g. no coordinator yet on a cluster just started
             state, count = type(exc).__name__, 0
         if state == "Stable" and count == members:

@@ -15,7 +15,7 @@ import asyncpg
 from ops.chaos.app import EFFECTS_TABLE
 from ops.chaos.evidence import CommitSample
 from ops.chaos.faults import until
-from stream_jobs.admin import admin_client
+from stream_jobs.admin import admin_client, group_state
 from stream_jobs.naming import worker_group
 from stream_jobs.settings import Settings
 
@@ -89,15 +89,7 @@ class Commits:
 
 async def group_size(settings: Settings, job_type: str) -> tuple[str, int]:
     """(state, members) of the type's worker group."""
-    group = worker_group(settings.topic_prefix, job_type)
-    async with admin_client(settings) as admin:
-        responses = await admin.describe_consumer_groups([group])
-    for response in responses:
-        for described in response.groups:
-            _error, group_id, state, _ptype, _protocol, members = described[:6]
-            if group_id == group:
-                return str(state), len(members)
-    return "Unknown", 0
+    return await group_state(settings, worker_group(settings.topic_prefix, job_type))
 
 
 async def group_stable(settings: Settings, job_type: str, members: int,

@@ -25,7 +25,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from stream_jobs.admin import admin_client
+from stream_jobs.admin import admin_client, group_state
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext
@@ -224,15 +224,7 @@ def report(name: str, figures: dict[str, Any]) -> None:
 
 async def group_members(settings: Settings) -> tuple[str, int]:
     """(state, member count) of the ledger's worker group."""
-    group = worker_group(settings.topic_prefix, LEDGER)
-    async with admin_client(settings) as admin:
-        responses = await admin.describe_consumer_groups([group])
-    for response in responses:
-        for described in response.groups:
-            _error, group_id, state, _ptype, _protocol, members = described[:6]
-            if group_id == group:
-                return str(state), len(members)
-    return "Unknown", 0
+    return await group_state(settings, worker_group(settings.topic_prefix, LEDGER))
 
 
 async def committed_offsets(settings: Settings) -> dict[int, int]:
