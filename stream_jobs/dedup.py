@@ -90,6 +90,9 @@ class DedupStore:
             if status.endswith(" 0"):
                 raise AlreadyDone(f"job {job_id} already finished")
             yield conn
+            # A body that caught a failed statement's error left the transaction aborted;
+            # COMMIT would then roll back without asyncpg saying so (see group_commit).
+            await conn.execute("SELECT 1")
 
     async def finished(self, job_id: str) -> tuple[str, int, datetime] | None:
         """(job_type, attempt, finished_at) of a finished job, or None."""

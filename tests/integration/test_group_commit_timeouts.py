@@ -92,3 +92,20 @@ async def test_a_body_that_swallows_a_failed_statement_fails_its_batch_loudly(
     assert effects == done
     assert results == ["failed", "failed"]
     await store.close()
+
+
+async def test_without_group_commit_a_swallowed_failure_fails_the_job_too(
+        settings: Settings, schema: str) -> None:
+    single = DedupStore(settings.model_copy(update={"dedup_group_commit": False}))
+    await single.migrate()
+    async def swallowing_body() -> None:
+        async with single.once("c", "t.x", 1) as conn:
+            with contextlib.suppress(asyncpg.PostgresError):
+                await conn.execute("SELECT 1 / 0")
+
+    try:
+        with pytest.raises(asyncpg.PostgresError):
+            await swallowing_body()
+        assert await single.finished("c") is None  # not acknowledged, so it runs again
+    finally:
+        await single.close()
