@@ -12,7 +12,7 @@ SQLAlchemy owns the schema (`stream_jobs.schema`); the hot path talks to asyncpg
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -163,3 +163,21 @@ def _redact(dsn: str) -> str:
         return dsn
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+async def prepare_schema(settings: Settings, app_sql: Sequence[str] = ()) -> None:
+    """Create the settings' schema if missing, run an app's own DDL in it, then the dedup
+    table's migration (the demo and the chaos runner set up their databases this way)."""
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{settings.database_schema}"')
+        await conn.execute(f'SET search_path TO "{settings.database_schema}"')
+        for statement in app_sql:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
+    store = DedupStore(settings)
+    try:
+        await store.migrate()
+    finally:
+        await store.close()

@@ -24,7 +24,7 @@ from ops.chaos.observe import Commits, Throughput, group_stable
 from ops.chaos.workers import WorkerGroup
 from stream_jobs.admin import admin_client, apply
 from stream_jobs.client import Job, JobClient
-from stream_jobs.dedup import DedupStore
+from stream_jobs.dedup import prepare_schema
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.naming import lane_topic, relay_group, worker_group
 from stream_jobs.record import new_job_id
@@ -137,7 +137,7 @@ async def run_trial(stack: Stack, *, scenario: str, run: int, jobs: int, inject:
         f"retry_tiers = {RETRY_TIERS!r}\nmax_attempts = {MAX_ATTEMPTS}\n".replace("'", '"'))
     types = load_job_types(topics_dir)
     policy = types[JOB_TYPE]
-    await _prepare_schema(settings)
+    await prepare_schema(settings, [collect.SCHEMA_SQL])
     await apply(settings, types)
     group = WorkerGroup(settings, folder, handler_timeout_s=handler_timeout_s)
     trial = Trial(scenario, run, jobs, stack, settings, policy, folder, group,
@@ -183,21 +183,6 @@ async def run_trial(stack: Stack, *, scenario: str, run: int, jobs: int, inject:
         await _drop(settings, policy)
     return TrialResult(scenario, run, verdict, time.time() - began, trial.notes, trial.faults,
                        began)
-
-
-async def _prepare_schema(settings: Settings) -> None:
-    conn = await asyncpg.connect(settings.database_url)
-    try:
-        await conn.execute(f'CREATE SCHEMA "{settings.database_schema}"')
-        await conn.execute(f'SET search_path TO "{settings.database_schema}"')
-        await conn.execute(collect.SCHEMA_SQL)
-    finally:
-        await conn.close()
-    store = DedupStore(settings)
-    try:
-        await store.migrate()
-    finally:
-        await store.close()
 
 
 async def _enqueue(trial: Trial) -> None:

@@ -32,7 +32,7 @@ from stream_jobs.cli.common import app, run_fast, settings_of
 from stream_jobs.cli.stats import render_stats
 from stream_jobs.client import Job, JobClient
 from stream_jobs.connection import kafka_client_kwargs
-from stream_jobs.dedup import DedupStore
+from stream_jobs.dedup import prepare_schema
 from stream_jobs.errors import ConfigError
 from stream_jobs.naming import lane_topic
 from stream_jobs.settings import Settings
@@ -103,7 +103,7 @@ async def _run(settings: Settings, module: Any, rng: random.Random) -> bool:
         for name in demo_app.handlers}
     console.print(f"demo run [bold]{settings.topic_prefix}[/] on {settings.kafka_bootstrap}; "
                   "delay tiers shortened to 1s/2s/3s so it ends in under a minute")
-    await _prepare_database(settings, module.SCHEMA)
+    await prepare_schema(settings, module.SCHEMA)
     await apply(settings, types)
 
     jobs, expected = module.scenario(rng)
@@ -153,22 +153,6 @@ async def _check_stats(settings: Settings, types: dict[str, JobTypePolicy],
         console.print("[green]stats match: no lag, and done and dead-lettered counts equal "
                       "what was enqueued[/]")
     return ok
-
-
-async def _prepare_database(settings: Settings, schema_sql: list[str]) -> None:
-    conn = await asyncpg.connect(settings.database_url)
-    try:
-        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{settings.database_schema}"')
-        await conn.execute(f'SET search_path TO "{settings.database_schema}"')
-        for statement in schema_sql:
-            await conn.execute(statement)
-    finally:
-        await conn.close()
-    store = DedupStore(settings)
-    try:
-        await store.migrate()
-    finally:
-        await store.close()
 
 
 async def _produce_malformed(settings: Settings) -> None:
