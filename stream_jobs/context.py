@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from stream_jobs.dedup import DedupStore
+from stream_jobs.deferred import DeferredWrites
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,17 @@ class JobContext:
         """
         async with self._dedup.once(self.job_id, self.job_type, self.attempt) as conn:
             yield conn
+
+    @asynccontextmanager
+    async def once_deferred(self) -> AsyncIterator[DeferredWrites]:
+        """Like `once()` for bodies that only write: `await writes.execute(sql, *args)`
+        records a statement, and many jobs' statements and dedup rows are applied together
+        in one transaction (much faster). The block returns once they committed. If an
+        earlier run already committed, nothing recorded is applied and the job is
+        acknowledged as a duplicate. The body cannot read through `writes`.
+        """
+        async with self._dedup.once_deferred(self.job_id, self.job_type, self.attempt) as writes:
+            yield writes
 
 
 def ms_to_datetime(ms: int) -> datetime:

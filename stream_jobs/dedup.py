@@ -19,6 +19,7 @@ from typing import Any
 
 import asyncpg
 
+from stream_jobs.deferred import DeferredWrites, WriteBatcher
 from stream_jobs.errors import AlreadyDone, ConfigError, DatabaseUnavailable
 from stream_jobs.group_commit import INSERT_DONE, GroupCommitter
 from stream_jobs.settings import Settings
@@ -32,6 +33,7 @@ class DedupStore:
         self._settings = settings
         self._pool: asyncpg.Pool | None = None
         self._committer: GroupCommitter | None = None
+        self._batcher: WriteBatcher | None = None
 
     async def _get_pool(self) -> asyncpg.Pool:
         if self._pool is None:
@@ -53,6 +55,9 @@ class DedupStore:
         return self._pool
 
     async def close(self) -> None:
+        if self._batcher is not None:
+            await self._batcher.close()
+            self._batcher = None
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -93,6 +98,25 @@ class DedupStore:
             # A body that caught a failed statement's error left the transaction aborted;
             # COMMIT would then roll back without asyncpg saying so (see group_commit).
             await conn.execute("SELECT 1")
+
+    @asynccontextmanager
+    async def once_deferred(self, job_id: str, job_type: str,
+                            attempt: int) -> AsyncIterator[DeferredWrites]:
+        """A recording the body writes through; on a clean exit its statements and the
+        job's dedup row are applied with other jobs' in one transaction, and this returns
+        once that committed. Raises `AlreadyDone` (after the body) when the row existed:
+        then nothing the body recorded was applied. See `stream_jobs.deferred`."""
+        if self._batcher is None:
+            grouped = self._settings.dedup_group_commit
+            self._batcher = WriteBatcher(
+                await self._get_pool(),
+                batch_max=self._settings.dedup_batch_max if grouped else 1,
+                linger_s=self._settings.dedup_linger_ms / 1000 if grouped else 0.0,
+                parallel=max(1, self._settings.database_pool_size - 2))
+        writes = DeferredWrites()
+        yield writes
+        if not await self._batcher.apply(job_id, job_type, attempt, writes.statements):
+            raise AlreadyDone(f"job {job_id} already finished")
 
     async def finished(self, job_id: str) -> tuple[str, int, datetime] | None:
         """(job_type, attempt, finished_at) of a finished job, or None."""

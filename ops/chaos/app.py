@@ -68,8 +68,11 @@ async def work(job: Work, ctx: JobContext) -> None:
     _log.write(ctx)
     if job.fail_first and ctx.attempt == 1:
         raise InjectedFailure(f"job {job.n}: first attempt fails on purpose")
-    async with ctx.once() as conn:
-        await conn.execute(
+    # Odd jobs record their effect (ctx.once_deferred), even ones write it on a live
+    # connection (ctx.once): the faults meet both forms of the guarantee.
+    once = ctx.once_deferred() if job.n % 2 else ctx.once()
+    async with once as tx:
+        await tx.execute(
             f"INSERT INTO {EFFECTS_TABLE} (job_id, pid, part, pos, attempt) "
             "VALUES ($1, $2, $3, $4, $5)",
             ctx.job_id, os.getpid(), ctx.partition, ctx.offset, ctx.attempt)

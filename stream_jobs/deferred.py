@@ -1,0 +1,194 @@
+"""Deferred writes for `ctx.once_deferred()`: many jobs' claims and effects in a few round trips.
+
+`ctx.once()` hands a body a live connection, so every statement is a round trip and every
+job needs its own savepoint. Most exactly-once handlers only *write* (insert an effect
+row, bump a counter); for them a body can record its statements instead, and the worker
+applies many jobs' recordings together:
+
+1. one `INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING RETURNING job_id`
+   claims every job of the batch at once; jobs whose row already existed are duplicates
+   and their recordings are dropped;
+2. the winners' statements run with `executemany`, which asyncpg pipelines: the k-th
+   statements of all jobs go together, grouped by SQL text, so each job's own statements
+   still run in the order it recorded them;
+3. one COMMIT. A job is finished only when its batch committed.
+
+The guarantee is `ctx.once()`'s: a job's dedup row and its effects commit together or
+not at all. If a statement fails, the whole transaction rolls back and each job of the
+batch is applied again alone, so only the job whose statement fails sees the error (and
+goes through its retry tiers). If Postgres is unreachable or the commit fails, every job
+of the batch gets the error and retries; a retry after a commit that did land finds its
+row and is acknowledged as a duplicate. Two jobs with the same ID never share a batch:
+the second waits for the first's outcome.
+
+A body cannot read through a recording: what it needs to read, it reads elsewhere first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+CLAIM_MANY = (
+    "INSERT INTO stream_jobs_done (job_id, job_type, attempt) "
+    "SELECT * FROM unnest($1::text[], $2::text[], $3::int[]) "
+    "ON CONFLICT (job_id) DO NOTHING RETURNING job_id"
+)
+
+Statement = tuple[str, tuple[Any, ...]]
+
+
+class DeferredWrites:
+    """What a `ctx.once_deferred()` body writes through: statements recorded in order,
+    applied with the job's dedup row when its batch commits."""
+
+    __slots__ = ("statements",)
+
+    def __init__(self) -> None:
+        self.statements: list[Statement] = []
+
+    async def execute(self, sql: str, *args: Any) -> None:
+        """Record one statement (asyncpg placeholders `$1, $2, ...`)."""
+        if not isinstance(sql, str) or not sql.strip():
+            raise TypeError("a deferred statement is SQL text, e.g. 'INSERT ... VALUES ($1)'")
+        self.statements.append((sql, args))
+
+    async def executemany(self, sql: str, args: Iterable[Sequence[Any]]) -> None:
+        """Record one statement per argument tuple."""
+        for row in args:
+            await self.execute(sql, *row)
+
+
+@dataclass(slots=True, eq=False)
+class _Claim:
+    job_id: str
+    job_type: str
+    attempt: int
+    statements: list[Statement]
+    outcome: asyncio.Future[bool] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+def stages(statements_per_job: Sequence[Sequence[Statement]]
+           ) -> list[list[tuple[str, list[tuple[Any, ...]]]]]:
+    """The k-th statements of all jobs form stage k; within a stage, statements with the
+    same SQL text go together (first appearance first). Running the stages in order keeps
+    each job's statements in its own order. Pure, for `executemany`."""
+    depth = max((len(s) for s in statements_per_job), default=0)
+    result: list[list[tuple[str, list[tuple[Any, ...]]]]] = []
+    for k in range(depth):
+        groups: dict[str, list[tuple[Any, ...]]] = {}
+        for statements in statements_per_job:
+            if k < len(statements):
+                sql, args = statements[k]
+                groups.setdefault(sql, []).append(args)
+        result.append(list(groups.items()))
+    return result
+
+
+def _per_job_error(exc: BaseException) -> bool:
+    """An error that one job's statement can cause (a constraint, a type, a syntax error),
+    as opposed to one that every job of the batch would meet (no connection, shutdown)."""
+    return isinstance(exc, asyncpg.PostgresError) and not isinstance(
+        exc, (asyncpg.PostgresConnectionError, asyncpg.exceptions.OperatorInterventionError,
+              asyncpg.exceptions.InsufficientResourcesError))
+
+
+class WriteBatcher:
+    """Collects claims for up to `linger_s` (or `batch_max` of them) and applies them in
+    one transaction each, with at most `parallel` transactions at a time."""
+
+    def __init__(self, pool: asyncpg.Pool, *, batch_max: int, linger_s: float,
+                 parallel: int) -> None:
+        self._pool = pool
+        self._batch_max = batch_max
+        self._linger_s = linger_s
+        self._slots = asyncio.Semaphore(parallel)
+        self._pending: list[_Claim] = []
+        self._waiting: dict[str, asyncio.Future[bool]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
+
+    async def apply(self, job_id: str, job_type: str, attempt: int,
+                    statements: list[Statement]) -> bool:
+        """Claim the job and apply its statements with its batch: True once committed,
+        False if the job had already finished (nothing of it was applied)."""
+        while (earlier := self._waiting.get(job_id)) is not None:
+            await asyncio.wait([earlier])
+        claim = _Claim(job_id, job_type, attempt, statements)
+        self._waiting[job_id] = claim.outcome
+        claim.outcome.add_done_callback(lambda _: self._forget(claim))
+        self._pending.append(claim)
+        if len(self._pending) >= self._batch_max:
+            self._flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._linger_s, self._flush)
+        # Shielded: a cancelled job (its timeout) must not cancel its batch; if the batch
+        # commits anyway, the job's retry finds the row and is a duplicate.
+        return await asyncio.shield(claim.outcome)
+
+    def _forget(self, claim: _Claim) -> None:
+        if self._waiting.get(claim.job_id) is claim.outcome:
+            del self._waiting[claim.job_id]
+        if not claim.outcome.cancelled():
+            claim.outcome.exception()  # heard, even if its job was cancelled meanwhile
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task = asyncio.get_running_loop().create_task(self._flush_when_free())
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def _flush_when_free(self) -> None:
+        async with self._slots:
+            # Taken once a connection is free, so claims that came meanwhile ride along.
+            batch = self._pending[:self._batch_max]
+            del self._pending[:self._batch_max]
+            if self._pending and self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(0, self._flush)
+            if batch:
+                await self._apply(batch)
+
+    async def _apply(self, batch: list[_Claim]) -> None:
+        try:
+            won = await self._write(batch)
+        except Exception as exc:
+            if len(batch) > 1 and _per_job_error(exc):
+                for claim in batch:  # find the job whose statement fails; the rest commit
+                    await self._apply([claim])
+                return
+            for claim in batch:
+                if not claim.outcome.done():
+                    claim.outcome.set_exception(exc)
+        except BaseException as exc:
+            for claim in batch:
+                if not claim.outcome.done():
+                    claim.outcome.set_exception(exc)
+            raise
+        else:
+            for claim in batch:
+                if not claim.outcome.done():
+                    claim.outcome.set_result(claim.job_id in won)
+
+    async def _write(self, batch: list[_Claim]) -> set[str]:
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(CLAIM_MANY, [c.job_id for c in batch],
+                                    [c.job_type for c in batch], [c.attempt for c in batch])
+            won = {row[0] for row in rows}
+            for stage in stages([c.statements for c in batch if c.job_id in won]):
+                for sql, rows_args in stage:
+                    await conn.executemany(sql, rows_args)
+        return won
+
+    async def close(self) -> None:
+        """Apply what is pending now and wait for every batch in flight."""
+        if self._pending:
+            self._flush()
+        while self._flushes:
+            await asyncio.gather(*self._flushes, return_exceptions=True)

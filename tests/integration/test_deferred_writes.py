@@ -1,0 +1,109 @@
+"""`ctx.once_deferred()` on the real broker and Postgres: many jobs' dedup rows and
+effects in one transaction, with the guarantee of `ctx.once()`."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from stream_jobs.app import App
+from stream_jobs.client import Job
+from stream_jobs.context import JobContext
+from stream_jobs.dedup import prepare_schema
+from stream_jobs.naming import dlq_topic
+from stream_jobs.record import decode_record
+from stream_jobs.settings import Settings
+from tests.integration.conftest import Declare
+from tests.integration.topic_reader import read_topic
+
+
+async def connect(settings: Settings) -> asyncpg.Connection:
+    return await asyncpg.connect(settings.database_url,
+                                 server_settings={"search_path": settings.database_schema})
+
+
+async def test_deferred_effects_happen_once_in_each_jobs_own_order(
+        app: App, declare: Declare, settings: Settings) -> None:
+    await declare("ledger.post", partitions=4)
+    conn = await connect(settings)
+    # The child row references the parent: applied out of the job's order, it would fail.
+    await conn.execute("CREATE TABLE entries (job_id text PRIMARY KEY, amount int)")
+    await conn.execute("CREATE TABLE lines (job_id text REFERENCES entries, n int)")
+    await conn.execute("CREATE TABLE totals (name text PRIMARY KEY, sum int)")
+    await conn.execute("INSERT INTO totals VALUES ('all', 0)")
+
+    @app.job("ledger.post", ordering="unordered", concurrency=64)
+    async def post(job: dict[str, int], ctx: JobContext) -> None:
+        async with ctx.once_deferred() as writes:
+            await writes.execute("INSERT INTO entries VALUES ($1, $2)", ctx.job_id, job["n"])
+            await writes.executemany("INSERT INTO lines VALUES ($1, $2)",
+                                     [(ctx.job_id, i) for i in range(job["n"] % 3)])
+            await writes.execute("UPDATE totals SET sum = sum + $1 WHERE name = 'all'",
+                                 job["n"])
+
+    n = 600
+    async with app.client() as client:
+        ids = await client.enqueue_many(
+            [Job("ledger.post", {"n": i}, job_id=f"post-{i}") for i in range(n)])
+        # A producer retrying some of its enqueues.
+        await client.enqueue_many(
+            [Job("ledger.post", {"n": i}, job_id=f"post-{i}") for i in range(0, n, 3)])
+
+    worker = app.worker("ledger.post")
+    await worker.run(until_idle=True)
+    try:
+        assert set(await conn.fetchval("SELECT array_agg(job_id) FROM entries")) == set(ids)
+        assert await conn.fetchval("SELECT count(*) FROM lines") == sum(i % 3 for i in range(n))
+        assert await conn.fetchval("SELECT sum FROM totals") == sum(range(n))
+        done = await conn.fetchval(
+            "SELECT count(*) FROM stream_jobs_done WHERE job_type = 'ledger.post'")
+    finally:
+        await conn.close()
+    assert done == n
+    assert worker.outcomes["succeeded"] == n
+    assert worker.outcomes["duplicate"] == n // 3
+
+
+async def test_a_failing_statement_fails_its_job_alone_and_writes_nothing_of_it(
+        declare: Declare, settings: Settings, schema: str) -> None:
+    await declare("ledger.check", partitions=1, retry_tiers=["1s"], max_attempts=2)
+    # A long linger puts every job in one batch, so the bad statement shares a transaction.
+    app = App(settings.model_copy(update={"dedup_linger_ms": 500.0}))
+    await prepare_schema(settings)
+    conn = await connect(settings)
+    await conn.execute("CREATE TABLE amounts (job_id text, amount int CHECK (amount >= 0))")
+    runs: dict[str, int] = {}
+
+    @app.job("ledger.check", ordering="unordered", concurrency=64)
+    async def check(job: dict[str, int], ctx: JobContext) -> None:
+        runs[ctx.job_id] = runs.get(ctx.job_id, 0) + 1
+        async with ctx.once_deferred() as writes:
+            await writes.execute("INSERT INTO amounts VALUES ($1, $2)", ctx.job_id, job["a"])
+            if job["a"] == 7 and runs[ctx.job_id] == 1:
+                raise RuntimeError("the body fails before its block ends, once")
+
+    async with app.client() as client:
+        good = await client.enqueue_many([Job("ledger.check", {"a": a}) for a in range(40)])
+        bad = await client.enqueue("ledger.check", {"a": -1})
+    worker = app.worker("ledger.check")
+    await worker.run(until_idle=True)
+    try:
+        rows = await conn.fetch("SELECT job_id, count(*) AS n FROM amounts GROUP BY job_id")
+        claimed = {r["job_id"] for r in await conn.fetch("SELECT job_id FROM stream_jobs_done")}
+    finally:
+        await conn.close()
+    assert {r["job_id"]: r["n"] for r in rows} == {job_id: 1 for job_id in good}
+    assert claimed == set(good)  # the bad job's dedup row rolled back with its statement
+    assert runs[bad] == 2  # retried; nothing of either run kept
+    assert runs[good[7]] == 2  # retried; nothing of the first run kept
+    # The jobs that shared the bad statement's transaction committed without a retry.
+    assert [job_id for job_id in good if runs[job_id] != 1] == [good[7]]
+    letters = await read_topic(settings, dlq_topic(settings.topic_prefix, "ledger.check"))
+    assert len(letters) == 1
+    letter = decode_record(key=letters[0].key, value=letters[0].value,
+                           headers=letters[0].headers, expected_type="ledger.check",
+                           max_payload_bytes=10**6)
+    assert letter.job_id == bad
+    assert letter.failure is not None
+    assert letter.failure.error_class.endswith("CheckViolationError")
+    assert worker.outcomes["succeeded"] == 40
+    assert worker.outcomes["dead_lettered"] == 1
