@@ -99,18 +99,18 @@ def _per_job_error(exc: BaseException) -> bool:
 
 
 class WriteBatcher:
-    """Collects claims for up to `linger_s` (or `batch_max` of them) and applies them in
-    one transaction each, with at most `parallel` transactions at a time."""
+    """Applies claims in batches, at most `parallel` transactions at a time: a claim that
+    finds a transaction slot free starts a batch at once; claims that come while every
+    slot is busy wait together and go as one batch (up to `batch_max`) when one frees.
+    So a lone job waits for nobody, and under load batches grow by themselves."""
 
-    def __init__(self, pool: asyncpg.Pool, *, batch_max: int, linger_s: float,
-                 parallel: int) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, batch_max: int, parallel: int) -> None:
         self._pool = pool
         self._batch_max = batch_max
-        self._linger_s = linger_s
-        self._slots = asyncio.Semaphore(parallel)
+        self._parallel = parallel
+        self._active = 0
         self._pending: list[_Claim] = []
         self._waiting: dict[str, asyncio.Future[bool]] = {}
-        self._timer: asyncio.TimerHandle | None = None
         self._flushes: set[asyncio.Task[None]] = set()
 
     async def apply(self, job_id: str, job_type: str, attempt: int,
@@ -123,10 +123,7 @@ class WriteBatcher:
         self._waiting[job_id] = claim.outcome
         claim.outcome.add_done_callback(lambda _: self._forget(claim))
         self._pending.append(claim)
-        if len(self._pending) >= self._batch_max:
-            self._flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._linger_s, self._flush)
+        self._start_batches()
         # Shielded: a cancelled job (its timeout) must not cancel its batch; if the batch
         # commits anyway, the job's retry finds the row and is a duplicate.
         return await asyncio.shield(claim.outcome)
@@ -137,23 +134,21 @@ class WriteBatcher:
         if not claim.outcome.cancelled():
             claim.outcome.exception()  # heard, even if its job was cancelled meanwhile
 
-    def _flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        task = asyncio.get_running_loop().create_task(self._flush_when_free())
-        self._flushes.add(task)
-        task.add_done_callback(self._flushes.discard)
-
-    async def _flush_when_free(self) -> None:
-        async with self._slots:
-            # Taken once a connection is free, so claims that came meanwhile ride along.
+    def _start_batches(self) -> None:
+        while self._pending and self._active < self._parallel:
             batch = self._pending[:self._batch_max]
             del self._pending[:self._batch_max]
-            if self._pending and self._timer is None:
-                self._timer = asyncio.get_running_loop().call_later(0, self._flush)
-            if batch:
-                await self._apply(batch)
+            self._active += 1
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
+
+    async def _run(self, batch: list[_Claim]) -> None:
+        try:
+            await self._apply(batch)
+        finally:
+            self._active -= 1
+            self._start_batches()
 
     async def _apply(self, batch: list[_Claim]) -> None:
         try:
@@ -187,8 +182,6 @@ class WriteBatcher:
         return won
 
     async def close(self) -> None:
-        """Apply what is pending now and wait for every batch in flight."""
-        if self._pending:
-            self._flush()
+        """Wait for every batch in flight (and those still waiting for a slot)."""
         while self._flushes:
             await asyncio.gather(*self._flushes, return_exceptions=True)

@@ -56,9 +56,10 @@ class Settings(BaseSettings):
     database_pool_size: int = Field(default=10, gt=0)
     # Group commit of ctx.once(): jobs share a transaction for up to dedup_linger_ms or
     # dedup_batch_max jobs (at most 60), each in its own savepoint (stream_jobs/group_commit.py).
-    # ctx.once_deferred() batches the same way, without savepoints (stream_jobs/deferred.py).
+    # ctx.once_deferred() applies up to dedup_batch_max jobs per transaction, one transaction
+    # at a time, without savepoints (stream_jobs/deferred.py).
     dedup_group_commit: bool = True
-    dedup_batch_max: int = Field(default=200, gt=0)
+    dedup_batch_max: int = Field(default=500, gt=0)
     dedup_linger_ms: float = Field(default=3.0, ge=0)
 
     # The HTTP gateway (`stream-jobs serve`): the bearer token of its write and operator

@@ -3,17 +3,19 @@ effects in one transaction, with the guarantee of `ctx.once()`."""
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext
-from stream_jobs.dedup import prepare_schema
 from stream_jobs.naming import dlq_topic
 from stream_jobs.record import decode_record
 from stream_jobs.settings import Settings
 from tests.integration.conftest import Declare
 from tests.integration.topic_reader import read_topic
+from tests.waiting import until
 
 
 async def connect(settings: Settings) -> asyncpg.Connection:
@@ -64,14 +66,12 @@ async def test_deferred_effects_happen_once_in_each_jobs_own_order(
 
 
 async def test_a_failing_statement_fails_its_job_alone_and_writes_nothing_of_it(
-        declare: Declare, settings: Settings, schema: str) -> None:
+        app: App, declare: Declare, settings: Settings) -> None:
     await declare("ledger.check", partitions=1, retry_tiers=["1s"], max_attempts=2)
-    # A long linger puts every job in one batch, so the bad statement shares a transaction.
-    app = App(settings.model_copy(update={"dedup_linger_ms": 500.0}))
-    await prepare_schema(settings)
     conn = await connect(settings)
     await conn.execute("CREATE TABLE amounts (job_id text, amount int CHECK (amount >= 0))")
     runs: dict[str, int] = {}
+    recorded: set[str] = set()
 
     @app.job("ledger.check", ordering="unordered", concurrency=64)
     async def check(job: dict[str, int], ctx: JobContext) -> None:
@@ -80,12 +80,23 @@ async def test_a_failing_statement_fails_its_job_alone_and_writes_nothing_of_it(
             await writes.execute("INSERT INTO amounts VALUES ($1, $2)", ctx.job_id, job["a"])
             if job["a"] == 7 and runs[ctx.job_id] == 1:
                 raise RuntimeError("the body fails before its block ends, once")
+            recorded.add(ctx.job_id)
 
     async with app.client() as client:
         good = await client.enqueue_many([Job("ledger.check", {"a": a}) for a in range(40)])
         bad = await client.enqueue("ledger.check", {"a": -1})
+    # Hold the table locked until every first run has recorded: the first batch waits on
+    # the lock, so all the others (the bad statement among them) form the next batch.
+    locker = await connect(settings)
+    lock = locker.transaction()
+    await lock.start()
+    await locker.execute("LOCK TABLE amounts IN EXCLUSIVE MODE")
     worker = app.worker("ledger.check")
-    await worker.run(until_idle=True)
+    running = asyncio.create_task(worker.run(until_idle=True))
+    await until(lambda: len(recorded) == 40, "every first run recorded its statement")
+    await lock.rollback()
+    await locker.close()
+    await running
     try:
         rows = await conn.fetch("SELECT job_id, count(*) AS n FROM amounts GROUP BY job_id")
         claimed = {r["job_id"] for r in await conn.fetch("SELECT job_id FROM stream_jobs_done")}
