@@ -3,8 +3,9 @@
 Integration tests get the real stack once per run: the one named by
 `STREAM_JOBS_KAFKA_BOOTSTRAP` and `STREAM_JOBS_DATABASE_URL` when both are set, else the
 local stack that `stream-jobs dev up` starts (idempotent, so `make test` and a bare
-`pytest` agree). Each test gets a fresh topic prefix, so fresh topics and consumer groups,
-and a fresh Postgres schema.
+`pytest` agree). Only one of the two set stops the run before any test, since the other
+service would quietly come from the local stack. Each test gets a fresh topic prefix, so
+fresh topics and consumer groups, and a fresh Postgres schema.
 """
 
 from __future__ import annotations
@@ -26,6 +27,19 @@ class Stack:
     database_url: str
 
 
+OVERRIDE = ("STREAM_JOBS_KAFKA_BOOTSTRAP", "STREAM_JOBS_DATABASE_URL")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    given = [name for name in OVERRIDE if os.environ.get(name)]
+    if len(given) == 1:
+        [missing] = set(OVERRIDE) - set(given)
+        raise pytest.UsageError(
+            f"{given[0]} is set but {missing} is not: set both to test against your own "
+            "services, or neither to test against the local stack (stream-jobs dev up)."
+        )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "integration" in Path(str(item.fspath)).parts:
@@ -34,8 +48,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def stack() -> Stack:
-    bootstrap = os.environ.get("STREAM_JOBS_KAFKA_BOOTSTRAP")
-    dsn = os.environ.get("STREAM_JOBS_DATABASE_URL")
+    bootstrap, dsn = (os.environ.get(name) for name in OVERRIDE)
     if bootstrap and dsn:
         return Stack(bootstrap, dsn)
     from stream_jobs.stack import KafkaCluster, PostgresServer

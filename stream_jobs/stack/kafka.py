@@ -221,6 +221,17 @@ class KafkaCluster:
             opts += ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
         return ["java", *opts, "-cp", f"{lib}/*", *args]
 
+    @property
+    def heap_mb(self) -> int:
+        """Each node's heap cap: `dev_kafka_heap_mb`, three quarters of it per cluster node."""
+        heap = self.settings.dev_kafka_heap_mb
+        return heap if self.brokers == 1 else max(256, heap * 3 // 4)
+
+    def server_argv(self, node: KafkaNode, lib: Path) -> list[str]:
+        """The command line that runs `node`'s broker from the jars in `lib`."""
+        return self._java(lib, "kafka.Kafka", str(node.config), heap_mb=self.heap_mb,
+                          log_config="log4j2.properties")
+
     def _format(self, lib: Path) -> None:
         """Format the storage of nodes that have none yet; a formatted node is left alone."""
         cluster_id_file = self.home / "cluster.id"
@@ -259,8 +270,6 @@ class KafkaCluster:
             node.home.mkdir(parents=True, exist_ok=True)
             node.config.write_text(self._render_config(node))
         self._format(lib)
-        heap = self.settings.dev_kafka_heap_mb if self.brokers == 1 else max(
-            256, self.settings.dev_kafka_heap_mb * 3 // 4)
         started: list[KafkaNode] = []
         for node in self.nodes:
             if self._pid(node):
@@ -271,9 +280,7 @@ class KafkaCluster:
             for port in ports:
                 ensure_port_free(HOST, port, f"Kafka node {node.node_id}",
                                  "STREAM_JOBS_DEV_KAFKA_PORT")
-            argv = self._java(lib, "kafka.Kafka", str(node.config), heap_mb=heap,
-                              log_config="log4j2.properties")
-            spawn(argv, node.log_file, node.pid_file, cwd=node.home)
+            spawn(self.server_argv(node, lib), node.log_file, node.pid_file, cwd=node.home)
             started.append(node)
         for node in started:
             wait_until(

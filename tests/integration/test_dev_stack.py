@@ -3,15 +3,17 @@
 Every test that starts, stops or kills something does it to a stack of its own, in a
 folder of its own on ports of its own, so the shared stack that the other integration
 tests use (127.0.0.1:9092, Postgres 54320) is never disturbed; `dev check` only reads it.
-The three-node cluster has fixed ports (19092/19192/19292, each +1 and +2), so the
-single-node ports are drawn from a range that cannot meet them.
+The three-node cluster runs on `dev_cluster_ports` (19092/19192/19292 by default, each +1
+and +2), so the single-node ports are drawn from a range that cannot meet them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -25,13 +27,14 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
 from stream_jobs.errors import BrokerUnavailable, DatabaseUnavailable
 from stream_jobs.probe import probe_kafka, probe_postgres
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster, PostgresServer
-from stream_jobs.stack.process import pid_alive
+from stream_jobs.stack.process import cmdline, pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "stream-jobs"
@@ -75,6 +78,18 @@ async def apoll(condition: Callable[[], object], timeout_s: float, what: str) ->
         await asyncio.sleep(0.2)  # polling a condition with a deadline
 
 
+async def config_values(admin: AIOKafkaAdminClient, resources: list[ConfigResource],
+                        key: str) -> list[str]:
+    """The value of config `key` for each resource, in the order Kafka answers."""
+    values = []
+    for response in await admin.describe_configs(resources):
+        for resource in response.to_object()["resources"]:
+            assert resource["error_code"] == 0, resource
+            values += [str(entry["config_value"]) for entry in resource["config_entries"]
+                       if entry["config_names"] == key]
+    return values
+
+
 async def create_topic(admin: AIOKafkaAdminClient, topic: str, partitions: int,
                        replication: int) -> bool:
     """Whether the topic now exists; the admin client reports refusals without raising."""
@@ -107,6 +122,7 @@ def cli_env(settings: Settings, **extra: str) -> dict[str, str]:
         STREAM_JOBS_DEV_KAFKA_PORT=str(settings.dev_kafka_port),
         STREAM_JOBS_DEV_POSTGRES_PORT=str(settings.dev_postgres_port),
         STREAM_JOBS_JARS_CACHE_DIR=str(settings.jars_cache_dir),
+        STREAM_JOBS_DEV_CLUSTER_PORTS=json.dumps(list(settings.dev_cluster_ports)),
         **extra,
     )
     return env
@@ -185,10 +201,18 @@ def solo(solo_settings: Settings) -> Settings:
 
 async def test_three_brokers_form_one_cluster_and_replicate_a_topic(stack_root: Path) -> None:
     settings = Settings(stack_dir=stack_root / "cluster")
+    env = cli_env(settings)
     cluster = KafkaCluster(settings, 3)
     topic = f"replicated-{uuid.uuid4().hex[:8]}"
     try:
-        await asyncio.to_thread(cluster.up)
+        # --no-postgres: the brokers are the subject; test_up_twice_is_a_no_op_and_down_
+        # leaves_nothing_running starts Postgres, and here it would only add seconds.
+        up = await asyncio.to_thread(run_cli, "dev", "up", "--brokers", "3", "--no-postgres",
+                                     env=env)
+        assert up.returncode == 0, up.stderr
+        pids = [row.pid for row in cluster.status()]
+        assert None not in pids
+        assert len(set(pids)) == 3
         admin = AIOKafkaAdminClient(bootstrap_servers=cluster.bootstrap)
         await admin.start()
         try:
@@ -196,6 +220,9 @@ async def test_three_brokers_form_one_cluster_and_replicate_a_topic(stack_root: 
                 return len((await admin.describe_cluster())["brokers"]) == 3
 
             await apoll(three_brokers, 60, "three brokers in the metadata")
+            brokers = [ConfigResource(ConfigResourceType.BROKER, str(node.node_id))
+                       for node in cluster.nodes]
+            assert await config_values(admin, brokers, "min.insync.replicas") == ["2"] * 3
             # Until every broker is unfenced, the controller refuses replication factor 3.
             await apoll(lambda: create_topic(admin, topic, 3, 3), 60,
                         "creating a topic with replication factor 3")
@@ -207,6 +234,9 @@ async def test_three_brokers_form_one_cluster_and_replicate_a_topic(stack_root: 
                     len(p["replicas"]) == 3 and len(p["isr"]) == 3 for p in partitions)
 
             await apoll(fully_replicated, 60, "three in-sync replicas per partition")
+            # The topic sets nothing itself: it inherits the cluster's minimum.
+            resource = ConfigResource(ConfigResourceType.TOPIC, topic)
+            assert await config_values(admin, [resource], "min.insync.replicas") == ["2"]
         finally:
             await admin.close()
 
@@ -220,8 +250,11 @@ async def test_three_brokers_form_one_cluster_and_replicate_a_topic(stack_root: 
             await producer.stop()
         assert written.offset == 0
     finally:
-        stopped = await asyncio.to_thread(cluster.down)
-    assert len(stopped) == 3
+        down = await asyncio.to_thread(run_cli, "dev", "down", env=env)
+    assert down.returncode == 0, down.stderr
+    for node, pid in zip(cluster.nodes, pids, strict=True):
+        assert f"kafka-cluster node {node.node_id} (pid {pid})" in down.stdout
+        assert not pid_alive(pid)
     assert processes_mentioning(str(cluster.home)) == []
 
 
@@ -272,12 +305,19 @@ async def test_broker_killed_with_sigkill_comes_back_with_its_data(solo: Setting
     finally:
         await producer.stop()
 
+    pid_file = cluster.nodes[0].pid_file
     killed = cluster.kill_node(1)
     await apoll(lambda: not pid_alive(killed), 30, "the killed broker to disappear")
-    await asyncio.to_thread(cluster.up)
-    restarted = cluster.status()[0].pid
-    assert restarted is not None
+    assert pid_file.read_text().split() == [str(killed)], "the crash left no stale pid file"
+    # --no-postgres: this module's shared broker has no Postgres, and a test below needs
+    # its data folder absent.
+    up = await asyncio.to_thread(run_cli, "dev", "up", "--no-postgres", env=cli_env(solo))
+    assert up.returncode == 0, up.stderr
+    restarted = int(pid_file.read_text().split()[0])
     assert restarted != killed
+    assert pid_alive(restarted)
+    assert str(cluster.nodes[0].config) in cmdline(restarted)
+    assert re.search(rf"\brunning\b.*\b{restarted}\b", up.stdout), up.stdout
 
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
     await producer.start()
@@ -315,6 +355,66 @@ def test_kafka_port_in_use_is_one_clear_sentence(isolated: Callable[[], Settings
     assert processes_mentioning(str(settings.stack_dir.resolve())) == []
 
 
+@pytest.mark.parametrize(("on_path", "fragments"), [
+    ((), ("Java 17+ is not installed", "make setup")),
+    (("java",), ("Maven is not installed", "make setup")),
+])
+def test_missing_java_or_maven_is_one_clear_sentence(
+    isolated: Callable[[], Settings], tmp_path: Path, on_path: tuple[str, ...],
+    fragments: tuple[str, ...],
+) -> None:
+    jars = tmp_path / "jars"
+    settings = isolated().model_copy(update={"jars_cache_dir": jars})
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in on_path:
+        found = shutil.which(tool)
+        assert found, f"this test needs {tool} installed"
+        (bin_dir / tool).symlink_to(found)
+    result = run_cli("dev", "up", env=cli_env(settings, PATH=str(bin_dir)))
+    assert_one_line_error(result, *fragments)
+    assert not jars.exists() or not any(jars.iterdir())
+    assert processes_mentioning(str(settings.stack_dir.resolve())) == []
+
+
+MAVEN_SETTINGS = """<settings>
+  <mirrors>
+    <mirror>
+      <id>closed</id>
+      <mirrorOf>*</mirrorOf>
+      <url>http://127.0.0.1:{port}/maven2</url>
+    </mirror>
+  </mirrors>
+</settings>
+"""
+
+
+def test_maven_that_cannot_reach_its_registry_is_one_clear_sentence(
+    isolated: Callable[[], Settings], tmp_path: Path,
+) -> None:
+    jars = tmp_path / "jars"
+    settings = isolated().model_copy(update={"jars_cache_dir": jars})
+    closed = free_port()
+    # Maven finds ~/.m2 by the JVM's user.home, not $HOME: pointed at a folder of ours it
+    # has an empty local repository and one mirror on a closed port, and no global config
+    # is touched.
+    home = tmp_path / "maven-home"
+    (home / ".m2").mkdir(parents=True)
+    (home / ".m2" / "settings.xml").write_text(MAVEN_SETTINGS.format(port=closed))
+    # The quick compiler and the small collector: Maven's JVM starts in a third of the time.
+    opts = f"-Duser.home={home} -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    result = run_cli("dev", "up", env=cli_env(settings, MAVEN_OPTS=opts))
+    line = assert_one_line_error(result, "Maven could not resolve the Kafka jars",
+                                 "reaches its package registry")
+    found = re.search(r"\(see (\S+/maven\.log)\)", line)
+    assert found, line
+    log = Path(found.group(1))
+    assert log.is_relative_to(jars)
+    assert f"127.0.0.1:{closed}" in log.read_text(), "Maven did not try the closed mirror"
+    assert list(jars.rglob(".resolved")) == []
+    assert processes_mentioning(str(settings.stack_dir.resolve())) == []
+
+
 def test_root_owned_postgres_data_is_one_clear_sentence(solo: Settings) -> None:
     # `dev up` starts Kafka before Postgres; the module's broker is already up, so this
     # reaches the Postgres check without another JVM start.
@@ -339,6 +439,46 @@ def check_env(kafka_bootstrap: str, database_url: str) -> dict[str, str]:
 
 # `dev check` only connects and asks, so these three read the shared stack (the conftest's
 # `settings`) for whichever service is meant to answer.
+
+
+def status_rows(output: str) -> dict[str, list[str]]:
+    """The cells of each row of rich's status table (one line per row when it is wide)."""
+    rows = {}
+    for line in output.splitlines():
+        if line.startswith("│"):
+            cells = [cell.strip() for cell in line.strip().strip("│").split("│")]
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_dev_status_names_the_servers_the_dsn_and_each_log(settings: Settings) -> None:
+    if os.environ.get("STREAM_JOBS_KAFKA_BOOTSTRAP"):
+        pytest.skip("the session uses services named by STREAM_JOBS_*, not `dev up`'s")
+    # A password in the configured URL must not reach the table.
+    url = settings.database_url.replace("stream_jobs@", "stream_jobs:hunter2@", 1)
+    assert "hunter2" in url
+    # COLUMNS: a terminal wide enough for one line per row (narrower, rich folds the cells).
+    result = run_cli("dev", "status",
+                     env=cli_env(settings, STREAM_JOBS_DATABASE_URL=url, COLUMNS="320"))
+    assert result.returncode == 0, result.stderr
+    assert "hunter2" not in result.stdout
+    rows = status_rows(result.stdout)
+    home = settings.stack_dir.resolve()
+    kafka_pid = (home / "kafka" / "kafka.pid").read_text().strip()
+    assert rows["kafka"] == [
+        "kafka", "running", kafka_pid, settings.kafka_bootstrap,
+        f"STREAM_JOBS_KAFKA_BOOTSTRAP={settings.kafka_bootstrap}",
+        str(home / "kafka" / "kafka.log")]
+    for node in (1, 2, 3):
+        assert rows[f"kafka-cluster node {node}"][-1] == \
+            str(home / "kafka-cluster" / f"node{node}" / "kafka.log")
+    postgres = rows["postgres"]
+    assert postgres[:2] == ["postgres", "running"]
+    assert postgres[4] == f"STREAM_JOBS_DATABASE_URL={settings.database_url}"
+    # The running services' logs are real files the services write.
+    for log in (rows["kafka"][-1], postgres[-1]):
+        assert Path(log).is_file(), log
+        assert Path(log).stat().st_size > 0, log
 
 
 def test_dev_check_names_the_silent_kafka_setting(settings: Settings) -> None:

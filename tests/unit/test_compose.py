@@ -6,13 +6,21 @@ stream_jobs.settings and ops/ while nobody is looking.
 
 from __future__ import annotations
 
+import asyncio
+import re
+import sys
+from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 
+from stream_jobs.control import NO_LIMIT
+from stream_jobs.metrics import serve_metrics, worker_registry
 from stream_jobs.settings import DEFAULT_KAFKA_PORT, DEFAULT_POSTGRES_PORT, Settings
 from stream_jobs.stack.kafka import kafka_version
 
@@ -59,7 +67,7 @@ def test_the_stack_and_a_worker_are_declared(services: dict[str, Any]) -> None:
     assert {"kafka", "postgres", "worker"} <= set(services)
 
 
-@pytest.mark.parametrize("name", ["kafka", "postgres"])
+@pytest.mark.parametrize("name", ["kafka", "postgres", "worker"])
 def test_each_service_has_a_healthcheck(services: dict[str, Any], name: str) -> None:
     check = services[name].get("healthcheck")
     assert check, f"{name} has no healthcheck"
@@ -124,3 +132,55 @@ def test_worker_runs_the_demo_app_from_the_deploy_image(services: dict[str, Any]
     assert dockerfile == REPO / "ops" / "deploy" / "Dockerfile"
     assert dockerfile.is_file()
     assert "pip install" in dockerfile.read_text()
+
+
+def worker_probe(services: dict[str, Any]) -> tuple[str, int]:
+    """The worker healthcheck's Python program and the metrics port it reads."""
+    argv = services["worker"]["healthcheck"]["test"]
+    assert argv[:3] == ["CMD", "python", "-c"], argv
+    program = argv[3]
+    [port] = re.findall(r"http://127\.0\.0\.1:(\d+)/metrics", program)
+    return program, int(port)
+
+
+def test_worker_healthcheck_reads_the_metrics_port_the_worker_serves(
+    services: dict[str, Any],
+) -> None:
+    _, port = worker_probe(services)
+    settings = Settings(metrics_port=environment(services["worker"])[f"{PREFIX}METRICS_PORT"])
+    assert settings.metrics_port == port
+    # The healthcheck dials loopback inside the container, where the worker listens.
+    assert default_of("metrics_host") == "127.0.0.1"
+
+
+async def run_probe(program: str, port: int, served: int) -> int:
+    probe = program.replace(f":{port}/", f":{served}/")
+    assert probe != program
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", probe,
+                                                stderr=asyncio.subprocess.DEVNULL)
+    return await asyncio.wait_for(proc.wait(), timeout=30)
+
+
+async def test_worker_healthcheck_passes_only_on_a_live_workers_metrics(
+    services: dict[str, Any],
+) -> None:
+    program, port = worker_probe(services)
+    worker = SimpleNamespace(
+        policy=SimpleNamespace(job_type="email.send"), outcomes=Counter({"succeeded": 1}),
+        dead_letter_reasons=Counter(), durations=None, in_flight=lambda: 0,
+        rate=NO_LIMIT, rate_share_per_s=None, partitions={}, relay=None)
+    live = await serve_metrics(worker_registry(worker), "127.0.0.1", 0)
+    other = await serve_metrics(CollectorRegistry(), "127.0.0.1", 0)
+    try:
+        live_port = live.sockets[0].getsockname()[1]
+        other_port = other.sockets[0].getsockname()[1]
+        assert await run_probe(program, port, live_port) == 0
+        # Something else answering on the port is not a worker.
+        assert await run_probe(program, port, other_port) != 0
+    finally:
+        live.close()
+        other.close()
+        await live.wait_closed()
+        await other.wait_closed()
+    # Nothing listening: the worker is gone.
+    assert await run_probe(program, port, live_port) != 0
