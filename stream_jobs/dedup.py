@@ -25,6 +25,10 @@ from stream_jobs.group_commit import INSERT_DONE, GroupCommitter
 from stream_jobs.settings import Settings
 
 
+# Opening a connection failed: Postgres is down, refusing, or still starting.
+_UNREACHABLE = (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
+
+
 class DedupStore:
     """A pool of asyncpg connections to the dedup database; opened lazily, so a worker
     starts while Postgres is down and its `once()` jobs fail (and retry) until it is back."""
@@ -48,11 +52,13 @@ class DedupStore:
                     timeout=10,
                 )
             except (OSError, asyncpg.PostgresError) as exc:
-                raise DatabaseUnavailable(
-                    f"Postgres did not answer at {_redact(self._settings.database_url)} "
-                    f"(STREAM_JOBS_DATABASE_URL): {exc}"
-                ) from exc
+                raise self._unavailable(exc) from exc
         return self._pool
+
+    def _unavailable(self, exc: BaseException) -> DatabaseUnavailable:
+        return DatabaseUnavailable(
+            f"Postgres did not answer at {_redact(self._settings.database_url)} "
+            f"(STREAM_JOBS_DATABASE_URL): {exc}")
 
     async def close(self) -> None:
         if self._batcher is not None:
@@ -86,18 +92,32 @@ class DedupStore:
                     await self._get_pool(), batch_max=self._settings.dedup_batch_max,
                     linger_s=self._settings.dedup_linger_ms / 1000,
                     parallel=max(1, self._settings.database_pool_size - 2))
-            async with self._committer.once(job_id, job_type, attempt) as conn:
-                yield conn
+            entered = False
+            try:
+                async with self._committer.once(job_id, job_type, attempt) as conn:
+                    entered = True
+                    yield conn
+            except _UNREACHABLE as exc:
+                if entered:
+                    raise
+                raise self._unavailable(exc) from exc
             return
         pool = await self._get_pool()
-        async with pool.acquire() as conn, conn.transaction():
-            status = await conn.execute(INSERT_DONE, job_id, job_type, attempt)
-            if status.endswith(" 0"):
-                raise AlreadyDone(f"job {job_id} already finished")
-            yield conn
-            # A body that caught a failed statement's error left the transaction aborted;
-            # COMMIT would then roll back without asyncpg saying so (see group_commit).
-            await conn.execute("SELECT 1")
+        try:
+            conn = await pool.acquire()
+        except _UNREACHABLE as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            async with conn.transaction():
+                status = await conn.execute(INSERT_DONE, job_id, job_type, attempt)
+                if status.endswith(" 0"):
+                    raise AlreadyDone(f"job {job_id} already finished")
+                yield conn
+                # A body that caught a failed statement's error left the transaction
+                # aborted; COMMIT would then roll back without asyncpg saying so.
+                await conn.execute("SELECT 1")
+        finally:
+            await pool.release(conn)
 
     @asynccontextmanager
     async def once_deferred(self, job_id: str, job_type: str,
@@ -117,7 +137,11 @@ class DedupStore:
                 parallel=1)
         writes = DeferredWrites()
         yield writes
-        if not await self._batcher.apply(job_id, job_type, attempt, writes.statements):
+        try:
+            applied = await self._batcher.apply(job_id, job_type, attempt, writes.statements)
+        except _UNREACHABLE as exc:
+            raise self._unavailable(exc) from exc
+        if not applied:
             raise AlreadyDone(f"job {job_id} already finished")
 
     async def finished(self, job_id: str) -> tuple[str, int, datetime] | None:

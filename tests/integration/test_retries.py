@@ -124,10 +124,12 @@ async def test_always_failing_job_is_dead_lettered_after_max_attempts(
         app: App, declare: Declare, settings: Settings) -> None:
     await declare("doomed.job", partitions=2, retry_tiers=["1s"], max_attempts=3)
     attempts: list[int] = []
+    enqueued_at: dict[str, set[int]] = {}
 
     @app.job("doomed.job")
     async def doomed(job: dict[str, str], ctx: JobContext) -> None:
         attempts.append(ctx.attempt)
+        enqueued_at.setdefault(ctx.job_id, set()).add(ctx.enqueued_at_ms)
         if job["kind"] == "permanent":
             raise PermanentError("this input can never work")
         raise ValueError("downstream says no")
@@ -153,10 +155,24 @@ async def test_always_failing_job_is_dead_lettered_after_max_attempts(
     assert failure.error_class.endswith("ValueError")
     assert "downstream says no" in failure.message
     assert "doomed" in failure.traceback
-    origin = parse_origin(by_id[always].origin or "")
-    assert origin is not None
-    assert origin[0] == lane_topic(settings.topic_prefix, "doomed.job")
-    assert by_id[always].enqueued_at_ms > 0
+    # The origin is where the job was first enqueued, not where its last attempt ran (the
+    # relay wrote attempts 2 and 3 to the lane again, at later offsets).
+    lane = lane_topic(settings.topic_prefix, "doomed.job")
+    runs = [(r, decode_record(key=r.key, value=r.value, headers=r.headers,
+                              expected_type="doomed.job", max_payload_bytes=10**6))
+            for r in await read_topic(settings, lane)]
+    always_runs = sorted(((r, j) for r, j in runs if j.job_id == always),
+                         key=lambda rj: rj[1].attempt)
+    assert [j.attempt for _, j in always_runs] == [1, 2, 3]
+    first, first_job = always_runs[0]
+    assert parse_origin(by_id[always].origin or "") == (lane, first.partition, first.offset)
+    assert (first.partition, first.offset) != (always_runs[-1][0].partition,
+                                               always_runs[-1][0].offset)
+    # enqueued_at is the first enqueue's time on every attempt and on the dead letter.
+    assert enqueued_at[always] == {first_job.enqueued_at_ms}
+    assert {j.enqueued_at_ms for _, j in always_runs} == {first_job.enqueued_at_ms}
+    assert by_id[always].enqueued_at_ms == first_job.enqueued_at_ms
+    assert abs(first.timestamp - first_job.enqueued_at_ms) < 5_000  # a real time, in ms
     assert by_id[permanent].attempt == 1
     assert by_id[permanent].failure is not None
     assert by_id[permanent].failure.reason == "permanent"
