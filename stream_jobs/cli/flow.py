@@ -54,11 +54,16 @@ async def _current(settings: Settings, policy: JobTypePolicy) -> RateInForce:
 
 
 async def _set(settings: Settings, policy: JobTypePolicy, rate: float | None, *, by: str,
-               reset: bool) -> tuple[RateInForce, RateInForce]:
+               reset: bool, at_ms: int) -> tuple[RateInForce, RateInForce]:
     before = await _current(settings, policy)
-    await publish_rate(settings, policy.job_type, rate, at_ms=int(time.time() * 1000), by=by,
-                       reset=reset)
+    await publish_rate(settings, policy.job_type, rate, at_ms=at_ms, by=by, reset=reset)
     return before, await _current(settings, policy)
+
+
+def _now_ms() -> int:
+    # An override's `at_ms` is when the operator's command began, so "applied within
+    # N s of the throttle" can be checked against the record itself.
+    return int(time.time() * 1000)
 
 
 @app.command("throttle")
@@ -75,6 +80,7 @@ def throttle(
     The limit is shared across the type's workers by partition ownership and holds until
     the next `throttle` (or `--reset`), restarts included.
     """
+    at_ms = _now_ms()
     settings, types = _load(ctx, job_type)
     policy = types[job_type]
     if rate is None and not reset:
@@ -83,7 +89,8 @@ def throttle(
     if rate is not None and reset:
         raise ConfigError("Give a RATE or --reset, not both.")
     per_s = None if rate is None else _parse(rate)
-    before, after = asyncio.run(_set(settings, policy, per_s, by="throttle", reset=reset))
+    before, after = asyncio.run(_set(settings, policy, per_s, by="throttle", reset=reset,
+                                     at_ms=at_ms))
     console.print(f"{job_type}: {_spell(before)} -> {_spell(after)}; running workers apply "
                   "it within a second (`stream-jobs stats` shows what they report).")
 
@@ -105,13 +112,15 @@ def drain(
     take no share of the rate). The rate stays in force when the drain ends; `throttle
     TYPE --reset` returns to the TOML's.
     """
+    at_ms = _now_ms()
     settings, types = _load(ctx, job_type)
     policy = types[job_type]
     per_s = None if rate is None else _parse(rate)
 
     async def run() -> int:
         if rate is not None:
-            before, after = await _set(settings, policy, per_s, by="drain", reset=False)
+            before, after = await _set(settings, policy, per_s, by="drain", reset=False,
+                                       at_ms=at_ms)
             status_console.print(f"{job_type}: {_spell(before)} -> {_spell(after)}")
         return await _watch(settings, types, job_type, interval_s, timeout_s)
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
+from stream_jobs.cli.flow import _parse
 from stream_jobs.control import (
     RateInForce,
     RateOverride,
     apply_record,
     rate_in_force,
 )
+from stream_jobs.errors import ConfigError
 
 
 def test_an_override_round_trips_as_json() -> None:
@@ -43,3 +47,12 @@ def test_an_override_wins_over_the_toml_until_reset() -> None:
     assert rate_in_force(200, RateOverride(50, 1)) == RateInForce(50, "throttle")
     assert rate_in_force(200, RateOverride(None, 1)) == RateInForce(None, "throttle")
     assert rate_in_force(None, RateOverride(10, 1, by="drain")) == RateInForce(10, "drain")
+
+
+def test_throttle_reads_a_rate_or_a_word_for_no_limit() -> None:
+    assert _parse("50/s") == 50
+    assert _parse("600/m") == 10
+    for word in ("none", "off", "unlimited", " None "):
+        assert _parse(word) is None  # written as `rate_limit_per_s: null`, not a reset
+    with pytest.raises(ConfigError, match="'none' to lift the limit"):
+        _parse("fast")

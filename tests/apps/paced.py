@@ -1,0 +1,48 @@
+"""A rate-limited type whose handler notes when each job started, run as two worker
+processes by tests/integration/test_flow_control.py:
+`stream-jobs worker tests.apps.paced:app --type rate.capped`.
+
+The test creates `starts(job_id text, pid int, part int, at double precision)` in its schema
+(`STREAM_JOBS_DATABASE_SCHEMA`). Each job inserts one row: the wall-clock second its
+handler started, the worker process it ran in and its partition, so the test counts
+starts across both processes on one clock. The handler does nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import asyncpg
+
+from stream_jobs.app import App
+from stream_jobs.context import JobContext
+
+app = App()
+
+_pool: Any = None
+_pool_lock = asyncio.Lock()
+
+
+async def _starts_pool() -> Any:
+    global _pool
+    if _pool is not None:
+        return _pool
+    async with _pool_lock:
+        if _pool is None:
+            _pool = await asyncpg.create_pool(
+                app.settings.database_url, min_size=1, max_size=8,
+                # Bookkeeping rows: the WAL flush would only slow the unthrottled phase.
+                server_settings={"search_path": app.settings.database_schema,
+                                 "synchronous_commit": "off"})
+    return _pool
+
+
+@app.job("rate.capped", concurrency=8, ordering="unordered")
+async def capped(job: dict[str, Any], ctx: JobContext) -> None:
+    at = time.time()  # taken first: the row's insert time is not the start
+    pool = await _starts_pool()
+    await pool.execute("INSERT INTO starts (job_id, pid, part, at) VALUES ($1, $2, $3, $4)",
+                       ctx.job_id, os.getpid(), ctx.partition, at)
