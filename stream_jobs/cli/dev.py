@@ -92,10 +92,17 @@ async def _migrate(settings: Settings) -> None:
 
 def _print_table(rows: list[ServiceStatus]) -> None:
     table = Table(title="stream-jobs local stack")
-    for column in ("service", "state", "pid", "address", "connect with", "log"):
+    for column in ("service", "state", "pid", "address"):
         table.add_column(column, overflow="fold")
     for row in rows:
         state = "[green]running[/]" if row.running else "[dim]stopped[/]"
-        table.add_row(row.name, state, str(row.pid or "-"), row.address, row.connect,
-                      str(row.log))
+        table.add_row(row.name, state, str(row.pid or "-"), row.address)
     console.print(table)
+    # Settings and paths as plain lines, never folded, so they can be copied at any width.
+    shown: set[str] = set()
+    for row in rows:
+        if row.running and row.connect not in shown:  # a cluster's nodes share one
+            shown.add(row.connect)
+            console.print(f"connect: {row.connect}", soft_wrap=True, highlight=False)
+    for row in rows:
+        console.print(f"log: {row.name}: {row.log}", soft_wrap=True, highlight=False)
