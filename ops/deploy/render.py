@@ -45,6 +45,15 @@ class Options:
     install_dir: str = "/opt/stream-jobs"
 
 
+METRICS_PORT = 9464
+# Healthy while the worker runs and its event loop answers with its job counters (the
+# image has Python, not curl); docker-compose.yml's worker uses the same probe.
+HEALTH_PROBE = ["CMD", "python", "-c",
+                "import sys, urllib.request; body = urllib.request.urlopen("
+                f"'http://127.0.0.1:{METRICS_PORT}/metrics', timeout=5).read(); "
+                "sys.exit(b'stream_jobs_jobs_total' not in body)"]
+
+
 def q(value: object) -> str:
     """A YAML scalar: JSON strings and numbers are valid YAML."""
     return json.dumps(value)
@@ -90,6 +99,7 @@ def compose(types: Mapping[str, JobTypePolicy], opts: Options) -> str:
             "      STREAM_JOBS_DATABASE_URL: postgresql://stream_jobs@postgres:5432/stream_jobs",
             f"      STREAM_JOBS_TOPIC_PREFIX: {q(opts.prefix)}",
             "      STREAM_JOBS_TOPICS_DIR: /app/topics",
+            f"      STREAM_JOBS_METRICS_PORT: {METRICS_PORT}",
             "    depends_on:",
             "      kafka:",
             "        condition: service_healthy",
@@ -97,6 +107,12 @@ def compose(types: Mapping[str, JobTypePolicy], opts: Options) -> str:
             "        condition: service_healthy",
             "      setup:",
             "        condition: service_completed_successfully",
+            "    healthcheck:",
+            f"      test: {q(HEALTH_PROBE)}",
+            "      interval: 15s",
+            "      timeout: 10s",
+            "      retries: 3",
+            "      start_period: 30s",
             "    restart: on-failure",
             f"    stop_grace_period: {STOP_GRACE_S}s",
             "    deploy:",

@@ -52,6 +52,7 @@ def test_the_rendered_files_follow_the_types(render: ModuleType) -> None:
 def test_compose_has_a_service_per_type() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.workers.yml").read_text())
     seen = set()
+    healthchecks = []
     for name, service in compose["services"].items():
         job_type = type_of(service["command"])
         assert job_type in TYPES, f"{name} runs undeclared type {job_type}"
@@ -59,11 +60,17 @@ def test_compose_has_a_service_per_type() -> None:
         assert service["build"]["dockerfile"] == "ops/deploy/Dockerfile"
         assert (REPO / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
         assert {"kafka", "postgres", "setup"} <= set(service["depends_on"])
+        healthchecks.append((service["healthcheck"]["test"],
+                             service["environment"]["STREAM_JOBS_METRICS_PORT"]))
         seen.add(job_type)
     assert seen == set(TYPES)
-    # The stack it runs next to has the services it depends on.
+    # The stack it runs next to has the services it depends on, and its worker's probe
+    # (tested against a live worker's metrics) is the one every type's service uses.
     stack = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
     assert {"kafka", "postgres", "setup"} <= set(stack)
+    probe = stack["worker"]["healthcheck"]["test"]
+    port = stack["worker"]["environment"]["STREAM_JOBS_METRICS_PORT"]
+    assert healthchecks == [(probe, port)] * len(TYPES)
 
 
 def k8s_documents() -> dict[str, list[dict[str, Any]]]:
