@@ -92,8 +92,8 @@ class JobLocation:
         job, last = f"Job {self.job_id}", self.last
         if self.status == "done":
             when = self.finished_at.isoformat() if self.finished_at else "an unknown time"
-            return (f"{job} is done: a {self.job_type} job whose attempt {self.attempt} "
-                    f"committed its effects at {when}.")
+            return (f"{job} ({self.job_type}) is done: attempt {self.attempt} committed "
+                    f"its effects at {when}.")
         if last is None:
             scope = "" if self.complete else " (the scan stopped at its cap; it may be further on)"
             return (f"{job} has no dedup row and is in none of the topics scanned "
