@@ -24,7 +24,6 @@ from stream_jobs.errors import AlreadyDone, ConfigError, DatabaseUnavailable
 from stream_jobs.group_commit import INSERT_DONE, GroupCommitter
 from stream_jobs.settings import Settings
 
-
 # Opening a connection failed: Postgres is down, refusing, or still starting.
 _UNREACHABLE = (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
 

@@ -134,6 +134,21 @@ def replayed(job: JobRecord, *, job_type: str, lane: str, rerun: bool, now_ms: i
                        origin=None)
 
 
+class Pace:
+    """At most `rate_per_s` records a second, with no credit: time lost before a record (a
+    slow start, a stalled fetch) is not made up afterwards by a burst above the rate."""
+
+    def __init__(self, rate_per_s: float, now_s: float) -> None:
+        self.interval_s = 1.0 / rate_per_s
+        self._next_s = now_s
+
+    def wait_s(self, now_s: float) -> float:
+        """Seconds to wait before the next record; its slot is taken."""
+        wait = max(0.0, self._next_s - now_s)
+        self._next_s = max(self._next_s, now_s) + self.interval_s
+        return wait
+
+
 # -- replay -------------------------------------------------------------------------------
 
 
@@ -321,18 +336,16 @@ class _Copier:
         self.prefix = settings.topic_prefix
         self.max_payload_bytes = (target.policy.max_payload_bytes
                                   or settings.max_payload_bytes)
-        self.rate_per_s = rate_per_s
+        self.pace = None if rate_per_s is None else Pace(rate_per_s, time.monotonic())
         self.batch_limit = BATCH_RECORDS if rate_per_s is None else max(
             1, min(BATCH_RECORDS, int(rate_per_s)))
         self.batch: list[tuple[str, JobRecord]] = []
         self.marks: dict[int, int] = {}
         self.pending = 0  # records read into this batch, skipped ones included
-        self.started = time.monotonic()
 
     async def take(self, record: Any) -> None:
-        if self.rate_per_s is not None:
-            due = self.started + self.result.read / self.rate_per_s
-            wait_s = due - time.monotonic()
+        if self.pace is not None:
+            wait_s = self.pace.wait_s(time.monotonic())
             if wait_s > 0:
                 await self.flush()
                 await asyncio.sleep(wait_s)  # pacing to --rate, not waiting for a condition
@@ -574,6 +587,7 @@ async def _check_committed(settings: Settings, group: str, changes: list[OffsetC
 __all__ = [
     "GroupInUse",
     "OffsetChange",
+    "Pace",
     "ReplayInterrupted",
     "ReplayProgress",
     "ReplayResult",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import math
 import random
 import sys
 import time
@@ -135,8 +136,9 @@ async def _check_stats(settings: Settings, types: dict[str, JobTypePolicy],
                        expected: dict[str, Any], malformed: dict[str, int],
                        elapsed_s: float) -> bool:
     """What `stream-jobs stats` shows must match what the demo enqueued."""
-    # A window as long as the run, so the rates are the run's and the counts all of it.
-    shot = await collect(settings, types, window_s=max(10.0, elapsed_s + 5))
+    # A window as long as the run, so the rates are the run's and the counts all of it;
+    # whole seconds, as the table prints it.
+    shot = await collect(settings, types, window_s=float(max(10, math.ceil(elapsed_s) + 5)))
     console.print(render_stats(shot, settings, partitions=False))
     ok = True
     for t in shot.types:

@@ -134,12 +134,14 @@ class _ReplayBar:
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(),
                                   MofNCompleteColumn(), TimeElapsedColumn(), console=console)
         self._task: TaskID | None = None
+        self._running = False
 
     def started(self, result: ReplayResult) -> None:
         self.result = result
         _print_plan(result)
         if result.planned:
             self._progress.start()
+            self._running = True
             what = "reading (dry run)" if result.dry_run else "replaying"
             self._task = self._progress.add_task(what, total=result.planned)
 
@@ -149,7 +151,9 @@ class _ReplayBar:
 
     def stop(self) -> None:
         self._task = None
-        self._progress.stop()
+        if self._running:  # Progress.stop prints a line even when it never started
+            self._running = False
+            self._progress.stop()
 
 
 def _print_plan(result: ReplayResult) -> None:

@@ -48,12 +48,12 @@ def _ms() -> int:
 
 async def _fill(settings: Settings, job_type: str, count: int, *, reason: str = "max-attempts",
                 requeues: int = 0, lane: str = "default", attempt: int = 4,
-                job_ids: list[str] | None = None) -> list[str]:
+                job_ids: list[str] | None = None, failed_ago_ms: int = 0) -> list[str]:
     """Write `count` dead letters as the worker writes them; returns their job IDs."""
     now = _ms()
     failure = FailureInfo(reason, "RuntimeError", "downstream is down",
                           'Traceback (most recent call last):\n  File "h.py", line 3, in '
-                          "handler\nRuntimeError: downstream is down\n", now)
+                          "handler\nRuntimeError: downstream is down\n", now - failed_ago_ms)
     ids = job_ids or [new_job_id() for _ in range(count)]
     records = [JobRecord(job_id=job_id, job_type=job_type, payload=orjson.dumps({"n": i}),
                          key=job_id.encode(), attempt=attempt, enqueued_at_ms=now - 60_000,
@@ -76,8 +76,8 @@ async def _fill_raw(settings: Settings, job_type: str, value: bytes) -> str:
     return dict(headers)["sj-job-id"].decode()
 
 
-async def _lane_records(settings: Settings, job_type: str) -> int:
-    topic = lane_topic(settings.topic_prefix, job_type)
+async def _lane_records(settings: Settings, job_type: str, lane: str = "default") -> int:
+    topic = lane_topic(settings.topic_prefix, job_type, lane)
     async with reader(settings) as consumer:
         parts = await partitions_of(consumer, topic)
         ends = await consumer.end_offsets([TopicPartition(topic, p) for p in parts])
@@ -139,10 +139,13 @@ def _register_effects(app: App, job_type: str, broken: list[bool]) -> None:
 
 async def test_a_thousand_dead_letters_are_requeued_and_each_runs_once(
         app: App, declare: Declare, settings: Settings) -> None:
+    """1,000 letters, the handler fixed, `dlq requeue --all` killed about halfway and run
+    again: every job runs once, none is lost, a re-sent letter is a dedup hit."""
     await declare("bulk.fail", partitions=4, max_attempts=1, retry_tiers=["1s"])
     broken = [True]
     _register_effects(app, "bulk.fail", broken)
     conn = await _effects_table(settings)
+    rate_per_s = 200.0
     try:
         async with app.client() as client:
             ids = await client.enqueue_many([Job("bulk.fail", {"n": i}) for i in range(1_000)])
@@ -154,63 +157,49 @@ async def test_a_thousand_dead_letters_are_requeued_and_each_runs_once(
             1_000, {"max-attempts": 1_000}, 1_000)
 
         broken[0] = False  # the fix is deployed
-        result = await requeue(settings, "bulk.fail", select=SelectAll())
-        assert (result.requeued, result.drained, result.plan.left) == (1_000, 1_000, 0)
+        proc = await asyncio.create_subprocess_exec(
+            CLI, "dlq", "requeue", "bulk.fail", "--all", "--rate", f"{rate_per_s:g}/s",
+            env=_env(settings), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            async with reader(settings) as consumer:
+                lane = lane_topic(settings.topic_prefix, "bulk.fail")
+                tps = [TopicPartition(lane, p) for p in await partitions_of(consumer, lane)]
+                deadline = time.monotonic() + 60
+                while sum((await consumer.end_offsets(tps)).values()) < 1_500:
+                    assert proc.returncode is None, "the requeue ended before it was killed"
+                    assert time.monotonic() < deadline, "the requeue did not start within 60 s"
+                    await asyncio.sleep(0.02)  # polling interval, bounded by the deadline
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            await asyncio.wait_for(proc.wait(), 10)
+        assert proc.returncode == -signal.SIGKILL
+        at_kill = await _lane_records(settings, "bulk.fail") - 1_000
+        assert 500 <= at_kill < 1_000, at_kill
+        pending = (await list_letters(settings, "bulk.fail", limit=0)).pending_drain
+        assert 0 < pending <= 1_000 - at_kill + chunk_size(rate_per_s)
+
+        finished = await _cli(settings, "dlq", "requeue", "bulk.fail", "--all")
+        assert finished.returncode == 0, finished.stderr
+        assert f"will requeue {pending:,} as their next attempt" in finished.stdout
+        assert f"Requeued {pending:,} letters" in finished.stdout
+        sent = await _lane_records(settings, "bulk.fail") - 1_000
+        # Letters sent but not yet committed when it died are sent again: one chunk at most.
+        assert 1_000 <= sent <= 1_000 + chunk_size(rate_per_s)
+        assert (await list_letters(settings, "bulk.fail", limit=0)).pending_drain == 0
+
         fixed = app.worker("bulk.fail")
         await fixed.run(until_idle=True)
-        assert dict(fixed.outcomes) == {"succeeded": 1_000}
+        assert fixed.outcomes["succeeded"] == 1_000
+        assert fixed.outcomes["duplicate"] == sent - 1_000
+        assert set(fixed.outcomes) <= {"succeeded", "duplicate"}
         rows = await conn.fetch("SELECT job_id, attempt FROM effects")
-        assert sorted(r["job_id"] for r in rows) == sorted(ids)
+        assert sorted(r["job_id"] for r in rows) == sorted(ids)  # each effect exactly once
         assert {r["attempt"] for r in rows} == {2}  # the requeue is the next attempt
 
         # Safe to run again: the drain position is past every letter, nothing is resent.
         again = await requeue(settings, "bulk.fail", select=SelectAll())
         assert (again.plan.read, again.requeued) == (0, 0)
-        assert (await list_letters(settings, "bulk.fail", limit=0)).pending_drain == 0
-        assert await _lane_records(settings, "bulk.fail") == 2_000
-    finally:
-        await conn.close()
-
-
-async def test_a_requeue_killed_halfway_and_run_again_loses_and_repeats_nothing(
-        app: App, declare: Declare, settings: Settings) -> None:
-    await declare("kill.fail", partitions=3)
-    ids = await _fill(settings, "kill.fail", 600)
-    proc = await asyncio.create_subprocess_exec(
-        CLI, "dlq", "requeue", "kill.fail", "--all", "--rate", "100/s", env=_env(settings),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while await _lane_records(settings, "kill.fail") < 150:
-            assert proc.returncode is None, "the requeue ended before it could be killed"
-            assert time.monotonic() < deadline, "the requeue did not start within 60 s"
-            await asyncio.sleep(0.02)  # polling interval, bounded by the deadline
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        await asyncio.wait_for(proc.wait(), 10)
-    assert proc.returncode == -signal.SIGKILL
-    at_kill = await _lane_records(settings, "kill.fail")
-    assert 150 <= at_kill < 600
-    listing = await list_letters(settings, "kill.fail", limit=0)
-    assert 0 < listing.pending_drain < 600  # it had committed part of the drain
-
-    finished = await _cli(settings, "dlq", "requeue", "kill.fail", "--all")
-    assert finished.returncode == 0, finished.stderr
-    assert "Requeued" in finished.stdout
-    sent = await _lane_records(settings, "kill.fail")
-    # Letters sent but not yet committed when it died are sent again: one chunk at most.
-    assert 600 <= sent <= 600 + chunk_size(100.0)
-    assert (await list_letters(settings, "kill.fail", limit=0)).pending_drain == 0
-
-    _register_effects(app, "kill.fail", [False])
-    conn = await _effects_table(settings)
-    try:
-        worker = app.worker("kill.fail")
-        await worker.run(until_idle=True)
-        rows = await conn.fetch("SELECT job_id FROM effects")
-        assert sorted(r["job_id"] for r in rows) == sorted(ids)  # each effect exactly once
-        assert worker.outcomes["succeeded"] == 600
-        assert worker.outcomes["duplicate"] == sent - 600
+        assert await _lane_records(settings, "bulk.fail") == 1_000 + sent
     finally:
         await conn.close()
 
@@ -239,19 +228,36 @@ async def test_purge_needs_yes_and_then_empties_the_dlq(declare: Declare,
 
 async def test_list_groups_by_reason_and_show_prints_a_letter(declare: Declare,
                                                                 settings: Settings) -> None:
-    await declare("mixed.fail", partitions=2)
-    timed_out = await _fill(settings, "mixed.fail", 3, reason="timeout")
-    await _fill(settings, "mixed.fail", 2, reason="permanent")
+    await declare("mixed.fail", partitions=2, priorities=["high", "default"])
+    timed_out = await _fill(settings, "mixed.fail", 3, reason="timeout", lane="high")
+    old_permanent = await _fill(settings, "mixed.fail", 2, reason="permanent",
+                                failed_ago_ms=2 * 3_600_000)
     raw_id = await _fill_raw(settings, "mixed.fail", b"\x00\xffnot json")
 
     # Independent reads run side by side: each CLI start costs a couple of seconds.
-    listed, table, shown, raw = await asyncio.gather(
+    listed, table, shown, raw, by_reason, recent, dry = await asyncio.gather(
         _cli(settings, "dlq", "list", "mixed.fail", "--json"),
         _cli(settings, "dlq", "list", "mixed.fail", "--limit", "2"),
         _cli(settings, "dlq", "show", "mixed.fail", timed_out[1]),
-        _cli(settings, "dlq", "show", "mixed.fail", raw_id, "--json"))
-    for ran in (listed, table, shown, raw):
+        _cli(settings, "dlq", "show", "mixed.fail", raw_id, "--json"),
+        _cli(settings, "dlq", "list", "mixed.fail", "--reason", "timeout", "--json"),
+        _cli(settings, "dlq", "list", "mixed.fail", "--since", "1h", "--json"),
+        _cli(settings, "dlq", "requeue", "mixed.fail", "--reason", "timeout", "--dry-run",
+             "--reset-attempts"))
+    for ran in (listed, table, shown, raw, by_reason, recent, dry):
         assert ran.returncode == 0, ran.stderr
+
+    # --reason and --since select rows; the histogram still covers the whole DLQ.
+    timeouts = json.loads(by_reason.stdout)
+    assert sorted(r["job_id"] for r in timeouts["rows"]) == sorted(timed_out)
+    assert (timeouts["matching"], timeouts["reasons"]["permanent"]) == (3, 2)
+    since = json.loads(recent.stdout)
+    assert sorted(r["job_id"] for r in since["rows"]) == sorted([*timed_out, raw_id])
+    assert not set(old_permanent) & {r["job_id"] for r in since["rows"]}
+    # The dry run says what it would do and sends nothing.
+    assert "will requeue 3 at attempt 1 (lanes: high 3)" in dry.stdout
+    assert "Dry run: nothing was changed." in dry.stdout
+    assert await _lane_records(settings, "mixed.fail", "high") == 0
 
     listing = json.loads(listed.stdout)
     assert listing["reasons"] == {"timeout": 3, "permanent": 2, "bad-json": 1}
@@ -262,10 +268,6 @@ async def test_list_groups_by_reason_and_show_prints_a_letter(declare: Declare,
     assert (some["attempt"], some["requeues"], some["error_class"]) == (4, 0, "RuntimeError")
     assert some["failed_at"].endswith("+00:00")
 
-    timeouts = await list_letters(settings, "mixed.fail", reason="timeout",
-                                  since_ms=parse_since("1h", _ms()))
-    assert timeouts.reasons["permanent"] == 2  # the histogram covers the whole DLQ
-    assert sorted(r.job_id for r in timeouts.rows) == sorted(timed_out)
     later = await list_letters(settings, "mixed.fail",
                                since_ms=parse_since("2999-01-01T00:00:00", _ms()))
     assert (later.matching, later.rows) == (0, [])
@@ -278,13 +280,24 @@ async def test_list_groups_by_reason_and_show_prints_a_letter(declare: Declare,
     detail = json.loads(raw.stdout)
     assert (detail["payload"], detail["problem"]) == ("b'\\x00\\xffnot json'", "bad-json")
 
-    unknown_type, unknown_id, bad_time = await asyncio.gather(
+    unknown_type, unknown_id, bad_time, reset = await asyncio.gather(
         _cli(settings, "dlq", "list", "no.such.type"),
         _cli(settings, "dlq", "show", "mixed.fail", "no-such-id"),
-        _cli(settings, "dlq", "list", "mixed.fail", "--since", "last tuesday"))
+        _cli(settings, "dlq", "list", "mixed.fail", "--since", "last tuesday"),
+        _cli(settings, "dlq", "requeue", "mixed.fail", "--reason", "timeout",
+             "--reset-attempts"))
     _one_line_error(unknown_type, "Unknown job type")
     _one_line_error(unknown_id, "no-such-id")
     _one_line_error(bad_time, "--since")
+
+    # --reset-attempts starts each job again at attempt 1, on its own lane.
+    assert reset.returncode == 0, reset.stderr
+    assert "Requeued 3 letters" in reset.stdout
+    sent = await read_topic(settings, lane_topic(settings.topic_prefix, "mixed.fail", "high"))
+    jobs = [decode_record(key=r.key, value=r.value, headers=r.headers,
+                          expected_type="mixed.fail", max_payload_bytes=10**6) for r in sent]
+    assert sorted(j.job_id for j in jobs) == sorted(timed_out)
+    assert {(j.attempt, j.requeues, j.failure) for j in jobs} == {(1, 1, None)}
 
 
 async def test_selected_requeues_leave_what_cannot_or_should_not_run(

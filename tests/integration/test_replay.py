@@ -14,19 +14,21 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from stream_jobs.admin import admin_client
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext
 from stream_jobs.errors import ConfigError, GroupInUse, UnknownJobType
-from stream_jobs.naming import dlq_topic, lane_topic, worker_group
+from stream_jobs.naming import dlq_group, dlq_topic, lane_topic, worker_group
 from stream_jobs.producer import JobProducer
 from stream_jobs.record import (
     HEADER_ATTEMPT,
@@ -36,6 +38,7 @@ from stream_jobs.record import (
     HEADER_RERUN_OF,
     FailureInfo,
     JobRecord,
+    new_job_id,
 )
 from stream_jobs.replay import replay, reset_offsets
 from stream_jobs.settings import Settings
@@ -335,3 +338,118 @@ async def test_cli_answers_mistakes_with_one_sentence(ran: Ran, settings: Settin
     assert await end_offsets(settings, ran.lane) == ran.ends
     lane_tps = {TopicPartition(ran.lane, p): end for p, end in ran.ends.items()}
     assert await committed(settings, group) == lane_tps
+
+
+HOUR_MS = 3_600_000
+
+
+async def _backdated_letters(settings: Settings, hours_ago: int, count: int,
+                             first_n: int) -> None:
+    """`count` dead letters stamped `hours_ago` hours back, over both DLQ partitions."""
+    now = int(time.time() * 1000)
+    failure = FailureInfo("max-attempts", "ValueError", "boom", "", now)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        for i in range(count):
+            job = JobRecord(job_id=new_job_id(), job_type=TYPE,
+                            payload=orjson.dumps({"n": first_n + i}), key=b"k%d" % i,
+                            attempt=4, failure=failure)
+            await producer.send_and_wait(
+                dlq_topic(settings.topic_prefix, TYPE), job.payload, key=job.key,
+                headers=job.headers(), partition=i % 2,
+                timestamp_ms=now - hours_ago * HOUR_MS + i)
+    finally:
+        await producer.stop()
+
+
+def _one_error(answer: tuple[int, str, str], words: str) -> None:
+    code, out, err = answer
+    lines = err.strip().splitlines()
+    assert code == 1, (out, err)
+    assert "Traceback" not in err + out
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: "), err
+    assert words in lines[0], err
+
+
+async def test_replay_and_offsets_reset_through_the_cli(ran: Ran, settings: Settings) -> None:
+    """Ranges by offset (kept IDs, --rerun), by time, paced to another lane, and resets by
+    time and of a running group, each through `stream-jobs` as an operator runs it."""
+    prefix = settings.topic_prefix
+    p = ran.busiest()
+    q = next(part for part in ran.ends if part != p)
+    assert ran.ends[q] > 0
+    kept_last = min(ran.ends[p] - 1, 5)  # offsets 1..kept_last, job IDs kept
+    rerun_last = min(ran.ends[q] - 1, 3)  # offsets 0..rerun_last, new IDs
+    paced = min(ran.ends[p], 12)  # offsets 0..paced-1 again, to the high lane
+    rate_per_s = 10.0
+    source = await read_topic(settings, ran.lane)
+    by_id = {text(r, HEADER_JOB_ID): orjson.loads(r.value)["n"] for r in source}
+    rerun_originals = {text(r, HEADER_JOB_ID) for r in source
+                       if r.partition == q and r.offset <= rerun_last}
+
+    # Three eras of dead letters, an hour apart: the time range takes the middle one.
+    for hours_ago, first_n in ((3, 100), (2, 200), (1, 300)):
+        await _backdated_letters(settings, hours_ago, 4, first_n)
+    now = int(time.time() * 1000)
+    from_iso = datetime.fromtimestamp((now - 150 * 60_000) / 1000, UTC).isoformat()
+
+    group = worker_group(prefix, TYPE)
+    worker = ran.app.worker(TYPE)
+    running = asyncio.create_task(worker.run())
+    try:
+        async def joined() -> bool:
+            return await group_members(settings, group) > 0
+        await until(joined, "the worker joined its group")
+        kept, rerun, timed, to_high, dlq_reset, refused = await asyncio.gather(
+            run_cli(settings, "replay", ran.lane, "--partition", str(p), "--from-offset", "1",
+                    "--to-offset", str(kept_last)),
+            run_cli(settings, "replay", ran.lane, "--partition", str(q), "--from-offset", "0",
+                    "--to-offset", str(rerun_last), "--rerun"),
+            run_cli(settings, "replay", dlq_topic(prefix, TYPE), "--from-time", from_iso,
+                    "--to-time", "90m"),
+            run_cli(settings, "replay", ran.lane, "--partition", str(p), "--from-offset", "0",
+                    "--to-offset", str(paced - 1), "--to-lane", f"{TYPE}:high",
+                    "--rate", f"{rate_per_s:g}/s"),
+            run_cli(settings, "offsets", "reset", dlq_group(prefix, TYPE), "--to-time", "90m"),
+            run_cli(settings, "offsets", "reset", group, "--to-earliest"))
+    finally:
+        worker.request_stop()
+        await running
+    for answer in (kept, rerun, timed, to_high, dlq_reset):
+        assert answer[0] == 0, answer
+    assert f"wrote {kept_last:,} of {kept_last:,}" in kept[1]
+    assert f"wrote {rerun_last + 1:,} of {rerun_last + 1:,}" in rerun[1]
+    assert "wrote 4 of 4 records" in timed[1]
+    assert f"wrote {paced:,} of {paced:,}" in to_high[1]
+    _one_error(refused, "stop its workers first")
+
+    # The DLQ drain group now starts at the first letter of the last hour, per partition.
+    dlq_tps = [TopicPartition(dlq_topic(prefix, TYPE), part) for part in ran.ends]
+    assert await committed(settings, dlq_group(prefix, TYPE)) == dict.fromkeys(dlq_tps, 4)
+    assert "committed 2 offsets" in dlq_reset[1]
+
+    rest = ran.app.worker(TYPE)
+    await rest.run(until_idle=True)
+    outcomes = {k: worker.outcomes[k] + rest.outcomes[k] for k in ("succeeded", "duplicate")}
+    # Kept IDs run nothing again; --rerun and the never-run letters run exactly once each.
+    assert outcomes == {"succeeded": rerun_last + 1 + 4, "duplicate": kept_last + paced}
+    assert await ran.count("runs") == JOBS + rerun_last + 1 + 4
+    rows = await ran.db.fetch("SELECT job_id, n FROM effects")
+    new = sorted(r["n"] for r in rows if r["job_id"] not in by_id)
+    assert new == sorted([by_id[job_id] for job_id in rerun_originals] + [200, 201, 202, 203])
+
+    written = [r for r in await read_topic(settings, ran.lane)
+               if r.offset >= ran.ends[r.partition]]
+    lineage = [text(r, HEADER_RERUN_OF) for r in written if header(r, HEADER_RERUN_OF)]
+    assert sorted(lineage) == sorted(rerun_originals)
+
+    # --to-lane wrote the range to the high lane, and --rate spread it over time.
+    high = await read_topic(settings, lane_topic(prefix, TYPE, "high"))
+    assert len(high) == paced
+    # From the second record on: the first one's stamp may wait on the lane's metadata.
+    stamps = sorted(r.timestamp for r in high)[1:]
+    expected_s = (len(stamps) - 1) / rate_per_s
+    span_s = (stamps[-1] - stamps[0]) / 1000
+    assert 0.9 * expected_s <= span_s <= expected_s + 15, span_s

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -60,23 +61,55 @@ async def _commit(settings: Settings, group: str, offsets: dict[TopicPartition, 
         await consumer.stop()
 
 
+def _env(settings: Settings) -> dict[str, str]:
+    return {**os.environ,
+            "STREAM_JOBS_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "STREAM_JOBS_DATABASE_URL": settings.database_url,
+            "STREAM_JOBS_DATABASE_SCHEMA": settings.database_schema,
+            "STREAM_JOBS_TOPIC_PREFIX": settings.topic_prefix,
+            "STREAM_JOBS_TOPICS_DIR": str(settings.topics_dir)}
+
+
 async def _cli(settings: Settings, *commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
     """Run `stream-jobs` once per command, concurrently (each start imports the package)."""
-    env = {**os.environ,
-           "STREAM_JOBS_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-           "STREAM_JOBS_DATABASE_URL": settings.database_url,
-           "STREAM_JOBS_DATABASE_SCHEMA": settings.database_schema,
-           "STREAM_JOBS_TOPIC_PREFIX": settings.topic_prefix,
-           "STREAM_JOBS_TOPICS_DIR": str(settings.topics_dir)}
 
     async def run(args: list[str]) -> subprocess.CompletedProcess[str]:
         proc = await asyncio.create_subprocess_exec(
-            str(STREAM_JOBS), *args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            str(STREAM_JOBS), *args, env=_env(settings), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(), 60)
         return subprocess.CompletedProcess(args, proc.returncode or 0, out.decode(),
                                            err.decode())
 
     return list(await asyncio.gather(*(run(c) for c in commands)))
+
+
+def _default_sigint() -> None:
+    # A test run started in the background of a shell ignores SIGINT, and a child inherits
+    # that; the watched command must meet Ctrl-C as it does in a terminal.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+async def _watch(settings: Settings, *args: str, refreshes: int) -> tuple[list[Any], int, str]:
+    """`stream-jobs stats ARGS --json --watch`: the first `refreshes` documents, then Ctrl-C;
+    returns the documents, the exit code and stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        str(STREAM_JOBS), "stats", *args, "--json", "--watch", "--interval", "0.2",
+        env=_env(settings), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=_default_sigint)
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    try:
+        documents = [orjson.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
+                     for _ in range(refreshes)]
+        proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return documents, proc.returncode, err.decode()
 
 
 def _one(shot: StatsSnapshot) -> TypeStats:
@@ -125,14 +158,20 @@ async def test_a_backlog_shows_as_lag_and_the_age_of_its_oldest_job(
     assert after[other.partition].lag == other.end - 1
 
     # The JSON document a script reads says the same; an unknown type is one sentence.
+    cli_started_ms = _now_ms()
     result, unknown = await _cli(settings, ["stats", "stat.lag", "--json", "--partitions"],
                                  ["stats", "no.such"])
+    cli_ended_ms = _now_ms()
     assert result.returncode == 0, result.stderr
     document = orjson.loads(result.stdout)
     typed = document["types"]["stat.lag"]
     assert typed["lag"] == drained.lag
     assert typed["lanes"]["default"]["lag"] == drained.lag
-    assert typed["oldest_age_s"] >= true_oldest_s[0] - 1
+    # Every job left was written between before_ms and after_ms: the oldest one's age at
+    # the document's time lies between those two ages, within a second.
+    at_ms = document["at_ms"]
+    assert cli_started_ms <= at_ms <= cli_ended_ms
+    assert (at_ms - after_ms) / 1000 - 1 <= typed["oldest_age_s"] <= (at_ms - before_ms) / 1000 + 1
     assert sum(p["lag"] for p in typed["lanes"]["default"]["partitions"]) == drained.lag
     assert typed["dlq"]["depth"] == 0
     assert typed["missing_topics"] == []
@@ -178,6 +217,19 @@ async def test_tier_and_dlq_depths_count_what_waits_there(
                   {TopicPartition(tier_1h[0].topic, 0): 2})
     stats = _one(await collect(settings, types, job_type="stat.depth"))
     assert {t.name: t.lag for t in stats.tiers} == {"1s": 2, "1h": 3}
+
+    # A script reads the same depths from `--json`; `--watch` refreshes until Ctrl-C.
+    (once,), (watched, code, err) = await asyncio.gather(
+        _cli(settings, ["stats", "stat.depth", "--json"]),
+        _watch(settings, "stat.depth", refreshes=2))
+    assert once.returncode == 0, once.stderr
+    for document in (orjson.loads(once.stdout), *watched):
+        typed = document["types"]["stat.depth"]
+        assert {name: tier["depth"] for name, tier in typed["tiers"].items()} == {"1s": 2, "1h": 3}
+        assert typed["dlq"]["depth"] == 4
+        assert (typed["lag"], typed["oldest_age_s"]) == (0, None)
+    assert watched[0]["at_ms"] < watched[1]["at_ms"]
+    assert (code, err) == (0, "")  # Ctrl-C ends the watch cleanly, without a traceback
 
     # Where are the jobs? The dead letter says why; the waiting one says when.
     found = await locate_job(settings, types, dead[0].job_id, job_type="stat.depth")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 from stream_jobs.errors import ConfigError
 from stream_jobs.record import FailureInfo, JobRecord
 from stream_jobs.replay import (
+    Pace,
     ReplayResult,
     check_selection,
     parse_lane_target,
@@ -126,3 +129,26 @@ def test_the_resume_hint_warns_reruns_off_the_whole_range() -> None:
     assert "--partition 0 --from-offset 13; --partition 1 --from-offset 0" in hint
     assert "do not replay the whole range again with --rerun" in hint
     assert "also safe" in resume_hint(_result())
+
+
+def test_the_pace_gives_no_credit_for_a_slow_start_or_a_stall() -> None:
+    pace = Pace(10.0, now_s=0.0)
+    # The first record comes 5 s late (a slow first fetch): it goes at once, and the
+    # ones after it still go 0.1 s apart, not in a burst that makes up the 5 s.
+    assert pace.wait_s(5.0) == 0.0
+    waits = [pace.wait_s(5.0 + 0.1 * i) for i in range(3)]
+    assert waits == pytest.approx([0.1, 0.1, 0.1])
+    # Reading took longer than the slot: no wait, and no more than one record per slot.
+    assert pace.wait_s(9.0) == 0.0
+    assert pace.wait_s(9.0) == pytest.approx(0.1)
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=2.0), min_size=2, max_size=50))
+def test_paced_records_are_never_closer_than_the_interval(gaps: list[float]) -> None:
+    pace = Pace(20.0, now_s=0.0)
+    now, sent = 0.0, []
+    for gap in gaps:  # the time reading the next record took
+        now += gap
+        now += pace.wait_s(now)
+        sent.append(now)
+    assert all(b - a >= 0.05 - 1e-9 for a, b in pairwise(sent))
