@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
 
-import asyncpg
 from pydantic import BaseModel
 
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
+from tests.apps.bookkeeping import BookkeepingPool
 
 app = App()
 
@@ -37,29 +36,12 @@ class Posting(BaseModel):
     seq: int
 
 
-_pool: Any = None
-_pool_lock = asyncio.Lock()
-
-
-async def _deliveries_pool() -> Any:
-    """A pool of its own for the deliveries rows (autocommit, outside the dedup transaction)."""
-    global _pool
-    if _pool is not None:
-        return _pool
-    async with _pool_lock:
-        if _pool is None:
-            _pool = await asyncpg.create_pool(
-                app.settings.database_url, min_size=1, max_size=8,
-                # Bookkeeping rows: no need to wait for the WAL flush (a killed worker
-                # process loses nothing it already sent; only a Postgres crash could).
-                server_settings={"search_path": app.settings.database_schema,
-                                 "synchronous_commit": "off"})
-    return _pool
+_deliveries = BookkeepingPool(app)  # rows written outside the dedup transaction
 
 
 @app.job("ledger.post", timeout=30, concurrency=CONCURRENCY)
 async def post(job: Posting, ctx: JobContext) -> None:
-    pool = await _deliveries_pool()
+    pool = await _deliveries.get()
     await pool.execute("INSERT INTO deliveries (job_id, pid, part, pos) VALUES ($1, $2, $3, $4)",
                        ctx.job_id, os.getpid(), ctx.partition, ctx.offset)
     async with ctx.once() as conn:

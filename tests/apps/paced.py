@@ -10,39 +10,22 @@ starts across both processes on one clock. The handler does nothing else.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from typing import Any
 
-import asyncpg
-
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
+from tests.apps.bookkeeping import BookkeepingPool
 
 app = App()
 
-_pool: Any = None
-_pool_lock = asyncio.Lock()
-
-
-async def _starts_pool() -> Any:
-    global _pool
-    if _pool is not None:
-        return _pool
-    async with _pool_lock:
-        if _pool is None:
-            _pool = await asyncpg.create_pool(
-                app.settings.database_url, min_size=1, max_size=8,
-                # Bookkeeping rows: the WAL flush would only slow the unthrottled phase.
-                server_settings={"search_path": app.settings.database_schema,
-                                 "synchronous_commit": "off"})
-    return _pool
+_starts = BookkeepingPool(app)  # rows written outside the dedup transaction
 
 
 @app.job("rate.capped", concurrency=8, ordering="unordered")
 async def capped(job: dict[str, Any], ctx: JobContext) -> None:
     at = time.time()  # taken first: the row's insert time is not the start
-    pool = await _starts_pool()
+    pool = await _starts.get()
     await pool.execute("INSERT INTO starts (job_id, pid, part, at) VALUES ($1, $2, $3, $4)",
                        ctx.job_id, os.getpid(), ctx.partition, at)
