@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from stream_jobs.record import (
 from stream_jobs.requeue import SelectAll, SelectIds, SelectReason, chunk_size, requeue
 from stream_jobs.scan import partitions_of, reader
 from stream_jobs.settings import Settings
+from tests.integration.cli_env import settings_env
 
 from .conftest import Declare
 from .topic_reader import read_topic
@@ -85,12 +85,7 @@ async def _lane_records(settings: Settings, job_type: str, lane: str = "default"
 
 
 def _env(settings: Settings) -> dict[str, str]:
-    return {**os.environ,
-            "STREAM_JOBS_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-            "STREAM_JOBS_DATABASE_URL": settings.database_url,
-            "STREAM_JOBS_DATABASE_SCHEMA": settings.database_schema,
-            "STREAM_JOBS_TOPIC_PREFIX": settings.topic_prefix,
-            "STREAM_JOBS_TOPICS_DIR": str(settings.topics_dir)}
+    return settings_env(settings)
 
 
 @dataclass(frozen=True)

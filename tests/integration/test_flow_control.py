@@ -41,6 +41,7 @@ from stream_jobs.settings import Settings
 from stream_jobs.stats import TypeStats, collect
 from stream_jobs.topics import load_job_types
 from stream_jobs.worker import RATE_BUFFER_MIN, RATE_BUFFER_S, Worker
+from tests.integration.cli_env import settings_env
 from tests.waiting import until
 
 from .conftest import Declare
@@ -72,12 +73,7 @@ async def running() -> AsyncIterator[Callable[[Worker], asyncio.Task[None]]]:
 
 
 def env_of(settings: Settings) -> dict[str, str]:
-    return {**os.environ,
-            "STREAM_JOBS_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-            "STREAM_JOBS_DATABASE_URL": settings.database_url,
-            "STREAM_JOBS_DATABASE_SCHEMA": settings.database_schema,
-            "STREAM_JOBS_TOPIC_PREFIX": settings.topic_prefix,
-            "STREAM_JOBS_TOPICS_DIR": str(settings.topics_dir)}
+    return settings_env(settings)
 
 
 async def type_stats(settings: Settings, job_type: str, **options: Any) -> TypeStats:

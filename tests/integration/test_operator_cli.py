@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.settings import Settings
+from tests.integration.cli_env import settings_env
 
 from .conftest import Declare
 
@@ -24,13 +24,7 @@ PARALLEL_CLI = 4
 
 
 def _env(settings: Settings) -> dict[str, str]:
-    return {**os.environ,
-            "STREAM_JOBS_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-            "STREAM_JOBS_DATABASE_URL": settings.database_url,
-            "STREAM_JOBS_DATABASE_SCHEMA": settings.database_schema,
-            "STREAM_JOBS_TOPIC_PREFIX": settings.topic_prefix,
-            "STREAM_JOBS_TOPICS_DIR": str(settings.topics_dir),
-            "COLUMNS": "120"}
+    return settings_env(settings, COLUMNS="120")
 
 
 async def _run(settings: Settings, *args: str, timeout_s: float = 120) -> tuple[int, str, str]:

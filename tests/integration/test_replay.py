@@ -42,6 +42,7 @@ from stream_jobs.record import (
 )
 from stream_jobs.replay import replay, reset_offsets
 from stream_jobs.settings import Settings
+from tests.waiting import until
 
 from .conftest import Declare
 from .topic_reader import read_topic
@@ -49,7 +50,6 @@ from .topic_reader import read_topic
 TYPE = "replay.work"
 JOBS = 30
 STREAM_JOBS = Path(sys.executable).with_name("stream-jobs")
-POLL_S = 0.05
 
 
 @dataclass
@@ -229,11 +229,6 @@ async def committed(settings: Settings, group: str) -> dict[TopicPartition, int]
     return {tp: meta.offset for tp, meta in offsets.items()}
 
 
-async def until(condition: Any, what: str, within_s: float = 30.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not await condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(POLL_S)
 
 
 async def test_offsets_reset_refuses_a_running_group_and_works_once_stopped(

@@ -7,7 +7,6 @@ Nothing waits by sleeping: every wait polls a condition against a deadline.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from stream_jobs.record import FailureInfo, JobRecord, new_job_id
 from stream_jobs.settings import Settings
 from stream_jobs.stats import StatsSnapshot, TypeStats, collect
 from stream_jobs.topics import load_job_types
+from tests.integration.cli_env import settings_env
 
 from .conftest import Declare
 
@@ -62,12 +62,7 @@ async def _commit(settings: Settings, group: str, offsets: dict[TopicPartition, 
 
 
 def _env(settings: Settings) -> dict[str, str]:
-    return {**os.environ,
-            "STREAM_JOBS_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-            "STREAM_JOBS_DATABASE_URL": settings.database_url,
-            "STREAM_JOBS_DATABASE_SCHEMA": settings.database_schema,
-            "STREAM_JOBS_TOPIC_PREFIX": settings.topic_prefix,
-            "STREAM_JOBS_TOPICS_DIR": str(settings.topics_dir)}
+    return settings_env(settings)
 
 
 async def _cli(settings: Settings, *commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
