@@ -211,6 +211,13 @@ class Bench:
     def topics_dir(self) -> Path:
         return self.out_dir / "topics"
 
+    def stack_settings(self) -> Settings:
+        """The bench's settings with the stack folder anchored at the checkout (the bench
+        runs from a snapshot, so a relative `STREAM_JOBS_STACK_DIR` would point into it)."""
+        folder = self.base.stack_dir
+        return self.base.model_copy(update={"stack_dir": folder if folder.is_absolute()
+                                            else REPO_DIR / folder})
+
     def settings(self, prefix: str | None = None) -> Settings:
         """Settings on this run's prefix, topics folder and Postgres schema."""
         return self.base.model_copy(update={

@@ -10,6 +10,8 @@ consumer-group join are left out (they are reported separately).
 from __future__ import annotations
 
 import asyncio
+import os
+import statistics
 import subprocess
 import time
 from collections.abc import Callable
@@ -30,11 +32,13 @@ from ops.bench.common import (
     rotated,
     run_async,
 )
+from ops.bench.cpu import machine_busy_s, postgres_cpu_s, process_cpu_s
 from ops.bench.raw import raw_consume, raw_produce
 from stream_jobs.app import App, Ordering
 from stream_jobs.context import JobContext
 from stream_jobs.dedup import DedupStore
 from stream_jobs.settings import Settings
+from stream_jobs.stack import KafkaCluster, PostgresServer
 
 EFFECTS_TABLE = "bench_effects"
 
@@ -220,18 +224,41 @@ def exactly_once(b: Bench) -> None:
     contenders = [("live", "live", 64), ("deferred", "deferred", 64),
                   ("deferred256", "deferred", 256)]
     rates: dict[str, list[float]] = {name: [] for name, _, _ in contenders}
+    # Where each job's CPU goes: this process (the worker runs in it), the broker, Postgres.
+    stack = b.stack_settings()
+    brokers = [row.pid for row in KafkaCluster(stack, 1).status() if row.pid is not None]
+    postmaster = PostgresServer(stack).running_pid()
+
+    def cpu_now() -> dict[str, float]:
+        return {"worker": process_cpu_s(os.getpid()),
+                "broker": sum(process_cpu_s(p) for p in brokers),
+                "postgres": postgres_cpu_s(postmaster), "machine": machine_busy_s(),
+                "at": time.monotonic()}
+
+    cpu: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in contenders}
     for run in range(b.scale.runs):
         # Every form in every run, rotating which goes first, so they share the noise.
         shift = run % len(contenders)
         for name, mode, concurrency in contenders[shift:] + contenders[:shift]:
             run_async(prepare_effects(s, truncate=True), 60)
+            before = cpu_now()
             rates[name].append(run_async(drain(s, job_type, n, once=mode,
                                                concurrency=concurrency), 960)["rate"])
+            after = cpu_now()
+            cpu[name].append({k: after[k] - before[k] for k in after})
             distinct, total = run_async(effects_count(s), 60)
             if distinct != n or total != n:
                 raise BenchError(f"exactly-once ({name}): {total} effect rows for {distinct} "
                                  f"of {n} jobs")
             run_async(rewind_worker_group(s, job_type), 60)
+    # CPU per job over the whole drain call (start-up and the idle check included, so a
+    # little above the steady cost), median of the runs.
+    b.results.details["once_cpu"] = {
+        name: {"jobs": n, "runs": runs, "ms_per_job": {
+            part: statistics.median(r[part] for r in runs) * 1000 / n
+            for part in ("worker", "broker", "postgres", "machine")},
+            "wall_s": statistics.median(r["at"] for r in runs)}
+        for name, runs in cpu.items()}
     note = (f"{n:,} jobs, default pool of {s.database_pool_size} connections, "
             "ordering=key, concurrency {}; rows checked = N")
     b.results.add("ours.once", "exactly-once: one row via ctx.once() per job (live "

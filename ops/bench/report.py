@@ -7,6 +7,7 @@ MET / NOT MET with by how much. Pure: `render(data) -> str`.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 from collections.abc import Iterable
@@ -178,6 +179,34 @@ def _figure_rows(figures: dict[str, Any], prefix: str) -> list[list[str]]:
     return rows
 
 
+ONCE_FORMS = {"live": "ctx.once(), concurrency 64", "deferred": "ctx.once_deferred(), "
+              "concurrency 64", "deferred256": "ctx.once_deferred(), concurrency 256"}
+
+
+def once_cpu_section(once_cpu: dict[str, Any]) -> list[str]:
+    """Where an exactly-once job's CPU goes (the cost behind that goal), per form."""
+    out = ["## Where an exactly-once job's CPU goes", "",
+           "CPU time per job while each exactly-once drain ran (median of the runs; the "
+           "drain call includes start-up and the idle check): this process, which runs "
+           "the worker; the broker; Postgres (its server processes, exited backends "
+           "included); and the whole machine, which has 2 cores shared by all of them. "
+           "1,000 ms divided by the machine's ms per job over its cores bounds the jobs/s "
+           "this box could give that form.", ""]
+    rows = []
+    for name, label in ONCE_FORMS.items():
+        if name not in once_cpu:
+            continue
+        ms = once_cpu[name]["ms_per_job"]
+        cores = os.cpu_count() or 1
+        rows.append([label, f"{ms['worker']:.3f}", f"{ms['broker']:.3f}",
+                     f"{ms['postgres']:.3f}", f"{ms['machine']:.3f}",
+                     f"{cores * 1000 / ms['machine']:,.0f}" if ms["machine"] else "-"])
+    out.append(_table(["form", "worker ms/job", "broker ms/job", "Postgres ms/job",
+                       "machine ms/job", "bound on this box (jobs/s)"], rows))
+    out.append("")
+    return out
+
+
 def _profile_section(profile: dict[str, Any]) -> list[str]:
     out = ["## Profile of the no-op processing path", ""]
     out.append(f"pyinstrument, 1 ms sampling of the whole thread (event loop included), while "
@@ -271,6 +300,8 @@ def render(data: dict[str, Any]) -> str:
     out += ["## How each figure is taken", "", *METHOD, ""]
     if "profile" in details:
         out += _profile_section(details["profile"])
+    if "once_cpu" in details:
+        out += once_cpu_section(details["once_cpu"])
     retry_runs = details.get("retry_runs")
     if retry_runs:
         out += ["## Retry detail", "", "Lateness of each run's retries against 5 s (ms), and "

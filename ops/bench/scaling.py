@@ -38,7 +38,6 @@ from aiokafka.errors import KafkaError
 from ops.bench.common import (
     CODE_DIR,
     PROJECT_CLI,
-    REPO_DIR,
     Bench,
     BenchError,
     delete_topics,
@@ -47,6 +46,7 @@ from ops.bench.common import (
     rotated,
     run_async,
 )
+from ops.bench.cpu import machine_busy_s, postgres_cpu_s, process_cpu_s
 from ops.bench.ours import effects_count, prepare_effects
 from ops.bench.scaling_app import NOOP_TYPE, ONCE_TYPE, STAMPS_ENV, read_stamps
 from stream_jobs.admin import apply, group_state
@@ -68,7 +68,6 @@ JOIN_TIMEOUT_S = 180.0
 # The rate that holds the workers while they start: one job per process (a fresh token
 # bucket holds one token), then nothing for 1,000 s.
 HOLD_RATE_PER_S = 0.001
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # -- pure: the steady window and the CPU in it ----------------------------------------------
@@ -179,38 +178,6 @@ def parse_outcomes(log_text: str) -> dict[str, int]:
 # -- I/O: CPU from /proc --------------------------------------------------------------------
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rpartition(")")[2].split()  # the name in (...) may hold spaces
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of one process (all its threads); 0 once it is gone."""
-    fields = _stat_fields(pid)
-    if fields is None:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = _stat_fields(int(entry.name))
-            if fields is not None and int(fields[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine spent busy since boot (all cores, not idle or iowait)."""
-    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / _TICKS
-
-
 @dataclass(frozen=True)
 class Services:
     """The pids whose CPU a run counts besides its workers."""
@@ -219,14 +186,10 @@ class Services:
     postmaster: int | None
 
     def sample(self, workers: Sequence[int]) -> CpuSample:
-        postgres = 0.0
-        if self.postmaster is not None:
-            postgres = sum(process_cpu_s(p) for p in [self.postmaster,
-                                                      *children_of(self.postmaster)])
         return CpuSample(at=time.monotonic(),
                          workers=sum(process_cpu_s(p) for p in workers),
                          brokers=sum(process_cpu_s(p) for p in self.brokers),
-                         postgres=postgres, machine=machine_busy_s())
+                         postgres=postgres_cpu_s(self.postmaster), machine=machine_busy_s())
 
 
 # -- I/O: a broker setup, its topics and its backlogs ---------------------------------------
@@ -244,14 +207,6 @@ class Setup:
         return {**b.env(self.settings.topic_prefix),
                 "STREAM_JOBS_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
                 "STREAM_JOBS_TOPICS_DIR": str(self.settings.topics_dir)}
-
-
-def stack_settings(b: Bench) -> Settings:
-    """The bench's settings with the stack folder anchored at the checkout (the bench runs
-    from a snapshot, so a relative `STREAM_JOBS_STACK_DIR` would point into it)."""
-    folder = b.base.stack_dir
-    return b.base.model_copy(update={"stack_dir": folder if folder.is_absolute()
-                                     else REPO_DIR / folder})
 
 
 async def declare(settings: Settings, job_type: str, replication: int) -> None:
@@ -287,7 +242,7 @@ def _setup(b: Bench, brokers: int, kafka: KafkaCluster) -> Setup:
         "kafka_bootstrap": kafka.bootstrap,
         "topics_dir": b.out_dir / f"topics-scaling-{brokers}"})
     brokers_pids = [row.pid for row in kafka.status() if row.pid is not None]
-    postmaster = PostgresServer(stack_settings(b)).running_pid()
+    postmaster = PostgresServer(b.stack_settings()).running_pid()
     return Setup(brokers, settings, Services(brokers_pids, postmaster))
 
 
@@ -444,7 +399,7 @@ def scaling(b: Bench) -> None:
         "nproc": os.cpu_count(), "load_avg_before": os.getloadavg()[0], "runs": runs}
     b.results.details["scaling"] = details
     run_async(prepare_effects(b.settings(), truncate=True), 60)
-    base = stack_settings(b)
+    base = b.stack_settings()
     setups = broker_setups(os.environ.get(BROKERS_ENV, ""))
     details["broker_setups"] = setups
     for brokers in setups:
