@@ -3,8 +3,9 @@
 Each delivery is appended to a per-process log (`CHAOS_DELIVERIES_DIR/<pid>.log`, one
 line per handler call, written before anything else and outside any transaction), so
 redeliveries are countable even across kill -9 and while Postgres is down. The job's
-effect is a row in `chaos_effects`, written through `ctx.once()`: that table has no
-unique constraint, so a duplicate effect would show as a second row.
+effect is a row in `chaos_effects`, written through `ctx.once_deferred()` (odd jobs) or
+`ctx.once()` (even ones): that table has no unique constraint, so a duplicate effect
+would show as a second row.
 
 A payload with `"fail_first": true` fails its first attempt (after logging the delivery),
 so the worker must write it to a delay tier before its offset may be committed.

@@ -32,8 +32,9 @@ have their effect. Afterwards the runner waits until every job has its effect or
 dead letter and both groups (`.worker` on the lane, `.relay` on the tiers) have
 committed up to the end offsets, then judges the run from:
 
-- **Postgres**: `chaos_effects`, written by the handler inside `ctx.once()` (the dedup
-  transaction); it has no unique constraint, so a second effect for a job ID is a row.
+- **Postgres**: `chaos_effects`, written by the handler inside the dedup transaction
+  (odd jobs through `ctx.once_deferred()`, even ones through `ctx.once()`); it has no
+  unique constraint, so a second effect for a job ID is a row.
 - **the workers' delivery logs**: one line per handler call, appended (O_APPEND, one
   write) before anything else, outside any transaction; a line survives kill -9.
 - **Kafka**: the lane, tier and DLQ records, and the groups' committed and end offsets.
