@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +43,7 @@ from stream_jobs.record import (
 )
 from stream_jobs.replay import replay, reset_offsets
 from stream_jobs.settings import Settings
+from stream_jobs.worker import Worker
 from tests.waiting import until
 
 from .conftest import Declare
@@ -231,26 +233,33 @@ async def committed(settings: Settings, group: str) -> dict[TopicPartition, int]
 
 
 
-async def test_offsets_reset_refuses_a_running_group_and_works_once_stopped(
-        ran: Ran, settings: Settings) -> None:
-    group = worker_group(settings.topic_prefix, TYPE)
-    lane_tps = {TopicPartition(ran.lane, p): end for p, end in ran.ends.items()}
-    assert await committed(settings, group) == lane_tps
-
+@asynccontextmanager
+async def worker_in_group(ran: Ran, settings: Settings, group: str) -> AsyncIterator[Worker]:
+    """A worker of the type running, and a member of `group`, for the block's duration."""
     worker = ran.app.worker(TYPE)
     running = asyncio.create_task(worker.run())
     try:
         async def joined() -> bool:
             return await group_members(settings, group) > 0
         await until(joined, "the worker joined its group")
+        yield worker
+    finally:
+        worker.request_stop()
+        await running
+
+
+async def test_offsets_reset_refuses_a_running_group_and_works_once_stopped(
+        ran: Ran, settings: Settings) -> None:
+    group = worker_group(settings.topic_prefix, TYPE)
+    lane_tps = {TopicPartition(ran.lane, p): end for p, end in ran.ends.items()}
+    assert await committed(settings, group) == lane_tps
+
+    async with worker_in_group(ran, settings, group):
         with pytest.raises(GroupInUse, match="stop its workers first"):
             await reset_offsets(settings, group, to_earliest=True)
         # --force skips our check; Kafka itself refuses offsets for a group with members.
         with pytest.raises(GroupInUse, match="has active members"):
             await reset_offsets(settings, group, to_earliest=True, force=True)
-    finally:
-        worker.request_stop()
-        await running
 
     async def left() -> bool:
         return await group_members(settings, group) == 0
@@ -391,12 +400,7 @@ async def test_replay_and_offsets_reset_through_the_cli(ran: Ran, settings: Sett
     from_iso = datetime.fromtimestamp((now - 150 * 60_000) / 1000, UTC).isoformat()
 
     group = worker_group(prefix, TYPE)
-    worker = ran.app.worker(TYPE)
-    running = asyncio.create_task(worker.run())
-    try:
-        async def joined() -> bool:
-            return await group_members(settings, group) > 0
-        await until(joined, "the worker joined its group")
+    async with worker_in_group(ran, settings, group) as worker:
         kept, rerun, timed, to_high, dlq_reset, refused = await asyncio.gather(
             run_cli(settings, "replay", ran.lane, "--partition", str(p), "--from-offset", "1",
                     "--to-offset", str(kept_last)),
@@ -409,9 +413,6 @@ async def test_replay_and_offsets_reset_through_the_cli(ran: Ran, settings: Sett
                     "--rate", f"{rate_per_s:g}/s"),
             run_cli(settings, "offsets", "reset", dlq_group(prefix, TYPE), "--to-time", "90m"),
             run_cli(settings, "offsets", "reset", group, "--to-earliest"))
-    finally:
-        worker.request_stop()
-        await running
     for answer in (kept, rerun, timed, to_high, dlq_reset):
         assert answer[0] == 0, answer
     assert f"wrote {kept_last:,} of {kept_last:,}" in kept[1]
