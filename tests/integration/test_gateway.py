@@ -12,8 +12,7 @@ import asyncio
 import logging
 import re
 import socket
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -28,12 +27,12 @@ from stream_jobs.errors import PermanentError
 from stream_jobs.gateway import create_app
 from stream_jobs.metrics import serve_metrics, worker_registry
 from stream_jobs.settings import Settings
+from tests.waiting import until
 
 from .conftest import Declare
 
 TOKEN = "gw-test-token-5f1c"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-POLL_S = 0.05
 
 
 class Task(BaseModel):
@@ -41,12 +40,6 @@ class Task(BaseModel):
     fail: bool = False
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(POLL_S)  # a poll interval, not a wait for an outcome
 
 
 @asynccontextmanager

@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from stream_jobs.errors import PermanentError
 from stream_jobs.gateway import create_app
 from stream_jobs.settings import Settings
 from stream_jobs.topics import load_job_types
+from tests.waiting import until
 
 from ..conftest import Stack
 
@@ -128,12 +129,6 @@ def test_openapi_schema_holds(served: Served) -> None:
 # -- the dashboard in a browser ----------------------------------------------------------
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(POLL_S)  # a poll interval, not a wait for an outcome
 
 
 def _artifacts() -> Path:
