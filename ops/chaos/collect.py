@@ -84,28 +84,25 @@ async def read_topic(settings: Settings, topic: str) -> list[Any]:
     return records
 
 
-async def lane_records(settings: Settings, topic: str) -> list[LaneRecord]:
+async def _jobs_of(settings: Settings, topic: str) -> list[tuple[Any, str, int]]:
+    """(record, job ID, attempt) for each record of `topic` that carries a job ID."""
     found = []
     for r in await read_topic(settings, topic):
         job_id = _header(r.headers, HEADER_JOB_ID)
         attempt = _header(r.headers, HEADER_ATTEMPT)
-        if job_id is None:
-            continue
-        found.append(LaneRecord(r.partition, r.offset, job_id.decode(),
-                                int(attempt) if attempt else 1))
+        if job_id is not None:
+            found.append((r, job_id.decode(), int(attempt) if attempt else 1))
     return found
+
+
+async def lane_records(settings: Settings, topic: str) -> list[LaneRecord]:
+    return [LaneRecord(r.partition, r.offset, job_id, attempt)
+            for r, job_id, attempt in await _jobs_of(settings, topic)]
 
 
 async def forwarded(settings: Settings, topic: str, *, dead_letter: bool) -> list[Forwarded]:
-    found = []
-    for r in await read_topic(settings, topic):
-        job_id = _header(r.headers, HEADER_JOB_ID)
-        attempt = _header(r.headers, HEADER_ATTEMPT)
-        if job_id is None:
-            continue
-        found.append(Forwarded(job_id.decode(), int(attempt) if attempt else 1,
-                               r.timestamp / 1000, dead_letter))
-    return found
+    return [Forwarded(job_id, attempt, r.timestamp / 1000, dead_letter)
+            for r, job_id, attempt in await _jobs_of(settings, topic)]
 
 
 async def offsets(settings: Settings, group: str | None, topics: list[str]
