@@ -14,6 +14,7 @@ from stream_jobs.errors import PublishError
 from stream_jobs.producer import JobProducer
 from stream_jobs.record import JobRecord, new_job_id
 from stream_jobs.settings import Settings
+from tests.waiting import until
 
 
 async def _set_max_message_bytes(settings: Settings, topic: str, value: str | None) -> None:
@@ -34,24 +35,36 @@ async def test_writes_go_through_again_after_the_broker_refused_one(
     async with JobProducer(settings) as producer:
         await producer.send(topic, _job())  # the partition has a sequence already
         await _set_max_message_bytes(settings, topic, "16")
-        refused = 0
-        for _ in range(3):
+
+        async def refused() -> bool:
+            # The broker applies a config change when it reads it from the metadata log,
+            # a moment after the admin call returns: until then a write may still pass.
             try:
                 await producer.send(topic, _job())
             except PublishError:
-                refused += 1
-        assert refused == 3
+                return True
+            return False
+
+        await until(refused, "the broker refuses records over 16 bytes")
+        assert await refused()
+        assert await refused()
         await _set_max_message_bytes(settings, topic, None)
-        # The first write after the refusal may still meet the stale sequence (and renew
-        # the producer); a retry, as a worker's until_acked makes, must then succeed.
         outcomes: list[str] = []
-        for _ in range(3):
+
+        async def accepted() -> bool:
+            # Until the broker applies the reset, writes are still too large; after it, the
+            # first may meet the stale sequence (and renew the producer). Without renewal
+            # no write would ever pass again.
             try:
                 await producer.send(topic, _job())
-                outcomes.append("ok")
             except PublishError as exc:
                 outcomes.append(type(exc.__cause__).__name__)
-        assert outcomes[-1] == "ok", outcomes
-        assert outcomes.count("ok") >= 2, outcomes
+                return False
+            return True
+
+        await until(accepted, "a write goes through after the refusal")
+        assert set(outcomes) <= {"MessageSizeTooLargeError", "OutOfOrderSequenceNumber"}
+        assert await accepted(), outcomes
+        assert await accepted(), outcomes
         written = await producer.send_many([(topic, _job()) for _ in range(10)])
         assert len(written) == 10
