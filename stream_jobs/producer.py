@@ -153,51 +153,41 @@ class JobProducer:
             raise
 
     async def send_many(self, items: Sequence[tuple[str, JobRecord]]) -> list[Written]:
-        """Write many records, then wait for every acknowledgement.
+        """Write many records pipelined, then wait for every acknowledgement.
 
-        The records are sorted into one batch per partition here (Kafka's own key
-        hashing, so a key lands where a single send would put it) and each batch is handed
-        to the producer whole: one acknowledgement per partition instead of a future per
-        record. Order within a partition is the order of `items`; records without a key
-        all go to one partition, as Kafka's sticky partitioner does.
+        Each record's partition is computed here (Kafka's own key hashing, so a key lands
+        where a single send would put it; aiokafka's pure-Python hash was most of the
+        cost of a bulk enqueue). Records without a key all go to one partition per call,
+        as Kafka's sticky partitioner does. Order within a partition is that of `items`.
         Raises `PublishError` if any record was not acknowledged; the others may be written.
         """
         producer = self._producer
-        placed: list[tuple[_Batch, int]] = []
-        batches: list[_Batch] = []
-        open_batches: dict[tuple[str, int], _Batch] = {}
-        partitions: dict[str, int] = {}
-        unkeyed: dict[str, int] = {}  # records without a key stick to one partition a call
+        counts: dict[str, int] = {}
+        unkeyed: dict[str, int] = {}
+        futures = []
         for topic, rec in items:
-            count = partitions.get(topic)
+            count = counts.get(topic)
             if count is None:
-                count = partitions[topic] = await self._partition_count(topic)
+                count = counts[topic] = await self._partition_count(topic)
             if rec.key is not None:
                 partition = partition_for_key(rec.key, count)
             else:
                 partition = unkeyed.setdefault(topic, random.randrange(count))
-            batch = open_batches.get((topic, partition))
-            if batch is None or not batch.add(rec):
-                batch = _Batch(topic, partition, producer.create_batch())
-                if not batch.add(rec):  # larger than a whole batch: let send() refuse it
-                    batch = _Batch(topic, partition, None, rec)
-                open_batches[(topic, partition)] = batch
-                batches.append(batch)
-            placed.append((batch, batch.count - 1))
-        futures = [await self._submit(batch) for batch in batches]
-        # The broker's futures are awaited as they are: no task per batch.
+            futures.append(await self._enqueue(topic, rec.key, rec.payload, rec.headers(),
+                                               partition))
+        # The broker's futures are awaited as they are: no task per record.
         results = await asyncio.gather(*futures, return_exceptions=True)
         if any(isinstance(meta, OutOfOrderSequenceNumber) for meta in results):
             await self._renew(producer)
-        for batch, meta in zip(batches, results, strict=True):
+        written = []
+        for (topic, _), meta in zip(items, results, strict=True):
             if isinstance(meta, KafkaError):
-                raise PublishError(f"Kafka did not acknowledge records for {batch.topic}: "
-                                   f"{meta}") from meta
+                raise PublishError(f"Kafka did not acknowledge a record for {topic}: {meta}"
+                                   ) from meta
             if isinstance(meta, BaseException):
                 raise meta
-            batch.base_offset = meta.offset
-        return [Written(batch.topic, batch.partition, batch.base_offset + index)
-                for batch, index in placed]
+            written.append(Written(meta.topic, meta.partition, meta.offset))
+        return written
 
     async def _partition_count(self, topic: str) -> int:
         if topic not in self._known_topics:
@@ -207,20 +197,6 @@ class JobProducer:
         except KafkaError as exc:
             raise PublishError(f"Kafka did not return the partitions of {topic}: {exc}"
                                ) from exc
-
-    async def _submit(self, batch: _Batch) -> asyncio.Future[Any]:
-        if batch.builder is None:
-            assert batch.single is not None
-            rec = batch.single
-            return await self._enqueue(batch.topic, rec.key, rec.payload, rec.headers(),
-                                       batch.partition)
-        batch.builder.close()  # or a concurrent send() could append to it
-        try:
-            future: asyncio.Future[Any] = await self._producer.send_batch(
-                batch.builder, batch.topic, partition=batch.partition)
-        except KafkaError as exc:
-            raise PublishError(f"Kafka refused records for {batch.topic}: {exc}") from exc
-        return future
 
     async def _enqueue(self, topic: str, key: bytes | None, value: bytes | None,
                        headers: Sequence[tuple[str, bytes]],
@@ -254,28 +230,6 @@ class JobProducer:
         except KafkaError as exc:
             raise PublishError(f"Kafka did not acknowledge a record for {topic}: {exc}") from exc
         return Written(meta.topic, meta.partition, meta.offset)
-
-
-class _Batch:
-    """Records bound for one partition, built into one Kafka record batch."""
-
-    __slots__ = ("base_offset", "builder", "count", "partition", "single", "topic")
-
-    def __init__(self, topic: str, partition: int, builder: Any,
-                 single: JobRecord | None = None) -> None:
-        self.topic = topic
-        self.partition = partition
-        self.builder = builder
-        self.single = single
-        self.count = 0 if single is None else 1
-        self.base_offset = -1
-
-    def add(self, rec: JobRecord) -> bool:
-        if self.builder is None or self.builder.append(
-                timestamp=None, key=rec.key, value=rec.payload, headers=rec.headers()) is None:
-            return False
-        self.count += 1
-        return True
 
 
 async def until_acked(send: Callable[[], Awaitable[Written]], stopping: asyncio.Event) -> Written:

@@ -1,5 +1,5 @@
-"""`send_many` builds one record batch per partition itself; the records must land where
-a single `send` would put them, in the caller's order, at the offsets it reports."""
+"""`send_many` picks each record's partition itself; the records must land where a single
+`send` would put them, in the caller's order, at the offsets it reports."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ async def test_keyed_records_land_where_a_single_send_puts_them(settings: Settin
             assert offsets == sorted(offsets)
 
 
-async def test_records_without_a_key_and_over_one_batch(settings: Settings) -> None:
+async def test_records_without_a_key_stay_together(settings: Settings) -> None:
     (topic,) = await _topics(settings, "unkeyed", partitions=3)
     small = settings.model_copy(update={"producer_max_batch_bytes": 4096})
     items = [(topic, _job(None, size=300)) for _ in range(100)]  # ~30 KB: several batches
