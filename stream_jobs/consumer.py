@@ -28,7 +28,7 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -68,6 +68,9 @@ class Record(Protocol):
 # A runner lets other tasks run after this many records in a row (handlers that never
 # await would otherwise hold the loop, and fetches, heartbeats and commits would wait).
 RUNNER_YIELD_EVERY = 64
+# Jobs waiting for their group commit that may lend their slot at once (`lend_slot`): two
+# default-sized batches' worth, one committing while the next fills.
+MAX_LENT_SLOTS = 1000
 # How often the watchdog looks for runners past their deadline: a deadline fires at most
 # this late.
 WATCHDOG_TICK_S = 0.05
@@ -167,6 +170,7 @@ class GroupMember(ABC):
         # Finishes a record at fetch time, without starting it, when it returns True.
         self.screen: Callable[[PartitionWork, Record], bool] | None = None
         self._runners: set[Runner] = set()
+        self._lent = 0
         self._watchdog: asyncio.TimerHandle | None = None
         self.group_id = group_id
         self.topics = topics
@@ -234,10 +238,28 @@ class GroupMember(ABC):
         no waiters. A runner that finds nothing it may start ends.
         """
         ready = sum(len(q) for q in self._queues) if self._picker else len(self._ready)
-        for _ in range(min(self.concurrency, ready) - len(self._runners)):
+        # A runner whose job only waits for its group commit lent its slot (`lend_slot`).
+        active = len(self._runners) - self._lent
+        for _ in range(min(self.concurrency, ready) - active):
             runner = Runner()
             self._runners.add(runner)
             runner.task = asyncio.create_task(self._run(runner))
+
+    @contextlib.contextmanager
+    def lend_slot(self) -> Iterator[None]:
+        """Around a running job's wait for its group commit: the job holds no resource of
+        the handler's meanwhile, so another job may start in its slot. That keeps
+        `concurrency` jobs recording while earlier ones wait, so the batches fill. Up to
+        `MAX_LENT_SLOTS` at once; the chain of the waiting job stays held (key order)."""
+        if self._lent >= MAX_LENT_SLOTS:
+            yield
+            return
+        self._lent += 1
+        self._pump()
+        try:
+            yield
+        finally:
+            self._lent -= 1
 
     def _take(self) -> Chain | None:
         """The next chain to run a record of, or None if none may start now. Chains of a
@@ -286,6 +308,8 @@ class GroupMember(ABC):
             while (chain := self._take()) is not None:
                 await self._run_head(runner, chain)
                 ran += 1
+                if len(self._runners) - self._lent > self.concurrency:
+                    break  # started in a lent slot, which is back: the slot is over
                 if ran % RUNNER_YIELD_EVERY == 0:
                     await asyncio.sleep(0)
         finally:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -26,6 +26,8 @@ class JobContext:
     partition: int
     offset: int
     _dedup: DedupStore
+    # Given by the worker: wraps a wait for a group commit so the job lends its slot.
+    _lend_slot: Callable[[], AbstractContextManager[None]] | None = None
 
     @property
     def enqueued_at(self) -> datetime:
@@ -43,16 +45,17 @@ class JobContext:
         async with self._dedup.once(self.job_id, self.job_type, self.attempt) as conn:
             yield conn
 
-    @asynccontextmanager
-    async def once_deferred(self) -> AsyncIterator[DeferredWrites]:
+    def once_deferred(self) -> AbstractAsyncContextManager[DeferredWrites]:
         """Like `once()` for bodies that only write: `await writes.execute(sql, *args)`
         records a statement, and many jobs' statements and dedup rows are applied together
         in one transaction (much faster). The block returns once they committed. If an
         earlier run already committed, nothing recorded is applied and the job is
         acknowledged as a duplicate. The body cannot read through `writes`.
+        While the job waits for its batch to commit it does not count against the type's
+        `concurrency`: another job starts meanwhile, so the next batch fills.
         """
-        async with self._dedup.once_deferred(self.job_id, self.job_type, self.attempt) as writes:
-            yield writes
+        return self._dedup.once_deferred(self.job_id, self.job_type, self.attempt,
+                                         while_waiting=self._lend_slot)
 
 
 def ms_to_datetime(ms: int) -> datetime:

@@ -13,7 +13,7 @@ SQLAlchemy owns the schema (`stream_jobs.schema`); the hot path talks to asyncpg
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from datetime import datetime
 from typing import Any
 
@@ -119,12 +119,15 @@ class DedupStore:
             await pool.release(conn)
 
     @asynccontextmanager
-    async def once_deferred(self, job_id: str, job_type: str,
-                            attempt: int) -> AsyncIterator[DeferredWrites]:
+    async def once_deferred(
+            self, job_id: str, job_type: str, attempt: int, *,
+            while_waiting: Callable[[], AbstractContextManager[None]] | None = None,
+    ) -> AsyncIterator[DeferredWrites]:
         """A recording the body writes through; on a clean exit its statements and the
         job's dedup row are applied with other jobs' in one transaction, and this returns
         once that committed. Raises `AlreadyDone` (after the body) when the row existed:
-        then nothing the body recorded was applied. See `stream_jobs.deferred`."""
+        then nothing the body recorded was applied. `while_waiting` wraps the wait for the
+        commit. See `stream_jobs.deferred`."""
         if self._batcher is None:
             # One transaction at a time: under load the claims that wait meanwhile make
             # the next batch bigger, and fewer, bigger commits beat parallel small ones on
@@ -137,7 +140,9 @@ class DedupStore:
         writes = DeferredWrites()
         yield writes
         try:
-            applied = await self._batcher.apply(job_id, job_type, attempt, writes.statements)
+            with while_waiting() if while_waiting is not None else nullcontext():
+                applied = await self._batcher.apply(job_id, job_type, attempt,
+                                                    writes.statements)
         except _UNREACHABLE as exc:
             raise self._unavailable(exc) from exc
         if not applied:

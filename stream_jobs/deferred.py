@@ -112,6 +112,8 @@ class WriteBatcher:
         self._pending: list[_Claim] = []
         self._waiting: dict[str, asyncio.Future[bool]] = {}
         self._flushes: set[asyncio.Task[None]] = set()
+        # Connections between batches, at most `parallel`, held from the pool.
+        self._idle: list[Any] = []
 
     async def apply(self, job_id: str, job_type: str, attempt: int,
                     statements: list[Statement]) -> bool:
@@ -172,16 +174,27 @@ class WriteBatcher:
                     claim.outcome.set_result(claim.job_id in won)
 
     async def _write(self, batch: list[_Claim]) -> set[str]:
-        async with self._pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(CLAIM_MANY, [c.job_id for c in batch],
-                                    [c.job_type for c in batch], [c.attempt for c in batch])
-            won = {row[0] for row in rows}
-            for stage in stages([c.statements for c in batch if c.job_id in won]):
-                for sql, rows_args in stage:
-                    await conn.executemany(sql, rows_args)
+        conn = self._idle.pop() if self._idle else await self._pool.acquire()
+        try:
+            async with conn.transaction():
+                rows = await conn.fetch(CLAIM_MANY, [c.job_id for c in batch],
+                                        [c.job_type for c in batch],
+                                        [c.attempt for c in batch])
+                won = {row[0] for row in rows}
+                for stage in stages([c.statements for c in batch if c.job_id in won]):
+                    for sql, rows_args in stage:
+                        await conn.executemany(sql, rows_args)
+        except BaseException:
+            await self._pool.release(conn)  # the pool resets it, or drops a broken one
+            raise
+        # Kept for the next batch: only our own statements ran on it, so it needs none of
+        # the reset (a round trip) that a release to the pool costs.
+        self._idle.append(conn)
         return won
 
     async def close(self) -> None:
         """Wait for every batch in flight (and those still waiting for a slot)."""
         while self._flushes:
             await asyncio.gather(*self._flushes, return_exceptions=True)
+        while self._idle:
+            await self._pool.release(self._idle.pop())

@@ -118,3 +118,51 @@ async def test_a_failing_statement_fails_its_job_alone_and_writes_nothing_of_it(
     assert letter.failure.error_class.endswith("CheckViolationError")
     assert worker.outcomes["succeeded"] == 40
     assert worker.outcomes["dead_lettered"] == 1
+
+
+async def test_jobs_waiting_for_their_commit_lend_their_slots(
+        app: App, declare: Declare, settings: Settings) -> None:
+    """While a batch cannot commit, a type of concurrency 2 keeps starting jobs (their
+    bodies record and wait), yet never runs more than 2 bodies at once; all commit once."""
+    await declare("ledger.lend", partitions=2)
+    conn = await connect(settings)
+    await conn.execute("CREATE TABLE lent (job_id text PRIMARY KEY)")
+    recording = 0
+    most_recording = 0
+    recorded: set[str] = set()
+
+    @app.job("ledger.lend", ordering="unordered", concurrency=2)
+    async def lend(job: dict[str, int], ctx: JobContext) -> None:
+        nonlocal recording, most_recording
+        recording += 1
+        most_recording = max(most_recording, recording)
+        await asyncio.sleep(0)  # a body that awaits, so overlapping bodies would show
+        async with ctx.once_deferred() as writes:
+            await writes.execute("INSERT INTO lent VALUES ($1)", ctx.job_id)
+            recorded.add(ctx.job_id)
+            recording -= 1
+
+    n = 40
+    async with app.client() as client:
+        ids = await client.enqueue_many([Job("ledger.lend", {"n": i}) for i in range(n)])
+    blocker = await connect(settings)
+    # Every claim waits on this lock: no batch can commit while it is held.
+    tx = blocker.transaction()
+    await tx.start()
+    await blocker.execute("LOCK TABLE stream_jobs_done IN EXCLUSIVE MODE")
+    worker = app.worker("ledger.lend")
+    running = asyncio.create_task(worker.run(until_idle=True))
+    try:
+        await until(lambda: len(recorded) == n, "every job recorded while none can commit")
+        assert await conn.fetchval("SELECT count(*) FROM lent") == 0
+        assert worker.outcomes["succeeded"] == 0
+    finally:
+        await tx.rollback()
+        await blocker.close()
+    await asyncio.wait_for(running, 60)
+    try:
+        assert set(await conn.fetchval("SELECT array_agg(job_id) FROM lent")) == set(ids)
+    finally:
+        await conn.close()
+    assert worker.outcomes["succeeded"] == n
+    assert most_recording <= 2
