@@ -78,7 +78,10 @@ GOALS: list[Goal] = [
          ("ours.once_deferred_256", "raw.consume"), None, ">=", 0.25, "x"),
     Goal("exactly-once (ctx.once, live connection) >= 0.25x raw consume loop",
          ("ours.once", "raw.consume"), None, ">=", 0.25, "x"),
-    Goal("p99 end-to-end <= 50 ms at half capacity", None, "ours.e2e_p99", "<=", 50.0, "ms"),
+    Goal("p99 end-to-end <= 50 ms at half capacity (end-to-end capacity, producer + worker)",
+         None, "ours.e2e_p99", "<=", 50.0, "ms"),
+    Goal("the same at half the worker-alone drain rate (the box near saturation)", None,
+         "ours.e2e_half_drain_p99", "<=", 50.0, "ms"),
     Goal("RSS(big backlog) <= 1.2x RSS(small backlog)", ("ours.rss_big", "ours.rss_small"),
          None, "<=", 1.2, "x"),
     Goal("5 s retry runs within 5 s + jitter (<= 0.5 s) + 1 s at p99 (cold worker)", None,
@@ -302,6 +305,18 @@ def render(data: dict[str, Any]) -> str:
         out += _profile_section(details["profile"])
     if "once_cpu" in details:
         out += once_cpu_section(details["once_cpu"])
+    steps = details.get("latency_capacity_steps")
+    if steps:
+        out += ["## Latency detail", "", "The end-to-end capacity search: a worker and a "
+                "paced producer process, the offered rate raised a tenth of the no-op drain "
+                "rate at a time until a step did not keep up (the pacer offered less than "
+                "97% of the rate, or p99 went over 1 s: a backlog building). Latencies in "
+                "ms.", ""]
+        rows = [[f"{step['rate']:,.0f}", f"{step['offered_per_s']:,.0f}",
+                 f"{step['started_per_s']:,.0f}", f"{step['p50']:.1f}", f"{step['p99']:.1f}",
+                 "yes" if step["kept_up"] else "no"] for step in steps]
+        out += [_table(["asked (jobs/s)", "offered", "started", "p50", "p99", "kept up"],
+                       rows), ""]
     retry_runs = details.get("retry_runs")
     if retry_runs:
         out += ["## Retry detail", "", "Lateness of each run's retries against 5 s (ms), and "
@@ -645,11 +660,18 @@ METHOD = [
     "more jobs wait for each commit, so batches are bigger); all three in every run, "
     "rotating which goes first. The tables are truncated between runs and the row count "
     "is checked to equal N.",
-    "- **End-to-end latency**: a worker runs (key ordering); a separate paced process offers "
-    "half (and a quarter of) the measured no-op key capacity, every 2 ms sending the jobs "
-    "due as one `enqueue_many` (the rate it achieved is reported); the handler records "
-    "now - `ctx.enqueued_at` (stamped by `enqueue` before sending, so linger and the ack "
-    "are inside). The first second is dropped.",
+    "- **End-to-end latency**: a worker runs (key ordering); a separate paced process "
+    "offers a rate, every 2 ms sending the jobs due as one `enqueue_many` (the rate it "
+    "achieved is reported); the handler records now - `ctx.enqueued_at` (stamped by "
+    "`enqueue` before sending, so linger and the ack are inside). The first second is "
+    "dropped. Capacity is the end-to-end capacity, searched first in the same way: the "
+    "offered rate rises a tenth of the worker's no-op drain rate at a time until a step "
+    "does not keep up (see the latency detail); the last step that kept up is what "
+    "producer, broker and worker carry together. The goal is judged at half of it, three "
+    "runs (and a quarter is reported). The producer costs "
+    "about as much CPU per job as the worker, and both share the box's 2 cores with the "
+    "broker, so half the worker-alone drain rate (also reported, the measure of earlier "
+    "runs) offers close to what the box can carry at all.",
     "- **Memory**: see the memory detail. The 1,000,000-job backlog is drained once, not "
     "three times: filling it at enqueue_many speed and draining it take about two minutes "
     "each, and three drains would not fit the ~20-minute budget. Its RSS curve over the "
