@@ -37,6 +37,8 @@ from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.producer")
 
+# A call's records for one partition go as record batches of their own from this many.
+OWN_BATCH_MIN = 32
 # Headers and batch framing on top of the payload limit.
 _RECORD_OVERHEAD_BYTES = 64 * 1024
 
@@ -59,6 +61,7 @@ class JobProducer:
         self._renewing = asyncio.Lock()
         self._started = False
         self._known_topics: set[str] = set()
+        self._batch_locks: dict[tuple[str, int], asyncio.Lock] = {}
 
     def _new_producer(self) -> AIOKafkaProducer:
         settings = self._settings
@@ -153,19 +156,22 @@ class JobProducer:
             raise
 
     async def send_many(self, items: Sequence[tuple[str, JobRecord]]) -> list[Written]:
-        """Write many records pipelined, then wait for every acknowledgement.
+        """Write many records, then wait for every acknowledgement.
 
         Each record's partition is computed here (Kafka's own key hashing, so a key lands
-        where a single send would put it; aiokafka's pure-Python hash was most of the
-        cost of a bulk enqueue). Records without a key all go to one partition per call,
-        as Kafka's sticky partitioner does. Order within a partition is that of `items`.
-        Raises `PublishError` if any record was not acknowledged; the others may be written.
+        where a single send would put it); records without a key all go to one partition
+        per call, as Kafka's sticky partitioner does. A partition's share of the call goes
+        as record batches of its own when it has `OWN_BATCH_MIN` records or more (one
+        acknowledgement per batch instead of a future per record), else record by record,
+        joining the batch already open for that partition. Order within a partition is
+        that of `items`. Raises `PublishError` if any record was not acknowledged; the
+        others may be written.
         """
         producer = self._producer
         counts: dict[str, int] = {}
         unkeyed: dict[str, int] = {}
-        futures = []
-        for topic, rec in items:
+        by_partition: dict[tuple[str, int], list[int]] = {}
+        for index, (topic, rec) in enumerate(items):
             count = counts.get(topic)
             if count is None:
                 count = counts[topic] = await self._partition_count(topic)
@@ -173,21 +179,74 @@ class JobProducer:
                 partition = partition_for_key(rec.key, count)
             else:
                 partition = unkeyed.setdefault(topic, random.randrange(count))
-            futures.append(await self._enqueue(topic, rec.key, rec.payload, rec.headers(),
-                                               partition))
-        # The broker's futures are awaited as they are: no task per record.
-        results = await asyncio.gather(*futures, return_exceptions=True)
-        if any(isinstance(meta, OutOfOrderSequenceNumber) for meta in results):
+            by_partition.setdefault((topic, partition), []).append(index)
+        sent: list[tuple[list[int], asyncio.Future[Any]]] = []
+        for (topic, partition), indexes in by_partition.items():
+            if len(indexes) >= OWN_BATCH_MIN:
+                sent.extend(await self._send_batches(topic, partition, indexes, items))
+                continue
+            for index in indexes:
+                rec = items[index][1]
+                sent.append(([index], await self._enqueue(topic, rec.key, rec.payload,
+                                                          rec.headers(), partition)))
+        placed: list[Written | None] = [None] * len(items)
+        failure: KafkaError | None = None
+        renew = False
+        for indexes, future in sent:  # awaited as they are: no task per future
+            try:
+                meta = await future
+            except KafkaError as exc:
+                failure = failure or exc
+                renew = renew or isinstance(exc, OutOfOrderSequenceNumber)
+                continue
+            for position, index in enumerate(indexes):
+                placed[index] = Written(meta.topic, meta.partition, meta.offset + position)
+        if renew:
             await self._renew(producer)
-        written = []
-        for (topic, _), meta in zip(items, results, strict=True):
-            if isinstance(meta, KafkaError):
-                raise PublishError(f"Kafka did not acknowledge a record for {topic}: {meta}"
-                                   ) from meta
-            if isinstance(meta, BaseException):
-                raise meta
-            written.append(Written(meta.topic, meta.partition, meta.offset))
-        return written
+        if failure is not None:
+            missing = sorted({items[i][0] for i, where in enumerate(placed) if where is None})
+            raise PublishError(f"Kafka did not acknowledge records for {', '.join(missing)}: "
+                               f"{failure}") from failure
+        return [where for where in placed if where is not None]
+
+    async def _send_batches(self, topic: str, partition: int, indexes: list[int],
+                            items: Sequence[tuple[str, JobRecord]]
+                            ) -> list[tuple[list[int], asyncio.Future[Any]]]:
+        """`items[indexes]` as record batches of their own, in order; (indexes, future) each.
+        One call at a time per partition: aiokafka queues a batch behind the partition's
+        undrained one, and its wait for that is not made for many waiters."""
+        lock = self._batch_locks.setdefault((topic, partition), asyncio.Lock())
+        sent: list[tuple[list[int], asyncio.Future[Any]]] = []
+        async with lock:
+            builder, chunk = self._producer.create_batch(), []
+            for index in indexes:
+                rec = items[index][1]
+                if builder.append(timestamp=None, key=rec.key, value=rec.payload,
+                                  headers=rec.headers()) is not None:
+                    chunk.append(index)
+                    continue
+                if chunk:  # full: send it, start the next
+                    sent.append((chunk, await self._submit(topic, partition, builder)))
+                    builder, chunk = self._producer.create_batch(), []
+                    if builder.append(timestamp=None, key=rec.key, value=rec.payload,
+                                      headers=rec.headers()) is not None:
+                        chunk.append(index)
+                        continue
+                # Refused even by an empty batch: sent alone, for send() to say why.
+                sent.append(([index], await self._enqueue(topic, rec.key, rec.payload,
+                                                          rec.headers(), partition)))
+            if chunk:
+                sent.append((chunk, await self._submit(topic, partition, builder)))
+        return sent
+
+    async def _submit(self, topic: str, partition: int, builder: Any) -> asyncio.Future[Any]:
+        builder.close()  # or a concurrent send() could append to it
+        try:
+            future: asyncio.Future[Any] = await self._producer.send_batch(
+                builder, topic, partition=partition)
+        except KafkaError as exc:
+            raise PublishError(f"Kafka refused records for {topic}: {exc}") from exc
+        return future
 
     async def _partition_count(self, topic: str) -> int:
         if topic not in self._known_topics:

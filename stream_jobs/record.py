@@ -410,7 +410,7 @@ class JobIdSource:
             | 0b10 << 62
             | rand & 0x3FFF_FFFF_FFFF_FFFF
         )
-        text = f"{value:032x}"
+        text = value.to_bytes(16, "big").hex()
         return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 

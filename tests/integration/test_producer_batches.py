@@ -1,14 +1,17 @@
-"""`send_many` picks each record's partition itself; the records must land where a single
-`send` would put them, in the caller's order, at the offsets it reports."""
+"""`send_many` picks each record's partition itself and sends a partition's share of a call
+as record batches of its own when it is large; the records must land where a single
+`send` would put them, in the caller's order, at the offsets it reports, also when many
+calls run at once."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 
 from aiokafka.admin import NewTopic
 
 from stream_jobs.admin import admin_client
-from stream_jobs.producer import JobProducer, Written
+from stream_jobs.producer import OWN_BATCH_MIN, JobProducer, Written
 from stream_jobs.record import JobRecord, new_job_id
 from stream_jobs.settings import Settings
 from tests.integration.topic_reader import read_topic
@@ -74,3 +77,23 @@ async def test_a_record_larger_than_a_batch_still_goes_alone(settings: Settings)
     assert [w.offset for w in written] == [0, 1, 2]
     assert [len(r.value) for r in await read_topic(settings, topic)] == [100, 5000, 100]
     assert all(isinstance(w, Written) for w in written)
+
+
+async def test_many_large_calls_at_once_all_land_in_order(settings: Settings) -> None:
+    (topic,) = await _topics(settings, "concurrent", partitions=2)
+    # Large calls (a batch of their own per partition) and small ones (record by record,
+    # joining the open batch) on the same partitions at the same time.
+    sizes = [300 if c % 2 else 2 * OWN_BATCH_MIN // 4 for c in range(20)]
+    calls = [[(topic, _job(f"k{c}-{n % 7}".encode())) for n in range(size)]
+             for c, size in enumerate(sizes)]
+    async with JobProducer(settings) as producer:
+        results = await asyncio.gather(*(producer.send_many(call) for call in calls))
+    on_disk = {(r.partition, r.offset): dict(r.headers)["sj-job-id"].decode()
+               for r in await read_topic(settings, topic)}
+    assert len(on_disk) == sum(sizes)
+    for call, written in zip(calls, results, strict=True):
+        for (_, record), where in zip(call, written, strict=True):
+            assert on_disk[(where.partition, where.offset)] == record.job_id
+        for partition in (0, 1):
+            offsets = [w.offset for w in written if w.partition == partition]
+            assert offsets == sorted(offsets)
