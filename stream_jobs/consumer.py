@@ -28,7 +28,7 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -245,21 +245,12 @@ class GroupMember(ABC):
             self._runners.add(runner)
             runner.task = asyncio.create_task(self._run(runner))
 
-    @contextlib.contextmanager
-    def lend_slot(self) -> Iterator[None]:
+    def lend_slot(self) -> _LentSlot:
         """Around a running job's wait for its group commit: the job holds no resource of
         the handler's meanwhile, so another job may start in its slot. That keeps
         `concurrency` jobs recording while earlier ones wait, so the batches fill. Up to
         `MAX_LENT_SLOTS` at once; the chain of the waiting job stays held (key order)."""
-        if self._lent >= MAX_LENT_SLOTS:
-            yield
-            return
-        self._lent += 1
-        self._pump()
-        try:
-            yield
-        finally:
-            self._lent -= 1
+        return _LentSlot(self)
 
     def _take(self) -> Chain | None:
         """The next chain to run a record of, or None if none may start now. Chains of a
@@ -557,3 +548,24 @@ class GroupMember(ABC):
             if position < ends[tp] or (committed or 0) < position:
                 return False
         return True
+
+
+class _LentSlot:
+    """`with member.lend_slot():` (a class: it runs once per job on the hot path)."""
+
+    __slots__ = ("_lent", "_member")
+
+    def __init__(self, member: GroupMember) -> None:
+        self._member = member
+        self._lent = False
+
+    def __enter__(self) -> None:
+        member = self._member
+        if member._lent < MAX_LENT_SLOTS:
+            member._lent += 1
+            self._lent = True
+            member._pump()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._lent:
+            self._member._lent -= 1

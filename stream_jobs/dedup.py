@@ -13,8 +13,14 @@ SQLAlchemy owns the schema (`stream_jobs.schema`); the hot path talks to asyncpg
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    nullcontext,
+)
 from datetime import datetime
+from types import TracebackType
 from typing import Any
 
 import asyncpg
@@ -118,16 +124,18 @@ class DedupStore:
         finally:
             await pool.release(conn)
 
-    @asynccontextmanager
-    async def once_deferred(
+    def once_deferred(
             self, job_id: str, job_type: str, attempt: int, *,
             while_waiting: Callable[[], AbstractContextManager[None]] | None = None,
-    ) -> AsyncIterator[DeferredWrites]:
+    ) -> AbstractAsyncContextManager[DeferredWrites]:
         """A recording the body writes through; on a clean exit its statements and the
         job's dedup row are applied with other jobs' in one transaction, and this returns
         once that committed. Raises `AlreadyDone` (after the body) when the row existed:
         then nothing the body recorded was applied. `while_waiting` wraps the wait for the
         commit. See `stream_jobs.deferred`."""
+        return _DeferredBlock(self, job_id, job_type, attempt, while_waiting)
+
+    async def _deferred_batcher(self) -> WriteBatcher:
         if self._batcher is None:
             # One transaction at a time: under load the claims that wait meanwhile make
             # the next batch bigger, and fewer, bigger commits beat parallel small ones on
@@ -137,16 +145,7 @@ class DedupStore:
                 batch_max=self._settings.dedup_batch_max
                 if self._settings.dedup_group_commit else 1,
                 parallel=1)
-        writes = DeferredWrites()
-        yield writes
-        try:
-            with while_waiting() if while_waiting is not None else nullcontext():
-                applied = await self._batcher.apply(job_id, job_type, attempt,
-                                                    writes.statements)
-        except _UNREACHABLE as exc:
-            raise self._unavailable(exc) from exc
-        if not applied:
-            raise AlreadyDone(f"job {job_id} already finished")
+        return self._batcher
 
     async def finished(self, job_id: str) -> tuple[str, int, datetime] | None:
         """(job_type, attempt, finished_at) of a finished job, or None."""
@@ -235,3 +234,37 @@ async def prepare_schema(settings: Settings, app_sql: Sequence[str] = ()) -> Non
         await store.migrate()
     finally:
         await store.close()
+
+
+class _DeferredBlock:
+    """`async with store.once_deferred(...) as writes:` (a class, not a generator: it runs
+    once per job on the hot path)."""
+
+    __slots__ = ("_attempt", "_job_id", "_job_type", "_store", "_waiting", "_writes")
+
+    def __init__(self, store: DedupStore, job_id: str, job_type: str, attempt: int,
+                 while_waiting: Callable[[], AbstractContextManager[None]] | None) -> None:
+        self._store = store
+        self._job_id = job_id
+        self._job_type = job_type
+        self._attempt = attempt
+        self._waiting = while_waiting
+        self._writes = DeferredWrites()
+
+    async def __aenter__(self) -> DeferredWrites:
+        return self._writes
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc_type is not None:
+            return  # the body failed: nothing it recorded is applied
+        store = self._store
+        try:
+            batcher = await store._deferred_batcher()
+            with self._waiting() if self._waiting is not None else nullcontext():
+                applied = await batcher.apply(self._job_id, self._job_type, self._attempt,
+                                              self._writes.statements)
+        except _UNREACHABLE as exc:
+            raise store._unavailable(exc) from exc
+        if not applied:
+            raise AlreadyDone(f"job {self._job_id} already finished")

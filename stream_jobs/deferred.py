@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -69,8 +69,11 @@ class _Claim:
     job_type: str
     attempt: int
     statements: list[Statement]
-    outcome: asyncio.Future[bool] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future())
+    # What the job awaits. Cancelled with the job (its timeout), which leaves the batch
+    # alone: if the batch commits anyway, the job's retry finds the row (a duplicate).
+    waiter: asyncio.Future[bool]
+    # Made only when a job with the same ID waits for this claim to be settled.
+    settled: asyncio.Future[None] | None = None
 
 
 def stages(statements_per_job: Sequence[Sequence[Statement]]
@@ -110,7 +113,7 @@ class WriteBatcher:
         self._parallel = parallel
         self._active = 0
         self._pending: list[_Claim] = []
-        self._waiting: dict[str, asyncio.Future[bool]] = {}
+        self._waiting: dict[str, _Claim] = {}
         self._flushes: set[asyncio.Task[None]] = set()
         # Connections between batches, at most `parallel`, held from the pool.
         self._idle: list[Any] = []
@@ -119,22 +122,28 @@ class WriteBatcher:
                     statements: list[Statement]) -> bool:
         """Claim the job and apply its statements with its batch: True once committed,
         False if the job had already finished (nothing of it was applied)."""
+        loop = asyncio.get_running_loop()
         while (earlier := self._waiting.get(job_id)) is not None:
-            await asyncio.wait([earlier])
-        claim = _Claim(job_id, job_type, attempt, statements)
-        self._waiting[job_id] = claim.outcome
-        claim.outcome.add_done_callback(lambda _: self._forget(claim))
+            if earlier.settled is None:
+                earlier.settled = loop.create_future()
+            await asyncio.wait([earlier.settled])
+        claim = _Claim(job_id, job_type, attempt, statements, loop.create_future())
+        self._waiting[job_id] = claim
         self._pending.append(claim)
         self._start_batches()
-        # Shielded: a cancelled job (its timeout) must not cancel its batch; if the batch
-        # commits anyway, the job's retry finds the row and is a duplicate.
-        return await asyncio.shield(claim.outcome)
+        return await claim.waiter
 
-    def _forget(self, claim: _Claim) -> None:
-        if self._waiting.get(claim.job_id) is claim.outcome:
+    def _settle(self, claim: _Claim, applied: bool, error: BaseException | None) -> None:
+        if self._waiting.get(claim.job_id) is claim:
             del self._waiting[claim.job_id]
-        if not claim.outcome.cancelled():
-            claim.outcome.exception()  # heard, even if its job was cancelled meanwhile
+        if claim.settled is not None:
+            claim.settled.set_result(None)
+        if claim.waiter.done():
+            return  # its job was cancelled: nobody to tell
+        if error is not None:
+            claim.waiter.set_exception(error)
+        else:
+            claim.waiter.set_result(applied)
 
     def _start_batches(self) -> None:
         while self._pending and self._active < self._parallel:
@@ -161,17 +170,14 @@ class WriteBatcher:
                     await self._apply([claim])
                 return
             for claim in batch:
-                if not claim.outcome.done():
-                    claim.outcome.set_exception(exc)
+                self._settle(claim, False, exc)
         except BaseException as exc:
             for claim in batch:
-                if not claim.outcome.done():
-                    claim.outcome.set_exception(exc)
+                self._settle(claim, False, exc)
             raise
         else:
             for claim in batch:
-                if not claim.outcome.done():
-                    claim.outcome.set_result(claim.job_id in won)
+                self._settle(claim, claim.job_id in won, None)
 
     async def _write(self, batch: list[_Claim]) -> set[str]:
         conn = self._idle.pop() if self._idle else await self._pool.acquire()
