@@ -20,6 +20,7 @@ from aiokafka.errors import (
     ClusterAuthorizationFailedError,
     KafkaConnectionError,
     KafkaError,
+    KafkaTimeoutError,
     OutOfOrderSequenceNumber,
     TopicAuthorizationFailedError,
 )
@@ -39,6 +40,8 @@ log = logging.getLogger("stream_jobs.producer")
 
 # A call's records for one partition go as record batches of their own from this many.
 OWN_BATCH_MIN = 32
+# How long a batch of our own may wait to be queued behind the partition's previous one.
+BATCH_QUEUE_WAIT_S = 0.1
 # Headers and batch framing on top of the payload limit.
 _RECORD_OVERHEAD_BYTES = 64 * 1024
 
@@ -213,37 +216,56 @@ class JobProducer:
                             items: Sequence[tuple[str, JobRecord]]
                             ) -> list[tuple[list[int], asyncio.Future[Any]]]:
         """`items[indexes]` as record batches of their own, in order; (indexes, future) each.
-        One call at a time per partition: aiokafka queues a batch behind the partition's
-        undrained one, and its wait for that is not made for many waiters."""
+
+        One call at a time per partition. aiokafka queues a batch only once the partition's
+        previous one has drained, and its wait for that gives up (KafkaTimeoutError) when
+        other sends keep opening new ones; a batch not queued within `BATCH_QUEUE_WAIT_S`
+        is sent record by record instead, as are the rest of the call's records."""
         lock = self._batch_locks.setdefault((topic, partition), asyncio.Lock())
         sent: list[tuple[list[int], asyncio.Future[Any]]] = []
         async with lock:
-            builder, chunk = self._producer.create_batch(), []
+            chunks: list[tuple[list[int], Any]] = []
+            chunk: list[int] = []
+            builder = self._producer.create_batch()
             for index in indexes:
                 rec = items[index][1]
                 if builder.append(timestamp=None, key=rec.key, value=rec.payload,
-                                  headers=rec.headers()) is not None:
-                    chunk.append(index)
-                    continue
-                if chunk:  # full: send it, start the next
-                    sent.append((chunk, await self._submit(topic, partition, builder)))
+                                  headers=rec.headers()) is None:
+                    chunks.append((chunk, builder))  # full (or the record alone is larger)
                     builder, chunk = self._producer.create_batch(), []
                     if builder.append(timestamp=None, key=rec.key, value=rec.payload,
-                                      headers=rec.headers()) is not None:
-                        chunk.append(index)
+                                      headers=rec.headers()) is None:
+                        chunks.append(([index], None))  # for send() to refuse
                         continue
-                # Refused even by an empty batch: sent alone, for send() to say why.
-                sent.append(([index], await self._enqueue(topic, rec.key, rec.payload,
-                                                          rec.headers(), partition)))
-            if chunk:
-                sent.append((chunk, await self._submit(topic, partition, builder)))
+                chunk.append(index)
+            chunks.append((chunk, builder))
+            one_by_one = False
+            for chunk, built in chunks:
+                if not chunk:
+                    continue
+                future = None
+                if built is not None and not one_by_one:
+                    future = await self._queue_batch(topic, partition, built)
+                    one_by_one = future is None
+                if future is not None:
+                    sent.append((chunk, future))
+                    continue
+                for index in chunk:
+                    rec = items[index][1]
+                    sent.append(([index], await self._enqueue(
+                        topic, rec.key, rec.payload, rec.headers(), partition)))
         return sent
 
-    async def _submit(self, topic: str, partition: int, builder: Any) -> asyncio.Future[Any]:
+    async def _queue_batch(self, topic: str, partition: int,
+                           builder: Any) -> asyncio.Future[Any] | None:
+        """Queue a built batch; None if it could not be queued soon (nothing was sent)."""
         builder.close()  # or a concurrent send() could append to it
         try:
-            future: asyncio.Future[Any] = await self._producer.send_batch(
-                builder, topic, partition=partition)
+            future: asyncio.Future[Any] = await asyncio.wait_for(
+                self._producer.send_batch(builder, topic, partition=partition),
+                BATCH_QUEUE_WAIT_S)
+        except (TimeoutError, KafkaTimeoutError):
+            return None  # cancelled while waiting for the previous batch: not queued
         except KafkaError as exc:
             raise PublishError(f"Kafka refused records for {topic}: {exc}") from exc
         return future

@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
+import pytest
 from aiokafka.admin import NewTopic
 
+import stream_jobs.producer as producer_module
 from stream_jobs.admin import admin_client
-from stream_jobs.producer import OWN_BATCH_MIN, JobProducer, Written
+from stream_jobs.producer import BATCH_QUEUE_WAIT_S, OWN_BATCH_MIN, JobProducer, Written
 from stream_jobs.record import JobRecord, new_job_id
 from stream_jobs.settings import Settings
 from tests.integration.topic_reader import read_topic
@@ -79,7 +81,12 @@ async def test_a_record_larger_than_a_batch_still_goes_alone(settings: Settings)
     assert all(isinstance(w, Written) for w in written)
 
 
-async def test_many_large_calls_at_once_all_land_in_order(settings: Settings) -> None:
+@pytest.mark.parametrize("queue_wait_s", [BATCH_QUEUE_WAIT_S, 0.0],
+                         ids=["batches", "batches-not-queued-in-time"])
+async def test_many_large_calls_at_once_all_land_in_order(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch, queue_wait_s: float) -> None:
+    # With no time to queue a batch, every large share falls back to record-by-record.
+    monkeypatch.setattr(producer_module, "BATCH_QUEUE_WAIT_S", queue_wait_s)
     (topic,) = await _topics(settings, "concurrent", partitions=2)
     # Large calls (a batch of their own per partition) and small ones (record by record,
     # joining the open batch) on the same partitions at the same time.
