@@ -4,6 +4,8 @@ effects in one transaction, with the guarantee of `ctx.once()`."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import asyncpg
 
@@ -21,6 +23,19 @@ from tests.waiting import until
 async def connect(settings: Settings) -> asyncpg.Connection:
     return await asyncpg.connect(settings.database_url,
                                  server_settings={"search_path": settings.database_schema})
+
+
+@asynccontextmanager
+async def table_locked(settings: Settings, table: str) -> AsyncIterator[None]:
+    """`table` held in EXCLUSIVE mode by another connection until the block ends: every
+    claim or write on it waits meanwhile."""
+    locker = await connect(settings)
+    try:
+        async with locker.transaction():
+            await locker.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+            yield
+    finally:
+        await locker.close()
 
 
 async def test_deferred_effects_happen_once_in_each_jobs_own_order(
@@ -87,15 +102,10 @@ async def test_a_failing_statement_fails_its_job_alone_and_writes_nothing_of_it(
         bad = await client.enqueue("ledger.check", {"a": -1})
     # Hold the table locked until every first run has recorded: the first batch waits on
     # the lock, so all the others (the bad statement among them) form the next batch.
-    locker = await connect(settings)
-    lock = locker.transaction()
-    await lock.start()
-    await locker.execute("LOCK TABLE amounts IN EXCLUSIVE MODE")
     worker = app.worker("ledger.check")
-    running = asyncio.create_task(worker.run(until_idle=True))
-    await until(lambda: len(recorded) == 40, "every first run recorded its statement")
-    await lock.rollback()
-    await locker.close()
+    async with table_locked(settings, "amounts"):
+        running = asyncio.create_task(worker.run(until_idle=True))
+        await until(lambda: len(recorded) == 40, "every first run recorded its statement")
     await running
     try:
         rows = await conn.fetch("SELECT job_id, count(*) AS n FROM amounts GROUP BY job_id")
@@ -145,20 +155,12 @@ async def test_jobs_waiting_for_their_commit_lend_their_slots(
     n = 40
     async with app.client() as client:
         ids = await client.enqueue_many([Job("ledger.lend", {"n": i}) for i in range(n)])
-    blocker = await connect(settings)
-    # Every claim waits on this lock: no batch can commit while it is held.
-    tx = blocker.transaction()
-    await tx.start()
-    await blocker.execute("LOCK TABLE stream_jobs_done IN EXCLUSIVE MODE")
     worker = app.worker("ledger.lend")
-    running = asyncio.create_task(worker.run(until_idle=True))
-    try:
+    async with table_locked(settings, "stream_jobs_done"):  # no batch can commit
+        running = asyncio.create_task(worker.run(until_idle=True))
         await until(lambda: len(recorded) == n, "every job recorded while none can commit")
         assert await conn.fetchval("SELECT count(*) FROM lent") == 0
         assert worker.outcomes["succeeded"] == 0
-    finally:
-        await tx.rollback()
-        await blocker.close()
     await asyncio.wait_for(running, 60)
     try:
         assert set(await conn.fetchval("SELECT array_agg(job_id) FROM lent")) == set(ids)
