@@ -71,6 +71,9 @@ RUNNER_YIELD_EVERY = 64
 # Jobs waiting for their group commit that may lend their slot at once (`lend_slot`): two
 # default-sized batches' worth, one committing while the next fills.
 MAX_LENT_SLOTS = 1000
+# Bytes of record values a partition may have fetched but not finished before it pauses,
+# whatever the record count allows (2,000 records of 1 MB would be 2 GB).
+MAX_BUFFERED_BYTES = 16 * 1024 * 1024
 # How often the watchdog looks for runners past their deadline: a deadline fires at most
 # this late.
 WATCHDOG_TICK_S = 0.05
@@ -115,20 +118,41 @@ class PartitionWork:
     tracker: OffsetTracker | None = None
     revoked: bool = False
     paused: bool = False
+    # Records fetched and not finished, and their values' bytes (large jobs fill the
+    # buffer sooner than their count says).
     buffered: int = 0
+    buffered_bytes: int = 0
     chains: dict[Hashable, Chain] = field(default_factory=dict)
 
-    def dispatched(self, offset: int) -> None:
+    def dispatched(self, offset: int, size: int = 0) -> None:
         if self.tracker is None:
             self.tracker = OffsetTracker(offset)
         self.tracker.dispatched(offset)
         self.buffered += 1
+        self.buffered_bytes += size
 
-    def finished(self, offset: int) -> None:
+    def finished(self, offset: int, size: int = 0) -> None:
         # Also while revoked: work finishing in the grace period is committed.
         if self.tracker is not None:
             self.tracker.finished(offset)
         self.buffered -= 1
+        self.buffered_bytes -= size
+
+
+def over_buffer(work: PartitionWork, max_records: int) -> bool:
+    """Whether the partition holds enough to pause its fetching: `max_records` records, or
+    `MAX_BUFFERED_BYTES` of values."""
+    return work.buffered >= max_records or work.buffered_bytes >= MAX_BUFFERED_BYTES
+
+
+def drained_enough(work: PartitionWork, max_records: int) -> bool:
+    """Whether a partition paused by `over_buffer` may fetch again: half of both drained."""
+    return (work.buffered <= max_records // 2
+            and work.buffered_bytes <= MAX_BUFFERED_BYTES // 2)
+
+
+def _size(record: Record) -> int:
+    return len(record.value) if record.value is not None else 0
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -219,9 +243,10 @@ class GroupMember(ABC):
         """Track fetched records (offset order), extend their chains, start what fits."""
         screen = self.screen
         for record in records:
-            work.dispatched(record.offset)
+            size = _size(record)
+            work.dispatched(record.offset, size)
             if screen is not None and screen(work, record):
-                work.finished(record.offset)
+                work.finished(record.offset, size)
                 continue
             key = self.chain_of(record)
             chain = work.chains.get(key)
@@ -328,7 +353,7 @@ class GroupMember(ABC):
             runner.deadline = math.inf
             if finished:
                 chain.records.popleft()
-                work.finished(record.offset)
+                work.finished(record.offset, _size(record))
                 self.relieve(work)
             if finished and chain.records and not work.revoked:
                 work.ready.append(chain)
@@ -413,7 +438,7 @@ class GroupMember(ABC):
                 continue
             count += len(records)
             self.dispatch(work, records)
-            if work.buffered >= self.max_buffered and not work.paused:
+            if not work.paused and over_buffer(work, self.max_buffered):
                 self.pause(work)
         loop = asyncio.get_running_loop()
         if loop.time() - self._last_commit >= self.commit_interval_s:
@@ -460,7 +485,7 @@ class GroupMember(ABC):
 
     def relieve(self, work: PartitionWork) -> None:
         """Resume a partition paused for backpressure once half its buffer has drained."""
-        if work.paused and work.buffered <= self.max_buffered // 2:
+        if work.paused and drained_enough(work, self.max_buffered):
             self.resume(work)
 
     # -- commits and rebalance --------------------------------------------------------------
