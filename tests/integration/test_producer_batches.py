@@ -17,6 +17,7 @@ from stream_jobs.producer import BATCH_QUEUE_WAIT_S, OWN_BATCH_MIN, JobProducer,
 from stream_jobs.record import JobRecord, new_job_id
 from stream_jobs.settings import Settings
 from tests.integration.topic_reader import read_topic
+from tests.waiting import until
 
 
 def _job(key: bytes | None, size: int = 8) -> JobRecord:
@@ -27,6 +28,11 @@ async def _topics(settings: Settings, *names: str, partitions: int = 6) -> list[
     topics = [f"{settings.topic_prefix}.{name}" for name in names]
     async with admin_client(settings) as admin:
         await admin.create_topics([NewTopic(t, partitions, 1) for t in topics])
+
+        async def known() -> bool:  # a fresh broker lists a new topic a moment later
+            return set(topics) <= set(await admin.list_topics())
+
+        await until(known, f"the broker lists {topics}")
     return topics
 
 
