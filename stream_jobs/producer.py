@@ -229,12 +229,13 @@ class JobProducer:
             builder = self._producer.create_batch()
             for index in indexes:
                 rec = items[index][1]
+                headers = rec.headers()
                 if builder.append(timestamp=None, key=rec.key, value=rec.payload,
-                                  headers=rec.headers()) is None:
+                                  headers=headers) is None:
                     chunks.append((chunk, builder))  # full (or the record alone is larger)
                     builder, chunk = self._producer.create_batch(), []
                     if builder.append(timestamp=None, key=rec.key, value=rec.payload,
-                                      headers=rec.headers()) is None:
+                                      headers=headers) is None:
                         chunks.append(([index], None))  # for send() to refuse
                         continue
                 chunk.append(index)
