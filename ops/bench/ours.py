@@ -370,14 +370,21 @@ def latency(b: Bench) -> None:
     drain rate alone is close to what the box carries at all, not half of it."""
     drain = b.results.figures["ours.noop_key"].median
     capacity, steps = _capacity_search(b, drain)
-    loads = {"half": capacity * 0.5, "quarter": capacity * 0.25, "half-drain": drain * 0.5}
+    # name: (rate, figure-name suffix, "at ..." in the label, what the rate is)
+    loads = {
+        "half": (capacity * 0.5, "", "half capacity", "half of the end-to-end capacity"),
+        "quarter": (capacity * 0.25, "_quarter", "quarter capacity",
+                    "a quarter of the end-to-end capacity"),
+        "half-drain": (drain * 0.5, "_half_drain", "half the worker-alone drain rate",
+                       "half of the worker-alone no-op drain rate"),
+    }
     found: dict[str, list[dict[str, Any]]] = {name: [] for name in loads}
     for run in range(b.scale.runs):
         for name in rotated(list(loads), run):
             job_type = f"bench.e2e-{name}-r{run}"
             run_async(b.declare(job_type), 60)
             found[name].append(run_async(_latency_run(
-                b, job_type, loads[name], b.scale.e2e_seconds, 1.0), 600))
+                b, job_type, loads[name][0], b.scale.e2e_seconds, 1.0), 600))
     b.results.details["latency_runs"] = found
     b.results.details["latency_capacity_steps"] = steps
     r = b.results
@@ -385,15 +392,9 @@ def latency(b: Bench) -> None:
           [capacity], f"the highest offered rate, in tenths of the no-op drain rate, with "
           f"p99 <= {KEPT_UP_P99_MS:.0f} ms and >= {KEPT_UP_OFFERED:.0%} of it offered; "
           "steps in the latency detail")
-    described = {"half": "half of the end-to-end capacity",
-                 "quarter": "a quarter of the end-to-end capacity",
-                 "half-drain": "half of the worker-alone no-op drain rate"}
-    for name, rate in loads.items():
-        note = (f"offered {rate:,.0f} jobs/s ({described[name]}) for "
+    for name, (rate, suffix, at, described) in loads.items():
+        note = (f"offered {rate:,.0f} jobs/s ({described}) for "
                 f"{b.scale.e2e_seconds:.0f} s by a paced producer process; first 1 s dropped")
-        suffix = {"half": "", "quarter": "_quarter", "half-drain": "_half_drain"}[name]
-        at = {"half": "half capacity", "quarter": "quarter capacity",
-              "half-drain": "half the worker-alone drain rate"}[name]
         r.add(f"ours.e2e{suffix}_p50", f"end-to-end p50 at {at}", "ms",
               [x["p50"] for x in found[name]], note)
         r.add(f"ours.e2e{suffix}_p99", f"end-to-end p99 at {at}", "ms",
