@@ -15,7 +15,6 @@ lane partition and acknowledged at fetch time (`stream_jobs.heartbeats`).
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import math
 import random
@@ -30,6 +29,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from stream_jobs.app import JobHandler
+from stream_jobs.collector import worker_collector
 from stream_jobs.consumer import GroupMember, PartitionWork, Record, Runner
 from stream_jobs.context import JobContext
 from stream_jobs.control import ControlFollower, RateOverride, rate_in_force
@@ -167,9 +167,9 @@ class Worker(GroupMember):
                 background.append(asyncio.create_task(follower.follow()))
             if self.heartbeat_interval_s is not None:
                 background.append(asyncio.create_task(self._heartbeat_every()))
-            _freeze_start_up_heap()
             try:
-                await self._loop(until_idle)
+                with worker_collector():
+                    await self._loop(until_idle)
             finally:
                 if self.relay is not None:
                     await self.relay.stop()
@@ -455,12 +455,3 @@ class Worker(GroupMember):
     def _payload_limit(self) -> int:
         return self.policy.max_payload_bytes or self.settings.max_payload_bytes
 
-
-def _freeze_start_up_heap() -> None:
-    """Collect once, then move what survives start-up (modules, the app, the clients) out of
-    the collector's reach. A full collection otherwise walks that whole heap every few
-    seconds under load, stopping the loop for tens of milliseconds (the e2e latency
-    bench's p99); only objects made afterwards are walked now. The frozen objects are
-    still freed by reference counting; only a cycle among them would outlive its use."""
-    gc.collect()
-    gc.freeze()
