@@ -4,30 +4,78 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from stream_jobs.dedup import DedupStore
 from stream_jobs.deferred import DeferredWrites
+from stream_jobs.record import JobRecord
 
 
-@dataclass(frozen=True, slots=True)
 class JobContext:
-    """The running job. `job_id` is the idempotency key for effects outside Postgres."""
+    """The running job. `job_id` is the idempotency key for effects outside Postgres.
 
-    job_id: str
-    job_type: str
-    attempt: int
-    key: str | None
-    enqueued_at_ms: int
-    lane: str
-    topic: str
-    partition: int
-    offset: int
-    _dedup: DedupStore
-    # Given by the worker: wraps a wait for a group commit so the job lends its slot.
-    _lend_slot: Callable[[], AbstractContextManager[None]] | None = None
+    Read-only. Made for every job, so it keeps the decoded job and reads its fields from it
+    on demand instead of copying a dozen of them per job.
+    """
+
+    __slots__ = ("_dedup", "_job", "_lend_slot", "_offset", "_partition", "_topic")
+
+    def __init__(self, job: JobRecord, *, topic: str, partition: int, offset: int,
+                 dedup: DedupStore,
+                 lend_slot: Callable[[], AbstractContextManager[None]] | None = None) -> None:
+        self._job = job
+        self._topic = topic
+        self._partition = partition
+        self._offset = offset
+        self._dedup = dedup
+        # Given by the worker: wraps a wait for a group commit so the job lends its slot.
+        self._lend_slot = lend_slot
+
+    @property
+    def job_id(self) -> str:
+        return self._job.job_id
+
+    @property
+    def job_type(self) -> str:
+        return self._job.job_type
+
+    @property
+    def attempt(self) -> int:
+        """1 on the first run, 2 on the first retry, and so on."""
+        return self._job.attempt
+
+    @property
+    def key(self) -> str | None:
+        """The partition key as text (undecodable bytes replaced), or None."""
+        key = self._job.key
+        return key.decode(errors="replace") if key is not None else None
+
+    @property
+    def topic(self) -> str:
+        """Where the job was read from: topic, partition and offset."""
+        return self._topic
+
+    @property
+    def partition(self) -> int:
+        return self._partition
+
+    @property
+    def offset(self) -> int:
+        return self._offset
+
+    @property
+    def enqueued_at_ms(self) -> int:
+        return self._job.enqueued_at_ms
+
+    @property
+    def lane(self) -> str:
+        return self._job.lane
+
+    def __repr__(self) -> str:
+        return (f"JobContext(job_id={self.job_id!r}, job_type={self.job_type!r}, "
+                f"attempt={self.attempt}, topic={self.topic!r}, partition={self.partition}, "
+                f"offset={self.offset})")
 
     @property
     def enqueued_at(self) -> datetime:

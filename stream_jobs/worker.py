@@ -379,13 +379,8 @@ class Worker(GroupMember):
                              self._with_failure(job, record, failure))
             self.dead_letter_reasons[bad.reason] += 1
             return Outcome.DEAD_LETTERED
-        ctx = JobContext(
-            job_id=job.job_id, job_type=job.job_type, attempt=job.attempt,
-            key=job.key.decode(errors="replace") if job.key is not None else None,
-            enqueued_at_ms=job.enqueued_at_ms, lane=job.lane,
-            topic=record.topic, partition=record.partition, offset=record.offset,
-            _dedup=self.dedup, _lend_slot=self.lend_slot,
-        )
+        ctx = JobContext(job, topic=record.topic, partition=record.partition,
+                         offset=record.offset, dedup=self.dedup, lend_slot=self.lend_slot)
         error = await self._call_handler(runner, payload, ctx)
         if error is None:
             return Outcome.SUCCEEDED
