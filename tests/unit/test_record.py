@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import pickle
 import re
 import threading
@@ -30,6 +31,7 @@ from stream_jobs.record import (
     HEADER_RERUN_OF,
     HEADER_TRACEPARENT,
     HEADER_TYPE,
+    ID_RANDOM_CHUNK,
     MAX_MESSAGE_CHARS,
     MAX_TRACEBACK_CHARS,
     FailureInfo,
@@ -723,3 +725,30 @@ def test_malformed_origins_are_none(text: str) -> None:
 def test_parse_origin_never_raises(text: str) -> None:
     parsed = parse_origin(text)
     assert parsed is None or dead_letter_origin(*parsed) == text
+
+
+def test_random_bits_never_repeat_across_the_urandom_chunks() -> None:
+    source = JobIdSource()
+    # Each ID in its own millisecond, so the counter is seeded from fresh bits every time.
+    ids = [source.next_id(1_000 + i) for i in range(3 * ID_RANDOM_CHUNK + 7)]
+    tails = [i.rsplit("-", 1)[-1] for i in ids]
+    assert len(set(tails)) == len(tails)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_does_not_reuse_its_parents_random_bits() -> None:
+    source = JobIdSource()
+    source.next_id(1)  # the parent now holds a chunk of random bytes
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the same state, the same clock
+        try:
+            os.write(write, source.next_id(2).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child_id = os.read(read, 100).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert UUID7.match(child_id)
+    assert child_id != source.next_id(2)
