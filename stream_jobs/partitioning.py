@@ -31,8 +31,8 @@ def murmur2(data: bytes) -> int:
     if count:
         for k in _words(count).unpack_from(data):
             k = (k * _M) & _MASK
-            k ^= k >> 24
-            h = ((h * _M) & _MASK) ^ ((k * _M) & _MASK)
+            # One mask for the xor of two products: the bits above 32 fall off together.
+            h = ((h * _M) ^ ((k ^ (k >> 24)) * _M)) & _MASK
     tail = length & 3
     if tail:
         base = length - tail
