@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     dedup_batch_max: int = Field(default=500, gt=0)
     dedup_linger_ms: float = Field(default=3.0, ge=0)
 
+    # The collector's young-generation threshold while a worker runs (stream_jobs/collector.py):
+    # CPython's 700 cost a deferred exactly-once worker a quarter of its CPU; 0 leaves it.
+    worker_gc_young_threshold: int = Field(default=50_000, ge=0)
+
     # The HTTP gateway (`stream-jobs serve`): the bearer token of its write and operator
     # routes, request limits, and how often it samples stats for /metrics and the dashboard.
     gateway_token: SecretStr | None = None

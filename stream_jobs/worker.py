@@ -168,7 +168,7 @@ class Worker(GroupMember):
             if self.heartbeat_interval_s is not None:
                 background.append(asyncio.create_task(self._heartbeat_every()))
             try:
-                with worker_collector():
+                with worker_collector(self.settings.worker_gc_young_threshold):
                     await self._loop(until_idle)
             finally:
                 if self.relay is not None:

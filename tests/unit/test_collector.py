@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from stream_jobs.collector import YOUNG_THRESHOLD, worker_collector
+from stream_jobs.errors import ConfigError
+from stream_jobs.settings import Settings, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -47,3 +49,18 @@ def test_restores_when_the_worker_fails() -> None:
     with pytest.raises(RuntimeError), worker_collector():
         raise RuntimeError("the loop failed")
     assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_a_threshold_of_zero_leaves_the_collector_alone() -> None:
+    gc.set_threshold(700, 10, 10)
+    with worker_collector(0):
+        assert gc.get_threshold() == (700, 10, 10)
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_the_setting_reads_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAM_JOBS_WORKER_GC_YOUNG_THRESHOLD", "700")
+    assert Settings().worker_gc_young_threshold == 700
+    monkeypatch.setenv("STREAM_JOBS_WORKER_GC_YOUNG_THRESHOLD", "-1")
+    with pytest.raises(ConfigError, match="WORKER_GC_YOUNG_THRESHOLD"):
+        load_settings()
