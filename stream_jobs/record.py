@@ -438,7 +438,7 @@ class JobIdSource:
                 if self._counter > 0xFFF:
                     self._ms += 1
                     self._counter = 0
-        ms, counter = self._ms, self._counter
+            ms, counter = self._ms, self._counter
         value = (
             (ms & 0xFFFF_FFFF_FFFF) << 80
             | 0x7 << 76

@@ -752,3 +752,33 @@ def test_a_forked_child_does_not_reuse_its_parents_random_bits() -> None:
     os.waitpid(pid, 0)
     assert UUID7.match(child_id)
     assert child_id != source.next_id(2)
+
+
+class _SwitchAfterRelease:
+    """Stands in for a JobIdSource's lock: right after each release another caller takes
+    an ID, as a thread switch at that point would."""
+
+    def __init__(self, source: JobIdSource) -> None:
+        self.source = source
+        self.others: list[str] = []
+        self.inside = False
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.inside:
+            self.inside = True
+            self.others.append(self.source.next_id(5))
+            self.inside = False
+
+
+def test_an_id_is_made_from_what_its_own_turn_under_the_lock_saw() -> None:
+    source = JobIdSource()
+    switch = _SwitchAfterRelease(source)
+    source._lock = switch  # type: ignore[assignment]
+    mine = source.next_id(5)
+    other = switch.others[0]
+    # The counter (the 12 bits after the version digit) differs and orders the two.
+    assert mine[15:18] != other[15:18]
+    assert mine < other
