@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from stream_jobs.collector import YOUNG_THRESHOLD
 from stream_jobs.errors import ConfigError
 
 DEFAULT_KAFKA_PORT = 9092
@@ -64,7 +65,7 @@ class Settings(BaseSettings):
 
     # The collector's young-generation threshold while a worker runs (stream_jobs/collector.py):
     # CPython's 700 cost a deferred exactly-once worker a quarter of its CPU; 0 leaves it.
-    worker_gc_young_threshold: int = Field(default=50_000, ge=0)
+    worker_gc_young_threshold: int = Field(default=YOUNG_THRESHOLD, ge=0)
 
     # The HTTP gateway (`stream-jobs serve`): the bearer token of its write and operator
     # routes, request limits, and how often it samples stats for /metrics and the dashboard.
