@@ -123,7 +123,7 @@ Inject = Callable[[Trial], Awaitable[None]]
 async def run_trial(stack: Stack, *, scenario: str, run: int, jobs: int, inject: Inject,
                     out_dir: Path, workers: int = 3, replication: int = 1,
                     fail_fraction: float = 0.0, handler_timeout_s: float = 30.0,
-                    enqueue_over_s: float | None = None,
+                    enqueue_over_s: float | None = None, hold_ms: int = 1,
                     drain_timeout_s: float = 600.0) -> TrialResult:
     began = time.time()
     prefix = f"chaos{uuid.uuid4().hex[:10]}"
@@ -139,7 +139,7 @@ async def run_trial(stack: Stack, *, scenario: str, run: int, jobs: int, inject:
     policy = types[JOB_TYPE]
     await prepare_schema(settings, [collect.SCHEMA_SQL])
     await apply(settings, types)
-    group = WorkerGroup(settings, folder, handler_timeout_s=handler_timeout_s)
+    group = WorkerGroup(settings, folder, hold_ms=hold_ms, handler_timeout_s=handler_timeout_s)
     trial = Trial(scenario, run, jobs, stack, settings, policy, folder, group,
                   Throughput(settings), Commits(settings, worker_group(prefix, JOB_TYPE),
                                                 lane_topic(prefix, JOB_TYPE)),

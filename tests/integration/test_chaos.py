@@ -34,11 +34,11 @@ def chaos_stack(stack: ServiceStack) -> Stack:
 async def trial(chaos_stack: Stack, tmp_path: Path, name: str, inject: Inject,
                 jobs: int = JOBS, workers: int = WORKERS,
                 handler_timeout_s: float = 30.0,
-                enqueue_over_s: float | None = None) -> TrialResult:
+                enqueue_over_s: float | None = None, hold_ms: int = 1) -> TrialResult:
     result = await run_trial(chaos_stack, scenario=name, run=1, jobs=jobs, inject=inject,
                              out_dir=tmp_path, workers=workers,
                              handler_timeout_s=handler_timeout_s, drain_timeout_s=90,
-                             enqueue_over_s=enqueue_over_s)
+                             enqueue_over_s=enqueue_over_s, hold_ms=hold_ms)
     v = result.verdict
     print(f"\n[{name}] lost={v.lost} dup_effects={v.duplicate_effects} "
           f"dup_deliveries={v.duplicate_deliveries} in_flight_at_faults="
@@ -57,10 +57,12 @@ async def test_kill_9_and_a_zombie_lose_nothing_and_double_no_effect(
     # Side by side (separate topics, groups and schemas) to keep the file short.
     killed, zombie = await asyncio.gather(
         # The jobs arrive over 4 s, so the kills (0.3-0.6 s apart) land while there is
-        # work: a worker that drains a whole backlog first leaves nothing in flight.
+        # work, and each holds its transaction 50 ms (1 ms by default), so a worker has
+        # jobs in flight at any moment: fast workers otherwise finished every job
+        # between two kills, and a kill met nothing in flight.
         trial(chaos_stack, tmp_path, "kill9",
               scenarios.kill_nine(kills=3, low_s=0.3, high_s=0.6), jobs=2_000,
-              enqueue_over_s=4.0),
+              enqueue_over_s=4.0, hold_ms=50),
         # Past the 10 s session timeout: the group moves on without it; and past the
         # handler timeout, so its handlers are cancelled mid-transaction when it wakes.
         trial(chaos_stack, tmp_path, "zombie",
