@@ -9,8 +9,8 @@ from stream_jobs.app import App
 from stream_jobs.client import Job, JobClient, SyncJobClient
 from stream_jobs.context import JobContext
 from stream_jobs.errors import PermanentError, StreamJobsError
+from stream_jobs.runtime.worker import Outcome, Worker
 from stream_jobs.settings import Settings
-from stream_jobs.worker import Outcome, Worker
 
 __version__ = "0.1.0"
 

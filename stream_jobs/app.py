@@ -22,13 +22,13 @@ from pydantic import BaseModel, ValidationError
 
 from stream_jobs.context import JobContext
 from stream_jobs.errors import BadRecord, ConfigError, UnknownJobType
+from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
 from stream_jobs.naming import validate_job_type
 from stream_jobs.settings import Settings, load_settings
-from stream_jobs.topics import JobTypePolicy, get_job_type, load_job_types
 
 if TYPE_CHECKING:
     from stream_jobs.client import JobClient, SyncJobClient
-    from stream_jobs.worker import Worker
+    from stream_jobs.runtime.worker import Worker
 
 Ordering = Literal["key", "partition", "unordered"]
 ORDERINGS: tuple[Ordering, ...] = ("key", "partition", "unordered")
@@ -165,7 +165,7 @@ class App:
         return SyncJobClient(self.settings, self.job_types(), models=self.models())
 
     def worker(self, job_type: str, **options: Any) -> Worker:
-        from stream_jobs.worker import Worker
+        from stream_jobs.runtime.worker import Worker
 
         return Worker(self.settings, self.job_type(job_type), self.handler(job_type), **options)
 

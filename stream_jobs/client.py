@@ -20,12 +20,12 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from stream_jobs.errors import ConfigError, PayloadError, PayloadTooLarge
+from stream_jobs.job_types import JobTypePolicy, get_job_type
+from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import lane_topic, tier_topic
-from stream_jobs.producer import JobProducer
 from stream_jobs.record import JobRecord, encode_payload, new_job_id
 from stream_jobs.retry import tier_for_delay
 from stream_jobs.settings import Settings
-from stream_jobs.topics import JobTypePolicy, get_job_type
 
 T = TypeVar("T")
 Seconds = float | int | timedelta

@@ -7,8 +7,8 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager, asyn
 from datetime import UTC, datetime
 from typing import Any
 
-from stream_jobs.dedup import DedupStore
-from stream_jobs.deferred import DeferredWrites
+from stream_jobs.dedup.deferred import DeferredWrites
+from stream_jobs.dedup.store import DedupStore
 from stream_jobs.record import JobRecord
 
 

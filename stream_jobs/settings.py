@@ -12,7 +12,6 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from stream_jobs.collector import YOUNG_THRESHOLD
 from stream_jobs.errors import ConfigError
 
 DEFAULT_KAFKA_PORT = 9092
@@ -20,6 +19,8 @@ DEFAULT_KAFKA_PORT = 9092
 # an outgoing connection; each node also uses port + 1 (controller) and + 2 (secure).
 DEFAULT_CLUSTER_PORTS = (19092, 19192, 19292)
 DEFAULT_POSTGRES_PORT = 54320
+# The collector's young-generation threshold while a worker runs (stream_jobs/runtime/gc_tuning.py).
+YOUNG_THRESHOLD = 50_000
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -56,15 +57,16 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(default=1_048_576, gt=0)
     database_pool_size: int = Field(default=10, gt=0)
     # Group commit of ctx.once(): jobs share a transaction for up to dedup_linger_ms or
-    # dedup_batch_max jobs (at most 60), each in its own savepoint (stream_jobs/group_commit.py).
+    # dedup_batch_max jobs (at most 60), each in its own savepoint
+    # (stream_jobs/dedup/group_commit.py).
     # ctx.once_deferred() applies up to dedup_batch_max jobs per transaction, one transaction
-    # at a time, without savepoints (stream_jobs/deferred.py).
+    # at a time, without savepoints (stream_jobs/dedup/deferred.py).
     dedup_group_commit: bool = True
     dedup_batch_max: int = Field(default=500, gt=0)
     dedup_linger_ms: float = Field(default=3.0, ge=0)
 
-    # The collector's young-generation threshold while a worker runs (stream_jobs/collector.py):
-    # CPython's 700 cost a deferred exactly-once worker a quarter of its CPU; 0 leaves it.
+    # The collector's young-generation threshold while a worker runs: CPython's 700 cost a
+    # deferred exactly-once worker a quarter of its CPU; 0 leaves it.
     worker_gc_young_threshold: int = Field(default=YOUNG_THRESHOLD, ge=0)
 
     # The HTTP gateway (`stream-jobs serve`): the bearer token of its write and operator

@@ -21,11 +21,11 @@ from typing import Any, TypeVar
 
 import orjson
 
-from stream_jobs.admin import admin_client, apply
 from stream_jobs.client import Job
+from stream_jobs.job_types import JobTypePolicy, load_job_types
+from stream_jobs.kafka.admin import admin_client, apply
 from stream_jobs.naming import validate_job_type, worker_group
 from stream_jobs.settings import Settings
-from stream_jobs.topics import JobTypePolicy, load_job_types
 
 # The bench runs from a snapshot of the code taken when it starts (see run.py), so a
 # change to the checkout during a run cannot mix two versions into one set of figures.
@@ -267,7 +267,7 @@ async def fill(settings: Settings, job_type: str, n: int) -> float:
 
 async def rewind_worker_group(settings: Settings, job_type: str) -> None:
     """Commit offset 0 for the type's worker group, so the same backlog is drained again."""
-    from stream_jobs.replay import reset_offsets
+    from stream_jobs.tools.replay import reset_offsets
 
     group = worker_group(settings.topic_prefix, job_type)
     for _ in range(30):  # the group is empty once the last member's LeaveGroup landed

@@ -16,10 +16,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from ops.bench.common import FETCH_RECORDS, BenchError, payload
 from stream_jobs.client import Job, JobClient
-from stream_jobs.connection import kafka_client_kwargs
+from stream_jobs.job_types import JobTypePolicy
+from stream_jobs.kafka.connection import kafka_client_kwargs
 from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
-from stream_jobs.topics import JobTypePolicy
 
 
 def typical_record(settings: Settings) -> JobRecord:

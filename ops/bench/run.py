@@ -59,7 +59,7 @@ from ops.bench.common import (
 )
 from ops.bench.raw import record_bytes, typical_record
 from ops.bench.report import OWN_HEADINGS, merge_sections, render
-from stream_jobs.admin import admin_client
+from stream_jobs.kafka.admin import admin_client
 from stream_jobs.settings import Settings, load_settings
 from stream_jobs.stack import KafkaCluster, PostgresServer
 from stream_jobs.stack.kafka import kafka_version, ops_dir

@@ -49,13 +49,13 @@ from ops.bench.common import (
 from ops.bench.cpu import machine_busy_s, postgres_cpu_s, process_cpu_s
 from ops.bench.ours import effects_count, prepare_effects
 from ops.bench.scaling_app import NOOP_TYPE, ONCE_TYPE, STAMPS_ENV, read_stamps
-from stream_jobs.admin import apply, group_state
-from stream_jobs.control import publish_rate
 from stream_jobs.errors import PortInUse
+from stream_jobs.job_types import load_job_types
+from stream_jobs.kafka.admin import apply, group_state
 from stream_jobs.naming import worker_group
+from stream_jobs.runtime.throttle import publish_rate
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster, PostgresServer
-from stream_jobs.topics import load_job_types
 
 PARTITIONS = 12
 PROCESS_COUNTS = (1, 2, 4)

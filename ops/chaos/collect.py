@@ -12,9 +12,9 @@ from aiokafka import TopicPartition
 
 from ops.chaos.app import EFFECTS_TABLE
 from ops.chaos.evidence import Delivery, Effect, Forwarded, LaneRecord
-from stream_jobs.admin import admin_client
+from stream_jobs.kafka.admin import admin_client
+from stream_jobs.kafka.scan import reader
 from stream_jobs.record import HEADER_ATTEMPT, HEADER_JOB_ID
-from stream_jobs.scan import reader
 from stream_jobs.settings import Settings
 
 SCHEMA_SQL = (

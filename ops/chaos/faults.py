@@ -16,11 +16,11 @@ from typing import Any
 
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from stream_jobs.admin import admin_client
+from stream_jobs.job_types import TopicSpec
+from stream_jobs.kafka.admin import admin_client
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster, PostgresServer
 from stream_jobs.stack.process import read_pid
-from stream_jobs.topics import TopicSpec
 
 POLL_S = 0.2
 REFUSING_MAX_MESSAGE_BYTES = "16"

@@ -15,7 +15,7 @@ import asyncpg
 from ops.chaos.app import EFFECTS_TABLE
 from ops.chaos.evidence import CommitSample
 from ops.chaos.faults import until
-from stream_jobs.admin import admin_client, group_state
+from stream_jobs.kafka.admin import admin_client, group_state
 from stream_jobs.naming import worker_group
 from stream_jobs.settings import Settings
 

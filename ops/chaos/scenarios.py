@@ -14,7 +14,7 @@ from ops.chaos.faults import FaultError, until
 from ops.chaos.observe import group_stable
 from ops.chaos.trial import Inject, Trial
 
-SESSION_TIMEOUT_S = 10.0  # the worker consumer's session_timeout_ms (stream_jobs.consumer)
+SESSION_TIMEOUT_S = 10.0  # the worker consumer's session_timeout_ms (stream_jobs.runtime.member)
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from stream_jobs.cli.common import settings_of
 from stream_jobs.cli.worker import db_app
-from stream_jobs.dedup import DedupStore
+from stream_jobs.dedup.store import DedupStore
 from stream_jobs.durations import format_duration, parse_duration
 from stream_jobs.errors import ConfigError
-from stream_jobs.topics import JobTypePolicy, load_job_types
+from stream_jobs.job_types import JobTypePolicy, load_job_types
 
 console = Console(stderr=True)
 

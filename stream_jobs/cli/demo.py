@@ -27,20 +27,20 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from stream_jobs.admin import apply
 from stream_jobs.app import App
 from stream_jobs.cli.common import app, run_fast, settings_of
 from stream_jobs.cli.stats import render_stats
 from stream_jobs.client import Job, JobClient
-from stream_jobs.connection import kafka_client_kwargs
-from stream_jobs.dedup import prepare_schema
+from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.errors import ConfigError
+from stream_jobs.job_types import JobTypePolicy, load_job_types
+from stream_jobs.kafka.admin import apply
+from stream_jobs.kafka.connection import kafka_client_kwargs
 from stream_jobs.naming import lane_topic
+from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster, PostgresServer
-from stream_jobs.stats import collect
-from stream_jobs.topics import JobTypePolicy, load_job_types
-from stream_jobs.worker import Worker
+from stream_jobs.tools.stats import collect
 
 # Wide enough for the tables when output is piped (make, CI logs).
 console = Console(width=None if sys.stdout.isatty() else 110)

@@ -9,11 +9,11 @@ from rich.console import Console
 from rich.table import Table
 
 from stream_jobs.cli.common import settings_of
-from stream_jobs.dedup import DedupStore
+from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import StreamJobsError
-from stream_jobs.probe import probe_stack, redact
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster, PostgresServer, ServiceStatus
+from stream_jobs.tools.probe import probe_stack, redact
 
 dev_app = typer.Typer(help="Run a real Kafka and Postgres locally (development and tests).",
                       no_args_is_help=True)

@@ -1,7 +1,7 @@
 """`stream-jobs dlq list|show|requeue|purge TYPE`: look at and act on dead letters.
 
 Each command says what it will do before it changes anything, and is safe to run again:
-see `stream_jobs.requeue` for how a requeue survives being interrupted.
+see `stream_jobs.dlq.requeue` for how a requeue survives being interrupted.
 """
 
 from __future__ import annotations
@@ -21,12 +21,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from stream_jobs import dlq
 from stream_jobs.cli.common import settings_of
-from stream_jobs.durations import parse_rate
-from stream_jobs.errors import ConfigError
-from stream_jobs.letters import DEFAULT_MAX_REQUEUES, LetterRow, Verdict, parse_since
-from stream_jobs.requeue import (
+from stream_jobs.dlq import listing as dlq
+from stream_jobs.dlq.letters import DEFAULT_MAX_REQUEUES, LetterRow, Verdict, parse_since
+from stream_jobs.dlq.requeue import (
     RequeuePlan,
     RequeueResult,
     SelectAll,
@@ -34,7 +32,9 @@ from stream_jobs.requeue import (
     Selection,
     SelectReason,
 )
-from stream_jobs.requeue import requeue as requeue_letters
+from stream_jobs.dlq.requeue import requeue as requeue_letters
+from stream_jobs.durations import parse_rate
+from stream_jobs.errors import ConfigError
 from stream_jobs.settings import Settings
 
 dlq_app = typer.Typer(help="Dead letters: list, show, requeue and purge a type's DLQ.",

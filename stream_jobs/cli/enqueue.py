@@ -12,7 +12,7 @@ from stream_jobs.cli.common import app, settings_of
 from stream_jobs.client import JobClient
 from stream_jobs.durations import parse_duration
 from stream_jobs.errors import PayloadError
-from stream_jobs.topics import load_job_types
+from stream_jobs.job_types import load_job_types
 
 console = Console()
 

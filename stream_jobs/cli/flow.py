@@ -11,13 +11,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from stream_jobs.cli.common import app, settings_of
-from stream_jobs.control import RateInForce, publish_rate, rate_in_force, read_overrides
 from stream_jobs.durations import parse_rate
 from stream_jobs.errors import ConfigError
-from stream_jobs.scan import reader
+from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
+from stream_jobs.kafka.scan import reader
+from stream_jobs.runtime.throttle import RateInForce, publish_rate, rate_in_force, read_overrides
 from stream_jobs.settings import Settings
-from stream_jobs.stats import TypeStats, collect
-from stream_jobs.topics import JobTypePolicy, get_job_type, load_job_types
+from stream_jobs.tools.stats import TypeStats, collect
 
 console = Console()
 status_console = Console(stderr=True)

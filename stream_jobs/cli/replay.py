@@ -22,7 +22,7 @@ from rich.table import Table
 
 from stream_jobs.cli.common import settings_of
 from stream_jobs.durations import parse_rate
-from stream_jobs.replay import (
+from stream_jobs.tools.replay import (
     OffsetChange,
     ReplayResult,
     parse_time_ms,

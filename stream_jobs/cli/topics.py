@@ -10,10 +10,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from stream_jobs import admin
 from stream_jobs.cli.common import settings_of
+from stream_jobs.job_types import Change, JobTypePolicy, load_job_types
+from stream_jobs.kafka import admin
 from stream_jobs.settings import Settings
-from stream_jobs.topics import Change, JobTypePolicy, load_job_types
 
 topics_app = typer.Typer(help="Declare job types in topics/*.toml; plan, apply and list their "
                               "Kafka topics.", no_args_is_help=True)

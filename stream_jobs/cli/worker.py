@@ -12,10 +12,10 @@ from rich.console import Console
 
 from stream_jobs.app import App, load_app
 from stream_jobs.cli.common import app, run_fast, settings_of
-from stream_jobs.dedup import DedupStore
+from stream_jobs.dedup.store import DedupStore
 
 if TYPE_CHECKING:
-    from stream_jobs.worker import Worker
+    from stream_jobs.runtime.worker import Worker
 
 console = Console(stderr=True)
 db_app = typer.Typer(help="The dedup database.", no_args_is_help=True)
@@ -60,7 +60,7 @@ def worker(
                       f"(group {runner.group_id}); Ctrl-C drains and stops")
         metrics = None
         if settings.metrics_port:
-            from stream_jobs.metrics import serve_metrics, worker_registry
+            from stream_jobs.runtime.metrics import serve_metrics, worker_registry
 
             metrics = await serve_metrics(worker_registry(runner), settings.metrics_host,
                                           settings.metrics_port)
@@ -77,7 +77,7 @@ def worker(
 
 
 def _shadow(job_app: App, job_type: str, until_idle: bool) -> None:
-    from stream_jobs.shadow import Shadow
+    from stream_jobs.runtime.shadow import Shadow
 
     policy = job_app.job_type(job_type)
     # The model check needs the handler; an app without one still counts what decodes.

@@ -19,15 +19,15 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stream_jobs.client import Job
-from stream_jobs.dlq import list_letters
+from stream_jobs.dlq.letters import LetterRow, parse_since
+from stream_jobs.dlq.listing import list_letters
+from stream_jobs.dlq.requeue import SelectAll, SelectIds, Selection, SelectReason, requeue
 from stream_jobs.errors import PayloadTooLarge, PublishError
 from stream_jobs.gateway.auth import Authorized
 from stream_jobs.gateway.state import Gateway, gateway_of
-from stream_jobs.letters import LetterRow, parse_since
-from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, locate_job
-from stream_jobs.requeue import SelectAll, SelectIds, Selection, SelectReason, requeue
-from stream_jobs.stats import collect
-from stream_jobs.topics import get_job_type
+from stream_jobs.job_types import get_job_type
+from stream_jobs.tools.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, locate_job
+from stream_jobs.tools.stats import collect
 
 MAX_DELAY_S = 366 * 86_400.0  # a year and a day: longer is a mistake, not a schedule
 TypeName = Annotated[str, Path(alias="type", description="A declared job type, e.g. email.send.",

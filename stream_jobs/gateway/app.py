@@ -39,9 +39,9 @@ from stream_jobs.errors import (
 from stream_jobs.gateway import api, dashboard
 from stream_jobs.gateway.sampler import StatsSampler
 from stream_jobs.gateway.state import Enqueuer, Gateway
-from stream_jobs.metrics import CONTENT_TYPE
+from stream_jobs.job_types import load_job_types
+from stream_jobs.runtime.metrics import CONTENT_TYPE
 from stream_jobs.settings import Settings
-from stream_jobs.topics import load_job_types
 
 Handler = Callable[[Request, Any], Coroutine[Any, Any, Response]]
 _UNAVAILABLE = (BrokerUnavailable, PublishError, DatabaseUnavailable, AuthenticationFailed,

@@ -18,13 +18,13 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from stream_jobs.dlq import list_letters, show_letter
+from stream_jobs.dlq.listing import list_letters, show_letter
+from stream_jobs.dlq.requeue import requeue
 from stream_jobs.errors import ConfigError, LetterNotFound
 from stream_jobs.gateway.api import RequeueIn, run_requeue
 from stream_jobs.gateway.charts import bar_chart, line_chart
 from stream_jobs.gateway.state import SESSION_COOKIE, Gateway, gateway_of
-from stream_jobs.requeue import requeue
-from stream_jobs.topics import get_job_type
+from stream_jobs.job_types import get_job_type
 
 templates = Environment(loader=PackageLoader("stream_jobs.gateway", "templates"),
                         autoescape=select_autoescape(default=True), trim_blocks=True,

@@ -1,6 +1,6 @@
 """The gateway's view of the queues over time: stats sampled in the background.
 
-Every `interval_s` the sampler takes a `stream_jobs.stats` snapshot of every declared
+Every `interval_s` the sampler takes a `stream_jobs.tools.stats` snapshot of every declared
 type (per partition, for the partition metrics) and keeps a small point per type in a
 ring that covers the last hour. `/metrics` and the dashboard read the latest snapshot;
 the dashboard's charts read the ring. Nothing is persisted: a restarted gateway starts
@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from stream_jobs.errors import StreamJobsError
+from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.settings import Settings
-from stream_jobs.stats import StatsSnapshot, TypeStats, collect
-from stream_jobs.topics import JobTypePolicy
+from stream_jobs.tools.stats import StatsSnapshot, TypeStats, collect
 
 log = logging.getLogger("stream_jobs.gateway")
 

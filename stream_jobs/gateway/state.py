@@ -15,9 +15,9 @@ from pydantic import BaseModel
 
 from stream_jobs.client import JobClient
 from stream_jobs.gateway.sampler import StatsSampler
-from stream_jobs.metrics import StatsCollector
+from stream_jobs.job_types import JobTypePolicy
+from stream_jobs.runtime.metrics import StatsCollector
 from stream_jobs.settings import Settings
-from stream_jobs.topics import JobTypePolicy
 
 # The dashboard's session cookie holds a MAC of the token, never the token itself.
 SESSION_COOKIE = "sj_session"

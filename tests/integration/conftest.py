@@ -7,11 +7,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from stream_jobs.admin import apply
 from stream_jobs.app import App
-from stream_jobs.dedup import DedupStore
+from stream_jobs.dedup.store import DedupStore
+from stream_jobs.job_types import JobTypePolicy, load_job_types
+from stream_jobs.kafka.admin import apply
 from stream_jobs.settings import Settings
-from stream_jobs.topics import JobTypePolicy, load_job_types
 
 Declare = Callable[..., Awaitable[JobTypePolicy]]
 

@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from stream_jobs.cli import app
-from stream_jobs.dedup import DedupStore
+from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import ConfigError
 from stream_jobs.settings import Settings
 

@@ -31,10 +31,10 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
 from stream_jobs.errors import BrokerUnavailable, DatabaseUnavailable
-from stream_jobs.probe import probe_kafka, probe_postgres
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster, PostgresServer
 from stream_jobs.stack.process import cmdline, pid_alive
+from stream_jobs.tools.probe import probe_kafka, probe_postgres
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "stream-jobs"

@@ -19,11 +19,13 @@ from aiokafka import TopicPartition
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext
-from stream_jobs.dlq import list_letters
+from stream_jobs.dlq.letters import Verdict, parse_since
+from stream_jobs.dlq.listing import list_letters
+from stream_jobs.dlq.requeue import SelectAll, SelectIds, SelectReason, chunk_size, requeue
 from stream_jobs.errors import LetterNotFound
-from stream_jobs.letters import Verdict, parse_since
+from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.scan import partitions_of, reader
 from stream_jobs.naming import dlq_topic, lane_topic
-from stream_jobs.producer import JobProducer
 from stream_jobs.record import (
     FailureInfo,
     JobRecord,
@@ -31,8 +33,6 @@ from stream_jobs.record import (
     decode_record,
     new_job_id,
 )
-from stream_jobs.requeue import SelectAll, SelectIds, SelectReason, chunk_size, requeue
-from stream_jobs.scan import partitions_of, reader
 from stream_jobs.settings import Settings
 from tests.integration.cli_env import settings_env
 

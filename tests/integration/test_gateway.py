@@ -25,7 +25,7 @@ from stream_jobs.app import App
 from stream_jobs.context import JobContext
 from stream_jobs.errors import PermanentError
 from stream_jobs.gateway import create_app
-from stream_jobs.metrics import serve_metrics, worker_registry
+from stream_jobs.runtime.metrics import serve_metrics, worker_registry
 from stream_jobs.settings import Settings
 from tests.waiting import until
 

@@ -32,13 +32,13 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from stream_jobs.admin import apply
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
 from stream_jobs.errors import PermanentError
 from stream_jobs.gateway import create_app
+from stream_jobs.job_types import load_job_types
+from stream_jobs.kafka.admin import apply
 from stream_jobs.settings import Settings
-from stream_jobs.topics import load_job_types
 from tests.waiting import until
 
 from ..conftest import Stack

@@ -7,7 +7,7 @@ import asyncio
 import asyncpg
 import pytest
 
-from stream_jobs.dedup import DedupStore
+from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import AlreadyDone
 from stream_jobs.settings import Settings
 

@@ -10,7 +10,7 @@ import contextlib
 import asyncpg
 import pytest
 
-from stream_jobs.dedup import DedupStore
+from stream_jobs.dedup.store import DedupStore
 from stream_jobs.settings import Settings
 
 

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict
 
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
+from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import dlq_topic, lane_topic
-from stream_jobs.producer import JobProducer
 from stream_jobs.record import HEADER_ATTEMPT, HEADER_ERROR, JobRecord, new_job_id
 from stream_jobs.settings import Settings
 
@@ -96,4 +96,4 @@ async def test_payloads_never_reach_logs_or_error_headers(
     logged = "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in caplog.records
                        if r.name.startswith("stream_jobs") or r.levelno >= logging.INFO)
     assert CANARY not in logged
-    assert any(r.name.startswith("stream_jobs.worker") for r in caplog.records)
+    assert any(r.name.startswith("stream_jobs.runtime.worker") for r in caplog.records)

@@ -18,10 +18,10 @@ import asyncpg
 import pytest
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from stream_jobs.admin import admin_client
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
 from stream_jobs.errors import PayloadTooLarge
+from stream_jobs.kafka.admin import admin_client
 from stream_jobs.naming import dlq_topic, lane_topic, relay_group, tier_topic, worker_group
 from stream_jobs.record import decode_record
 from stream_jobs.settings import Settings

@@ -14,14 +14,14 @@ from typing import Any
 
 import asyncpg
 
-from stream_jobs.admin import group_state
 from stream_jobs.app import App
 from stream_jobs.client import Job
-from stream_jobs.consumer import PartitionWork, Record
 from stream_jobs.context import JobContext
+from stream_jobs.kafka.admin import group_state
 from stream_jobs.naming import worker_group
+from stream_jobs.runtime.member import PartitionWork, Record
+from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
-from stream_jobs.worker import Worker
 from tests.waiting import until
 
 from .conftest import Declare
@@ -101,7 +101,7 @@ async def test_buffers_stay_bounded_under_a_deep_backlog(app: App, declare: Decl
     await asyncio.wait_for(running, 120)
 
     # A partition is paused once a fetch leaves `max_buffered` or more buffered, and a
-    # fetch returns at most `fetch_records`: the bound stream_jobs/consumer.py keeps.
+    # fetch returns at most `fetch_records`: the bound stream_jobs/runtime/member.py keeps.
     limit = bound - 1 + worker.fetch_records
     print(f"\n[bounded buffers] most buffered {most[0]} (bound {limit}), backlog {n}")
     assert bound <= most[0] <= limit, (most, limit)

@@ -24,13 +24,13 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from stream_jobs.admin import admin_client
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext
 from stream_jobs.errors import ConfigError, GroupInUse, UnknownJobType
+from stream_jobs.kafka.admin import admin_client
+from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import dlq_group, dlq_topic, lane_topic, worker_group
-from stream_jobs.producer import JobProducer
 from stream_jobs.record import (
     HEADER_ATTEMPT,
     HEADER_ERROR,
@@ -41,9 +41,9 @@ from stream_jobs.record import (
     JobRecord,
     new_job_id,
 )
-from stream_jobs.replay import replay, reset_offsets
+from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
-from stream_jobs.worker import Worker
+from stream_jobs.tools.replay import replay, reset_offsets
 from tests.waiting import until
 
 from .conftest import Declare

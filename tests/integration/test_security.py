@@ -27,17 +27,17 @@ from aiokafka import TopicPartition
 from aiokafka.protocol.admin import CreateAclsRequest
 from pydantic import SecretStr
 
-from stream_jobs.admin import admin_client, apply
 from stream_jobs.app import App
 from stream_jobs.client import JobClient
 from stream_jobs.context import JobContext
 from stream_jobs.errors import AccessDenied, AuthenticationFailed, PermanentError
-from stream_jobs.producer import JobProducer
-from stream_jobs.scan import reader
+from stream_jobs.job_types import JobTypePolicy, load_job_types
+from stream_jobs.kafka.admin import admin_client, apply
+from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.scan import reader
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster
 from stream_jobs.stack.secure import ScramTls, make_tls_files
-from stream_jobs.topics import JobTypePolicy, load_job_types
 
 from .test_dev_stack import REPO, assert_one_line_error, free_port, run_cli
 

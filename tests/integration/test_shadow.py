@@ -14,12 +14,12 @@ from pydantic import BaseModel
 from stream_jobs.app import App
 from stream_jobs.client import Job, JobClient
 from stream_jobs.context import JobContext
+from stream_jobs.job_types import load_job_types
+from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import lane_topic
-from stream_jobs.producer import JobProducer
+from stream_jobs.runtime.shadow import Shadow
 from stream_jobs.settings import Settings
-from stream_jobs.shadow import Shadow
-from stream_jobs.stats import collect
-from stream_jobs.topics import load_job_types
+from stream_jobs.tools.stats import collect
 
 from .conftest import Declare
 

@@ -22,13 +22,13 @@ from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext
 from stream_jobs.errors import PermanentError
-from stream_jobs.lookup import locate_job
+from stream_jobs.job_types import load_job_types
+from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import dlq_topic, relay_group, tier_topic, worker_group
-from stream_jobs.producer import JobProducer
 from stream_jobs.record import FailureInfo, JobRecord, new_job_id
 from stream_jobs.settings import Settings
-from stream_jobs.stats import StatsSnapshot, TypeStats, collect
-from stream_jobs.topics import load_job_types
+from stream_jobs.tools.lookup import locate_job
+from stream_jobs.tools.stats import StatsSnapshot, TypeStats, collect
 from tests.integration.cli_env import settings_env
 
 from .conftest import Declare

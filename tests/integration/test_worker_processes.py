@@ -25,10 +25,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from stream_jobs.admin import admin_client, group_state
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext
+from stream_jobs.kafka.admin import admin_client, group_state
 from stream_jobs.naming import lane_topic, worker_group
 from stream_jobs.settings import Settings
 

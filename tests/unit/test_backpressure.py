@@ -6,7 +6,12 @@ from aiokafka import TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream_jobs.consumer import MAX_BUFFERED_BYTES, PartitionWork, drained_enough, over_buffer
+from stream_jobs.runtime.member import (
+    MAX_BUFFERED_BYTES,
+    PartitionWork,
+    drained_enough,
+    over_buffer,
+)
 
 
 def _work() -> PartitionWork:

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from stream_jobs.collector import YOUNG_THRESHOLD, worker_collector
 from stream_jobs.errors import ConfigError
+from stream_jobs.runtime.gc_tuning import YOUNG_THRESHOLD, worker_collector
 from stream_jobs.settings import Settings, load_settings
 
 

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from stream_jobs.control import NO_LIMIT
-from stream_jobs.metrics import serve_metrics, worker_registry
+from stream_jobs.runtime.metrics import serve_metrics, worker_registry
+from stream_jobs.runtime.throttle import NO_LIMIT
 from stream_jobs.settings import DEFAULT_KAFKA_PORT, DEFAULT_POSTGRES_PORT, Settings
 from stream_jobs.stack.kafka import kafka_version
 

@@ -7,7 +7,7 @@ from typing import Any, cast
 import pytest
 
 from stream_jobs.context import JobContext
-from stream_jobs.dedup import DedupStore
+from stream_jobs.dedup.store import DedupStore
 from stream_jobs.record import JobRecord
 
 

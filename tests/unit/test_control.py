@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from stream_jobs.cli.flow import _parse
-from stream_jobs.control import (
+from stream_jobs.errors import ConfigError
+from stream_jobs.runtime.throttle import (
     RateInForce,
     RateOverride,
     apply_record,
     rate_in_force,
 )
-from stream_jobs.errors import ConfigError
 
 
 def test_an_override_round_trips_as_json() -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream_jobs.deferred import DeferredWrites, Statement, stages
+from stream_jobs.dedup.deferred import DeferredWrites, Statement, stages
 
 sql_texts = st.sampled_from(["INSERT a", "INSERT b", "UPDATE c"])
 statement = st.tuples(sql_texts, st.tuples(st.integers()))

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.naming import worker_group
-from stream_jobs.topics import JobTypePolicy, load_job_types
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "ops" / "deploy"

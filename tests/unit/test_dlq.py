@@ -1,4 +1,4 @@
-"""The pure half of the DLQ tools (`stream_jobs.letters`), and CLI mistakes caught early."""
+"""The pure half of the DLQ tools (`stream_jobs.dlq.letters`), and CLI mistakes caught early."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream_jobs.errors import ConfigError
-from stream_jobs.letters import (
+from stream_jobs.dlq.letters import (
     UNKNOWN_REASON,
     LetterRow,
     Verdict,
@@ -19,9 +18,10 @@ from stream_jobs.letters import (
     read_letter,
     requeued_record,
 )
+from stream_jobs.dlq.requeue import chunk_size
+from stream_jobs.errors import ConfigError
+from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.record import FailureInfo, JobRecord, dead_letter_headers
-from stream_jobs.requeue import chunk_size
-from stream_jobs.topics import JobTypePolicy
 
 NOW = 1_700_000_000_000
 FAILURE = FailureInfo("max-attempts", "RuntimeError", "down\nsecond line", "Traceback...", NOW)

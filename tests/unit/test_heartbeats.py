@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stream_jobs.heartbeats import (
+from stream_jobs.runtime.heartbeats import (
     HEADER_HEARTBEAT,
     HEARTBEAT_KEY,
     beat_state,

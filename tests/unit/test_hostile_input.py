@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
 from stream_jobs.app import App, JobHandler
-from stream_jobs.consumer import Runner
 from stream_jobs.errors import BadRecord
+from stream_jobs.job_types import load_job_types
 from stream_jobs.naming import LANES
 from stream_jobs.record import (
     HEADER_ATTEMPT,
@@ -41,8 +41,8 @@ from stream_jobs.record import (
     decode_record,
     parse_failure,
 )
+from stream_jobs.runtime.member import Runner
 from stream_jobs.settings import Settings
-from stream_jobs.topics import load_job_types
 
 from .test_record import ALL_HEADERS, json_values
 

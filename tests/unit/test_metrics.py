@@ -1,7 +1,7 @@
 """Metrics, charts and the ops files that use them. No services.
 
 The Grafana dashboard and the alert rules may name only series we export, and the
-collectors must export exactly the names `stream_jobs.metrics` declares.
+collectors must export exactly the names `stream_jobs.runtime.metrics` declares.
 """
 
 from __future__ import annotations
@@ -19,20 +19,27 @@ from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from stream_jobs.control import RateInForce
 from stream_jobs.gateway.charts import bar_chart, line_chart, nice_max
-from stream_jobs.heartbeats import HeartbeatStats, PartitionBeat
-from stream_jobs.metrics import (
+from stream_jobs.histogram import DurationHistogram
+from stream_jobs.offsets import OffsetTracker
+from stream_jobs.runtime.heartbeats import HeartbeatStats, PartitionBeat
+from stream_jobs.runtime.metrics import (
     EXPORTED_METRICS,
     GATEWAY_METRICS,
     WORKER_METRICS,
     StatsCollector,
     WorkerCollector,
 )
-from stream_jobs.offsets import OffsetTracker
-from stream_jobs.reports import WorkerReport
-from stream_jobs.stats import OutcomeCounts, PartitionLag, Rates, StatsSnapshot, TopicLag, TypeStats
-from stream_jobs.timing import DurationHistogram
+from stream_jobs.runtime.reports import WorkerReport
+from stream_jobs.runtime.throttle import RateInForce
+from stream_jobs.tools.stats import (
+    OutcomeCounts,
+    PartitionLag,
+    Rates,
+    StatsSnapshot,
+    TopicLag,
+    TypeStats,
+)
 
 OPS = Path(__file__).resolve().parents[2] / "ops"
 SERIES = re.compile(r"\bstream_jobs_[a-z0-9_]+")

@@ -8,7 +8,7 @@ from aiokafka.partitioner import murmur2 as reference_murmur2
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream_jobs.partitioning import murmur2, partition_for_key
+from stream_jobs.kafka.partitioning import murmur2, partition_for_key
 
 
 @given(st.binary(max_size=200))

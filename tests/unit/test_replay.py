@@ -9,8 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stream_jobs.errors import ConfigError
+from stream_jobs.kafka.scan import PartitionRange
 from stream_jobs.record import FailureInfo, JobRecord
-from stream_jobs.replay import (
+from stream_jobs.tools.replay import (
     Pace,
     ReplayResult,
     check_selection,
@@ -19,7 +20,6 @@ from stream_jobs.replay import (
     replayed,
     resume_hint,
 )
-from stream_jobs.scan import PartitionRange
 
 NOW_MS = 1_714_532_400_000  # 2024-05-01T03:00:00Z
 

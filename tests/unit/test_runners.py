@@ -12,8 +12,14 @@ from aiokafka import TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream_jobs.consumer import RUNNER_YIELD_EVERY, GroupMember, PartitionWork, Record, Runner
-from stream_jobs.producer import JobProducer
+from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.runtime.member import (
+    RUNNER_YIELD_EVERY,
+    GroupMember,
+    PartitionWork,
+    Record,
+    Runner,
+)
 from stream_jobs.settings import Settings
 
 from .fake_records import FakeRecord

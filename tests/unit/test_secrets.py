@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from stream_jobs.connection import (
+from stream_jobs.errors import ConfigError, StackError
+from stream_jobs.kafka.connection import (
     _certificate_refused,
     _credentials_refused,
     access_denied,
     kafka_client_kwargs,
 )
-from stream_jobs.errors import ConfigError, StackError
 from stream_jobs.settings import Settings, load_settings
 from stream_jobs.stack.secure import ScramTls
 

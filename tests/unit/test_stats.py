@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from stream_jobs.cli.stats import render_stats
-from stream_jobs.lookup import Sighting, capped, judge, sighting_of
+from stream_jobs.kafka.scan import PartitionRange
 from stream_jobs.record import FailureInfo
-from stream_jobs.reports import WorkerReport
-from stream_jobs.scan import PartitionRange
+from stream_jobs.runtime.reports import WorkerReport
 from stream_jobs.settings import Settings
-from stream_jobs.stats import (
+from stream_jobs.tools.lookup import Sighting, capped, judge, sighting_of
+from stream_jobs.tools.stats import (
     OutcomeCounts,
     PartitionLag,
     Rates,
@@ -282,8 +282,8 @@ def test_the_tables_show_lag_age_depths_and_rates() -> None:
 
 
 def flow_snapshot() -> StatsSnapshot:
-    from stream_jobs.control import RateInForce
-    from stream_jobs.heartbeats import heartbeat_stats
+    from stream_jobs.runtime.heartbeats import heartbeat_stats
+    from stream_jobs.runtime.throttle import RateInForce
 
     lane = TopicLag("default", "p.t", True, 9, 30.0, (
         PartitionLag(0, 0, 10, 1, 9, 30.0), PartitionLag(1, 0, 4, 4, 0, None)))

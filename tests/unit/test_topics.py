@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 
 from stream_jobs.durations import parse_duration
 from stream_jobs.errors import ConfigError, TopicPlanError, UnknownJobType
-from stream_jobs.naming import TopicRef, parse_topic
-from stream_jobs.topics import (
+from stream_jobs.job_types import (
     KNOWN_KEYS,
     Change,
     JobTypePolicy,
@@ -21,6 +20,7 @@ from stream_jobs.topics import (
     get_job_type,
     load_job_types,
 )
+from stream_jobs.naming import TopicRef, parse_topic
 
 REPO_TOPICS = Path(__file__).resolve().parents[2] / "topics"
 

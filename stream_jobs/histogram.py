@@ -1,7 +1,7 @@
 """Handler durations as a fixed-bucket histogram, cheap enough for every job. Pure.
 
 A worker with metrics on records each handler run here (a bisect and two additions);
-`stream_jobs.metrics` turns the counts into a Prometheus histogram when scraped, so the
+`stream_jobs.runtime.metrics` turns the counts into a Prometheus histogram when scraped, so the
 job path never touches a lock or a label lookup.
 """
 

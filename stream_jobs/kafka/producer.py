@@ -25,14 +25,14 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
-from stream_jobs.connection import (
+from stream_jobs.errors import Abandoned, PublishError
+from stream_jobs.kafka.connection import (
     access_denied,
     connect_error,
     kafka_client_kwargs,
     sasl_user,
 )
-from stream_jobs.errors import Abandoned, PublishError
-from stream_jobs.partitioning import partition_for_key
+from stream_jobs.kafka.partitioning import partition_for_key
 from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
 

@@ -3,7 +3,7 @@
 `read_letter` turns any DLQ record into a `Letter`, also one that is not a job (raw
 bytes, garbled headers): the worker gave every dead letter a job ID and an `sj-error`
 header, so even those can be listed, shown and counted. `judge` and `requeued_record`
-are the requeue policy; `stream_jobs.dlq` does the reading and writing.
+are the requeue policy; `stream_jobs.dlq.listing` does the reading and writing.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from stream_jobs.consumer import Record
 from stream_jobs.durations import parse_duration
 from stream_jobs.errors import BadRecord, ConfigError
+from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.naming import DEFAULT_LANE
 from stream_jobs.record import (
     HEADER_ATTEMPT,
@@ -30,7 +30,7 @@ from stream_jobs.record import (
     decode_record,
     parse_failure,
 )
-from stream_jobs.topics import JobTypePolicy
+from stream_jobs.runtime.member import Record
 
 DEFAULT_MAX_REQUEUES = 3  # the loop guard: letters requeued this often are left
 UNKNOWN_REASON = "unknown"  # a letter whose sj-error header is missing or garbled

@@ -14,7 +14,7 @@ A file's stem names its type unless the file sets `type`. Every key is optional:
     heartbeat_interval = "5s"          # optional, heartbeats through every lane partition
     max_payload_bytes = 65536          # optional, below the global setting
 
-`diff_policy` compares a type's topics with what the broker reports; `stream_jobs.admin`
+`diff_policy` compares a type's topics with what the broker reports; `stream_jobs.kafka.admin`
 does the talking to Kafka.
 """
 

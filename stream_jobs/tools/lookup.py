@@ -24,11 +24,11 @@ from typing import Any, Literal
 import asyncpg
 from aiokafka import TopicPartition
 
-from stream_jobs import scan
-from stream_jobs.admin import admin_client
-from stream_jobs.consumer import Record
-from stream_jobs.dedup import DedupStore
+from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import DatabaseUnavailable
+from stream_jobs.job_types import JobTypePolicy, get_job_type
+from stream_jobs.kafka import scan
+from stream_jobs.kafka.admin import admin_client
 from stream_jobs.naming import TopicRole, relay_group, worker_group
 from stream_jobs.record import (
     HEADER_ATTEMPT,
@@ -40,9 +40,9 @@ from stream_jobs.record import (
     job_id_time_ms,
     parse_failure,
 )
+from stream_jobs.runtime.member import Record
 from stream_jobs.settings import Settings
-from stream_jobs.stats import committed_offsets
-from stream_jobs.topics import JobTypePolicy, get_job_type
+from stream_jobs.tools.stats import committed_offsets
 
 Status = Literal["done", "dead_lettered", "retrying", "pending", "finished", "not_seen"]
 

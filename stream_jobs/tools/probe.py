@@ -20,8 +20,8 @@ import asyncpg
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from stream_jobs.connection import kafka_client_kwargs, security_problem
 from stream_jobs.errors import BrokerUnavailable, DatabaseUnavailable, StreamJobsError
+from stream_jobs.kafka.connection import kafka_client_kwargs, security_problem
 from stream_jobs.settings import Settings
 
 PROBE_TIMEOUT_S = 5.0

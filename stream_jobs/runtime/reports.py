@@ -20,10 +20,10 @@ from typing import Any, Protocol
 
 import orjson
 
-from stream_jobs.admin import ensure_internal_topic
 from stream_jobs.errors import StreamJobsError
+from stream_jobs.kafka.admin import ensure_internal_topic
+from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import stats_topic
-from stream_jobs.producer import JobProducer
 from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.reports")

@@ -9,10 +9,10 @@ Everything comes from Kafka, so stats need no database:
 - **tier depth**: records in a delay tier not yet relayed (end minus `P.T.relay`'s
   committed offset); **DLQ depth**: records the DLQ holds (end minus beginning);
 - **rates**: outcomes per second over a window, from the reports every worker publishes
-  to `P._stats` (`stream_jobs.reports`): per worker, its latest report minus its latest
+  to `P._stats` (`stream_jobs.runtime.reports`): per worker, its latest report minus its latest
   report at or before the window's start, summed over workers;
 - **shadow**: for a type read by `worker --shadow`, the lag of group `P.T.shadow` and
-  what the shadows counted, next to what the real workers finished (`stream_jobs.shadow`).
+  what the shadows counted, next to what the real workers finished (`stream_jobs.runtime.shadow`).
 
 The arithmetic (lag, age, rates, liveness) is pure and lives at the top of this module.
 """
@@ -29,16 +29,16 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
-from stream_jobs import scan
-from stream_jobs.admin import admin_client
-from stream_jobs.control import NO_LIMIT, RateInForce, rate_in_force, read_overrides
 from stream_jobs.errors import BrokerUnavailable
-from stream_jobs.heartbeats import HeartbeatStats, heartbeat_stats
+from stream_jobs.job_types import JobTypePolicy, get_job_type
+from stream_jobs.kafka import scan
+from stream_jobs.kafka.admin import admin_client
 from stream_jobs.naming import relay_group, shadow_group, stats_topic, worker_group
-from stream_jobs.reports import ShadowReport, WorkerReport
+from stream_jobs.runtime.heartbeats import HeartbeatStats, heartbeat_stats
+from stream_jobs.runtime.reports import ShadowReport, WorkerReport
+from stream_jobs.runtime.shadow import ShadowStats, shadow_stats
+from stream_jobs.runtime.throttle import NO_LIMIT, RateInForce, rate_in_force, read_overrides
 from stream_jobs.settings import Settings
-from stream_jobs.shadow import ShadowStats, shadow_stats
-from stream_jobs.topics import JobTypePolicy, get_job_type
 
 DEFAULT_WINDOW_S = 60.0
 # The workers' default report period; a worker is alive while its last report is younger

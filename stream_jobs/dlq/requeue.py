@@ -37,8 +37,16 @@ from typing import Any, Literal
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
-from stream_jobs.connection import connect_error, kafka_client_kwargs
-from stream_jobs.dlq import (
+from stream_jobs.dlq.letters import (
+    DEFAULT_MAX_REQUEUES,
+    UNKNOWN_REASON,
+    Letter,
+    Verdict,
+    judge,
+    read_letter,
+    requeued_record,
+)
+from stream_jobs.dlq.listing import (
     DlqRefused,
     LetterNotFound,
     dlq_spans,
@@ -48,21 +56,13 @@ from stream_jobs.dlq import (
     policy_of,
 )
 from stream_jobs.errors import ConfigError, PublishError
-from stream_jobs.letters import (
-    DEFAULT_MAX_REQUEUES,
-    UNKNOWN_REASON,
-    Letter,
-    Verdict,
-    judge,
-    read_letter,
-    requeued_record,
-)
+from stream_jobs.job_types import JobTypePolicy
+from stream_jobs.kafka.connection import connect_error, kafka_client_kwargs
+from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.scan import PartitionRange, reader, scan
 from stream_jobs.naming import DEFAULT_LANE, dlq_group, dlq_topic, lane_topic
-from stream_jobs.producer import JobProducer
 from stream_jobs.record import JobRecord
-from stream_jobs.scan import PartitionRange, reader, scan
 from stream_jobs.settings import Settings
-from stream_jobs.topics import JobTypePolicy
 
 SAMPLE_IDS = 10  # job IDs a plan names per kind of letter it leaves
 _CHUNK = 500  # letters per fetch, send and commit when no rate is given

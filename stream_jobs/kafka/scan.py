@@ -14,9 +14,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaConnectionError
 
-from stream_jobs.connection import connect_error, kafka_client_kwargs
-from stream_jobs.consumer import Record
 from stream_jobs.errors import ConfigError
+from stream_jobs.kafka.connection import connect_error, kafka_client_kwargs
+from stream_jobs.runtime.member import Record
 from stream_jobs.settings import Settings
 
 

@@ -23,12 +23,12 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaConnectionError
 
-from stream_jobs import scan
-from stream_jobs.admin import ensure_internal_topic
-from stream_jobs.connection import connect_error, kafka_client_kwargs
 from stream_jobs.errors import BrokerUnavailable
+from stream_jobs.kafka import scan
+from stream_jobs.kafka.admin import ensure_internal_topic
+from stream_jobs.kafka.connection import connect_error, kafka_client_kwargs
+from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import control_topic
-from stream_jobs.producer import JobProducer
 from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.control")

@@ -1,6 +1,6 @@
 """Making Kafka match topics/: plan, apply and list a deployment's topics. Thin I/O.
 
-What to change is decided by the pure `stream_jobs.topics.diff_policy`; this module only
+What to change is decided by the pure `stream_jobs.job_types.diff_policy`; this module only
 asks the broker what exists and sends the changes. Nothing here deletes a topic or a
 record: removing a type's file leaves its topics (and `topics list` shows them as
 undeclared). A replication factor that differs is reported as a "warn" change and never
@@ -30,11 +30,8 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import TopicPartition
 
-from stream_jobs.connection import connect_error, kafka_client_kwargs
 from stream_jobs.errors import BrokerUnavailable, ConfigError, TopicPlanError
-from stream_jobs.naming import TopicRole, parse_topic
-from stream_jobs.settings import Settings
-from stream_jobs.topics import (
+from stream_jobs.job_types import (
     Change,
     JobTypePolicy,
     TopicSpec,
@@ -42,6 +39,9 @@ from stream_jobs.topics import (
     desired_overrides,
     diff_policy,
 )
+from stream_jobs.kafka.connection import connect_error, kafka_client_kwargs
+from stream_jobs.naming import TopicRole, parse_topic
+from stream_jobs.settings import Settings
 
 # Errors that mean "the broker did not answer", as opposed to "the broker said no".
 _UNREACHABLE = (KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, OSError,

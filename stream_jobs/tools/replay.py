@@ -35,7 +35,6 @@ from aiokafka.errors import (
     for_code,
 )
 
-from stream_jobs.admin import admin_client
 from stream_jobs.durations import parse_duration
 from stream_jobs.errors import (
     BadRecord,
@@ -45,11 +44,10 @@ from stream_jobs.errors import (
     ReplayInterrupted,
     StreamJobsError,
 )
-from stream_jobs.heartbeats import is_heartbeat
-from stream_jobs.naming import DEFAULT_LANE, TopicRef, lane_topic, parse_topic
-from stream_jobs.producer import JobProducer
-from stream_jobs.record import JobRecord, decode_record, new_job_id
-from stream_jobs.scan import (
+from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
+from stream_jobs.kafka.admin import admin_client
+from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.scan import (
     PartitionRange,
     partitions_of,
     ranges,
@@ -57,8 +55,10 @@ from stream_jobs.scan import (
     scan,
     started_consumer,
 )
+from stream_jobs.naming import DEFAULT_LANE, TopicRef, lane_topic, parse_topic
+from stream_jobs.record import JobRecord, decode_record, new_job_id
+from stream_jobs.runtime.heartbeats import is_heartbeat
 from stream_jobs.settings import Settings
-from stream_jobs.topics import JobTypePolicy, get_job_type, load_job_types
 
 log = logging.getLogger("stream_jobs.replay")
 

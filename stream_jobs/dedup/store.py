@@ -7,7 +7,7 @@ A conflict means an earlier run committed: the body does not run (`AlreadyDone`)
 Two runs racing on one job ID serialise on the primary key: the second waits for the
 first's transaction and then sees the conflict, or proceeds if the first rolled back.
 
-SQLAlchemy owns the schema (`stream_jobs.schema`); the hot path talks to asyncpg.
+SQLAlchemy owns the schema (`stream_jobs.dedup.schema`); the hot path talks to asyncpg.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 
 import asyncpg
 
-from stream_jobs.deferred import DeferredWrites, WriteBatcher
+from stream_jobs.dedup.deferred import DeferredWrites, WriteBatcher
+from stream_jobs.dedup.group_commit import INSERT_DONE, GroupCommitter
 from stream_jobs.errors import AlreadyDone, ConfigError, DatabaseUnavailable
-from stream_jobs.group_commit import INSERT_DONE, GroupCommitter
 from stream_jobs.settings import Settings
 
 # Opening a connection failed: Postgres is down, refusing, or still starting.
@@ -75,7 +75,7 @@ class DedupStore:
 
     async def migrate(self) -> None:
         """Create the dedup table and index if missing (idempotent)."""
-        from stream_jobs.schema import schema_ddl  # SQLAlchemy is only needed here
+        from stream_jobs.dedup.schema import schema_ddl  # SQLAlchemy is only needed here
 
         pool = await self._get_pool()
         async with pool.acquire() as conn:
@@ -89,7 +89,7 @@ class DedupStore:
         Raises `AlreadyDone` (before the body runs) when the row exists. Returns only
         once the row and the body's writes are committed. With group commit (the
         default, `STREAM_JOBS_DEDUP_GROUP_COMMIT`) the transaction is shared with other
-        jobs and the body runs in its own savepoint; see `stream_jobs.group_commit`.
+        jobs and the body runs in its own savepoint; see `stream_jobs.dedup.group_commit`.
         """
         if self._settings.dedup_group_commit:
             if self._committer is None:
@@ -132,7 +132,7 @@ class DedupStore:
         job's dedup row are applied with other jobs' in one transaction, and this returns
         once that committed. Raises `AlreadyDone` (after the body) when the row existed:
         then nothing the body recorded was applied. `while_waiting` wraps the wait for the
-        commit. See `stream_jobs.deferred`."""
+        commit. See `stream_jobs.dedup.deferred`."""
         return _DeferredBlock(self, job_id, job_type, attempt, while_waiting)
 
     async def _deferred_batcher(self) -> WriteBatcher:

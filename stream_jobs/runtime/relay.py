@@ -19,16 +19,16 @@ from dataclasses import replace
 
 from aiokafka import TopicPartition
 
-from stream_jobs.consumer import GroupMember, PartitionWork, Record, Runner
 from stream_jobs.errors import Abandoned, BadRecord
+from stream_jobs.job_types import JobTypePolicy
+from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import lane_topic, parse_topic, relay_group, tier_topic
-from stream_jobs.producer import JobProducer
 from stream_jobs.record import (
     decode_record,
 )
 from stream_jobs.retry import RetryPolicy, tier_for_delay
+from stream_jobs.runtime.member import GroupMember, PartitionWork, Record, Runner
 from stream_jobs.settings import Settings
-from stream_jobs.topics import JobTypePolicy
 
 
 def _now_ms() -> int:

@@ -25,7 +25,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-YOUNG_THRESHOLD = 50_000
+from stream_jobs.settings import YOUNG_THRESHOLD
 
 
 class _Tuning:

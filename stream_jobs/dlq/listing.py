@@ -1,10 +1,10 @@
 """The DLQ tools: list, show and purge one job type's dead letters (`P.T.dlq`), and the
-reading they share with `stream_jobs.requeue`.
+reading they share with `stream_jobs.dlq.requeue`.
 
 Every tool reads the DLQ up to the end offsets it saw when it started, so it terminates
 on a DLQ that is still being written, and nothing here deletes a letter except `purge`.
 Letters that cannot be decoded (raw bytes, garbled headers) are listed like any other
-(`stream_jobs.letters` is the pure half: reading a letter, the requeue policy).
+(`stream_jobs.dlq.letters` is the pure half: reading a letter, the requeue policy).
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from aiokafka import TopicPartition
 from aiokafka.admin import RecordsToDelete
 from aiokafka.errors import KafkaError
 
-from stream_jobs.admin import admin_client
-from stream_jobs.consumer import Record
+from stream_jobs.dlq.letters import Letter, LetterRow, read_letter
 from stream_jobs.errors import ConfigError, DlqRefused, LetterNotFound
-from stream_jobs.letters import Letter, LetterRow, read_letter
+from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
+from stream_jobs.kafka.admin import admin_client
+from stream_jobs.kafka.scan import PartitionRange, partitions_of, reader, scan
 from stream_jobs.naming import dlq_group, dlq_topic
 from stream_jobs.record import FailureInfo
-from stream_jobs.scan import PartitionRange, partitions_of, reader, scan
+from stream_jobs.runtime.member import Record
 from stream_jobs.settings import Settings
-from stream_jobs.topics import JobTypePolicy, get_job_type, load_job_types
 
 # -- list and show --------------------------------------------------------------------------
 

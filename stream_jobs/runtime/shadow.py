@@ -24,15 +24,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from stream_jobs.app import JobHandler
-from stream_jobs.consumer import GroupMember, PartitionWork, Record, Runner
 from stream_jobs.errors import BadRecord
-from stream_jobs.heartbeats import is_heartbeat
+from stream_jobs.job_types import JobTypePolicy
+from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import shadow_group
-from stream_jobs.producer import JobProducer
 from stream_jobs.record import decode_record
-from stream_jobs.reports import LaneSeen, ShadowReport, new_worker_id, publish, publish_every
+from stream_jobs.runtime.heartbeats import is_heartbeat
+from stream_jobs.runtime.member import GroupMember, PartitionWork, Record, Runner
+from stream_jobs.runtime.reports import (
+    LaneSeen,
+    ShadowReport,
+    new_worker_id,
+    publish,
+    publish_every,
+)
 from stream_jobs.settings import Settings
-from stream_jobs.topics import JobTypePolicy
 
 log = logging.getLogger("stream_jobs.shadow")
 

@@ -41,12 +41,12 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
-from stream_jobs.connection import access_denied, connect_error, kafka_client_kwargs
 from stream_jobs.errors import Abandoned, BadRecord
+from stream_jobs.kafka.connection import access_denied, connect_error, kafka_client_kwargs
+from stream_jobs.kafka.producer import JobProducer, until_acked
 from stream_jobs.lanes import LanePicker
 from stream_jobs.naming import dlq_topic
 from stream_jobs.offsets import OffsetTracker
-from stream_jobs.producer import JobProducer, until_acked
 from stream_jobs.ratelimit import TokenBucket
 from stream_jobs.record import FailureInfo, JobRecord, dead_letter_headers, dead_letter_origin
 from stream_jobs.settings import Settings

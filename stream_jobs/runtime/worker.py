@@ -9,7 +9,7 @@ broker), so no path drops a job.
 Flow control (README, "Flow control"): lanes are served by their weights; the type's
 rate limit (TOML, or `stream-jobs throttle` through `P._control`) is split across the
 group by partition ownership (`stream_jobs.ratelimit`); heartbeats are written into every
-lane partition and acknowledged at fetch time (`stream_jobs.heartbeats`).
+lane partition and acknowledged at fetch time (`stream_jobs.runtime.heartbeats`).
 """
 
 from __future__ import annotations
@@ -29,14 +29,12 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from stream_jobs.app import JobHandler
-from stream_jobs.collector import worker_collector
-from stream_jobs.consumer import GroupMember, PartitionWork, Record, Runner
 from stream_jobs.context import JobContext
-from stream_jobs.control import ControlFollower, RateOverride, rate_in_force
-from stream_jobs.dedup import DedupStore
+from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError, StreamJobsError
-from stream_jobs.heartbeats import is_heartbeat, send_heartbeats
-from stream_jobs.heartbeats import report_interval_s as heartbeat_report_interval_s
+from stream_jobs.histogram import DurationHistogram
+from stream_jobs.job_types import JobTypePolicy
+from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import (
     control_topic,
     dlq_topic,
@@ -44,7 +42,6 @@ from stream_jobs.naming import (
     tier_topic,
     worker_group,
 )
-from stream_jobs.producer import JobProducer
 from stream_jobs.ratelimit import partition_share
 from stream_jobs.record import (
     HEADER_EXPIRES_AT,
@@ -53,12 +50,15 @@ from stream_jobs.record import (
     dead_letter_origin,
     decode_record,
 )
-from stream_jobs.relay import Relay
-from stream_jobs.reports import WorkerReport, new_worker_id, publish, publish_every
 from stream_jobs.retry import DeadLetter, RetryPolicy, decide
+from stream_jobs.runtime.gc_tuning import worker_collector
+from stream_jobs.runtime.heartbeats import is_heartbeat, send_heartbeats
+from stream_jobs.runtime.heartbeats import report_interval_s as heartbeat_report_interval_s
+from stream_jobs.runtime.member import GroupMember, PartitionWork, Record, Runner
+from stream_jobs.runtime.relay import Relay
+from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
+from stream_jobs.runtime.throttle import ControlFollower, RateOverride, rate_in_force
 from stream_jobs.settings import Settings
-from stream_jobs.timing import DurationHistogram
-from stream_jobs.topics import JobTypePolicy
 
 log = logging.getLogger("stream_jobs.worker")
 
@@ -128,7 +128,7 @@ class Worker(GroupMember):
         self.relay = Relay(settings, policy, self.producer, grace_s=grace_s) if relay else None
         self.outcomes: Counter[str] = Counter()
         self.dead_letter_reasons: Counter[str] = Counter()
-        # Handler run times, kept only while metrics are on (`stream_jobs.metrics`).
+        # Handler run times, kept only while metrics are on (`stream_jobs.runtime.metrics`).
         self.durations: DurationHistogram | None = None
         self.worker_id = new_worker_id()
         self.report_interval_s = heartbeat_report_interval_s(report_interval_s,

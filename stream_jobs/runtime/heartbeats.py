@@ -28,7 +28,7 @@ import orjson
 from aiokafka import TopicPartition
 
 from stream_jobs.errors import StreamJobsError
-from stream_jobs.producer import JobProducer
+from stream_jobs.kafka.producer import JobProducer
 
 log = logging.getLogger("stream_jobs.heartbeats")
 

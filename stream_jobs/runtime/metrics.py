@@ -2,7 +2,7 @@
 
 Nothing here runs per job. A worker already counts its outcomes, dead-letter reasons and
 (with metrics on) handler durations in plain attributes; `WorkerCollector` reads them
-when Prometheus scrapes. The gateway samples `stream_jobs.stats` in the background and
+when Prometheus scrapes. The gateway samples `stream_jobs.tools.stats` in the background and
 `StatsCollector` turns the latest snapshot into gauges: lag, oldest age, tier and DLQ
 depth, rates, live workers, the rate limit in force, and per-partition lag and committed
 offsets (what the "partition stuck" alert watches).
@@ -28,11 +28,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from stream_jobs.stats import StatsSnapshot
-from stream_jobs.timing import DurationHistogram
+from stream_jobs.histogram import DurationHistogram
+from stream_jobs.tools.stats import StatsSnapshot
 
 if TYPE_CHECKING:
-    from stream_jobs.worker import Worker
+    from stream_jobs.runtime.worker import Worker
 
 log = logging.getLogger("stream_jobs.metrics")
 

@@ -1,0 +1,2 @@
+"""The dead-letter tools: reading letters, listing and showing them, requeue and purge.
+"""
