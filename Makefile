@@ -28,9 +28,11 @@ down:
 status:
 	$(SJ) dev status
 
+# ruff, mypy (strict), and the layer contract: an upward import fails here.
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 unit: venv
 	$(BIN)/pytest -q tests/unit

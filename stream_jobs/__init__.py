@@ -9,7 +9,8 @@ from stream_jobs.app import App
 from stream_jobs.client import Job, JobClient, SyncJobClient
 from stream_jobs.context import JobContext
 from stream_jobs.errors import PermanentError, StreamJobsError
-from stream_jobs.runtime.worker import Outcome, Worker
+from stream_jobs.outcomes import Outcome
+from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
 
 __version__ = "0.1.0"

@@ -10,86 +10,26 @@ async def send_email(job: SendEmail, ctx: JobContext) -> None: ...
 
 from __future__ import annotations
 
-import inspect
-import typing
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal, get_origin
+from typing import TYPE_CHECKING, Any
 
-import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from stream_jobs.context import JobContext
-from stream_jobs.errors import BadRecord, ConfigError, UnknownJobType
+from stream_jobs.errors import ConfigError, UnknownJobType
+from stream_jobs.handlers import (
+    HandlerFunc,
+    JobHandler,
+    Ordering,
+    check_declaration,
+    new_handler,
+)
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
-from stream_jobs.naming import validate_job_type
 from stream_jobs.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from stream_jobs.client import JobClient, SyncJobClient
     from stream_jobs.runtime.worker import Worker
-
-Ordering = Literal["key", "partition", "unordered"]
-ORDERINGS: tuple[Ordering, ...] = ("key", "partition", "unordered")
-HandlerFunc = Callable[[Any, JobContext], Awaitable[object]]
-
-
-@dataclass(frozen=True)
-class JobHandler:
-    """A registered handler and how the worker runs it."""
-
-    job_type: str
-    func: HandlerFunc
-    model: type[BaseModel] | None  # None: the payload is handed over as a dict
-    timeout_s: float
-    concurrency: int
-    ordering: Ordering
-
-    def parse_payload(self, raw: bytes) -> Any:
-        """The handler's first argument from the record value; BadRecord when it does not fit."""
-        if self.model is not None:
-            try:
-                return self.model.model_validate_json(raw)
-            except ValidationError as exc:
-                # `from None`: pydantic's own text quotes the input, and a dead letter's
-                # traceback would carry the payload into headers and logs with it.
-                if any(err["type"] == "json_invalid" for err in exc.errors()):
-                    raise BadRecord("bad-json", f"the value is not JSON: {exc.errors()[0]['msg']}"
-                                    ) from None
-                raise BadRecord("invalid-payload", _validation_summary(exc)) from None
-        try:
-            payload = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise BadRecord("bad-json", f"the value is not JSON: {exc}") from exc
-        if not isinstance(payload, dict):
-            raise BadRecord("invalid-payload",
-                            f"the payload is a JSON {type(payload).__name__}, not an object")
-        return payload
-
-
-def _validation_summary(exc: ValidationError) -> str:
-    parts = [f"{'.'.join(str(p) for p in err['loc']) or 'payload'}: {err['msg']}"
-             for err in exc.errors()[:5]]
-    return "the payload does not fit its model: " + "; ".join(parts)
-
-
-def _payload_model(func: HandlerFunc) -> type[BaseModel] | None:
-    params = list(inspect.signature(func).parameters.values())
-    if len(params) != 2:
-        raise ConfigError(f"Handler {func.__qualname__} must take (payload, ctx).")
-    try:
-        hints = typing.get_type_hints(func)
-    except Exception as exc:  # an annotation that cannot be resolved
-        raise ConfigError(f"Handler {func.__qualname__}: cannot resolve its annotations "
-                          f"({exc}).") from exc
-    hint = hints.get(params[0].name, dict)
-    if inspect.isclass(hint) and issubclass(hint, BaseModel):
-        return hint
-    if hint is dict or get_origin(hint) is dict or hint is Any:
-        return None
-    raise ConfigError(f"Handler {func.__qualname__}: its payload parameter must be a pydantic "
-                      f"model or dict, not {hint!r}.")
 
 
 class App:
@@ -119,19 +59,14 @@ class App:
         running at once in one worker. `ordering`: "key" runs one key's jobs in order and
         different keys in parallel; "partition" one at a time; "unordered" all in parallel.
         """
-        validate_job_type(job_type)
-        if ordering not in ORDERINGS:
-            raise ConfigError(f"ordering must be one of {', '.join(ORDERINGS)}, not {ordering!r}.")
-        if timeout <= 0 or concurrency < 1:
-            raise ConfigError("timeout must be > 0 and concurrency >= 1.")
+        check_declaration(job_type, timeout=timeout, concurrency=concurrency, ordering=ordering)
 
         def register(func: HandlerFunc) -> HandlerFunc:
-            if not inspect.iscoroutinefunction(func):
-                raise ConfigError(f"Handler {func.__qualname__} must be `async def`.")
+            handler = new_handler(job_type, func, timeout=timeout, concurrency=concurrency,
+                                  ordering=ordering)
             if job_type in self.handlers:
                 raise ConfigError(f"Job type {job_type!r} already has a handler.")
-            self.handlers[job_type] = JobHandler(job_type, func, _payload_model(func),
-                                                 float(timeout), concurrency, ordering)
+            self.handlers[job_type] = handler
             return func
 
         return register

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,11 +18,14 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from stream_jobs import clock
 from stream_jobs.errors import ConfigError, PayloadError, PayloadTooLarge
+from stream_jobs.job_ids import MAX_JOB_ID_CHARS, new_job_id
 from stream_jobs.job_types import JobTypePolicy, get_job_type
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import lane_topic, tier_topic
-from stream_jobs.record import JobRecord, encode_payload, new_job_id
+from stream_jobs.payloads import encode_payload, validation_summary
+from stream_jobs.record import JobRecord
 from stream_jobs.retry import tier_for_delay
 from stream_jobs.settings import Settings
 
@@ -123,14 +125,14 @@ class JobClient:
                 f"{', '.join(policy.priorities)} (priorities in topics/{job.job_type}.toml)."
             )
         value = self._encode(job.job_type, job.payload)
-        limit = policy.max_payload_bytes or self.settings.max_payload_bytes
+        limit = policy.payload_limit(self.settings)
         if len(value) > limit:
             raise PayloadTooLarge(
                 f"The {job.job_type} payload is {len(value)} bytes, over the limit of {limit} "
                 "(STREAM_JOBS_MAX_PAYLOAD_BYTES): store large data elsewhere and enqueue a "
                 "reference to it."
             )
-        now = int(time.time() * 1000) if now_ms is None else now_ms
+        now = clock.now_ms() if now_ms is None else now_ms
         if job.delay is not None and job.run_at is not None:
             raise ConfigError("Give either delay or run_at, not both.")
         not_before: int | None = None
@@ -142,8 +144,8 @@ class JobClient:
         expires_s = (_seconds(job.expires_in, "expires_in") if job.expires_in is not None
                      else policy.expires_in_s)
         job_id = job.job_id or new_job_id()
-        if not job_id or len(job_id) > 64:
-            raise ConfigError("A job_id must be 1 to 64 characters.")
+        if not job_id or len(job_id) > MAX_JOB_ID_CHARS:
+            raise ConfigError(f"A job_id must be 1 to {MAX_JOB_ID_CHARS} characters.")
         key = job.key.encode() if isinstance(job.key, str) else job.key
         record = JobRecord(
             job_id=job_id,
@@ -168,11 +170,8 @@ class JobClient:
             try:
                 model.model_validate_json(value)
             except ValidationError as exc:
-                problems = "; ".join(
-                    f"{'.'.join(str(p) for p in e['loc']) or 'payload'}: {e['msg']}"
-                    for e in exc.errors()[:5])
                 raise PayloadError(f"The {job_type} payload does not fit {model.__name__}: "
-                                   f"{problems}.") from exc
+                                   f"{validation_summary(exc)}.") from exc
         return value
 
 

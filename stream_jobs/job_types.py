@@ -40,6 +40,7 @@ from stream_jobs.naming import (
     validate_job_type,
 )
 from stream_jobs.naming import dlq_topic as _dlq_topic
+from stream_jobs.settings import Settings
 
 # Every topic gets room for a 1 MiB payload plus key and headers, whatever the broker's default.
 MAX_MESSAGE_BYTES = 2_097_152
@@ -102,6 +103,11 @@ class JobTypePolicy:
     max_payload_bytes: int | None = None
     # Where the policy was declared, for messages; not part of the policy itself.
     source: str | None = field(default=None, compare=False)
+
+    def payload_limit(self, settings: Settings) -> int:
+        """The most bytes a payload of this type may have: its own `max_payload_bytes`, else
+        the setting `STREAM_JOBS_MAX_PAYLOAD_BYTES`."""
+        return self.max_payload_bytes or settings.max_payload_bytes
 
     def __post_init__(self) -> None:
         validate_job_type(self.job_type)

@@ -17,10 +17,7 @@ from dataclasses import dataclass, field
 
 from stream_jobs.durations import parse_duration
 from stream_jobs.errors import ConfigError
-
-# The same codes as stream_jobs.record's REASON_PERMANENT and REASON_MAX_ATTEMPTS.
-DEAD_LETTER_PERMANENT = "permanent"
-DEAD_LETTER_MAX_ATTEMPTS = "max-attempts"
+from stream_jobs.outcomes import Reason
 
 
 @dataclass(frozen=True)
@@ -72,9 +69,9 @@ class Retry:
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """Send the job to the DLQ; `reason` is "permanent" or "max-attempts"."""
+    """Send the job to the DLQ; `reason` is `Reason.PERMANENT` or `Reason.MAX_ATTEMPTS`."""
 
-    reason: str
+    reason: Reason
 
 
 def decide(
@@ -90,9 +87,9 @@ def decide(
     if not 0.0 <= rand < 1.0:
         raise ValueError(f"rand {rand} is outside [0, 1)")
     if permanent:
-        return DeadLetter(DEAD_LETTER_PERMANENT)
+        return DeadLetter(Reason.PERMANENT)
     if attempt >= policy.max_attempts:
-        return DeadLetter(DEAD_LETTER_MAX_ATTEMPTS)
+        return DeadLetter(Reason.MAX_ATTEMPTS)
     index = min(attempt - 1, len(policy.tiers) - 1)
     delay_ms = policy._delays_ms[index]
     jitter_cap_ms = min(delay_ms * policy.jitter_ratio, policy.max_jitter_s * 1000.0)

@@ -35,9 +35,10 @@ from ops.bench.common import (
 )
 from ops.bench.cpu import machine_busy_s, postgres_cpu_s, process_cpu_s
 from ops.bench.raw import raw_consume, raw_produce
-from stream_jobs.app import App, Ordering
+from stream_jobs.app import App
 from stream_jobs.context import JobContext
 from stream_jobs.dedup.store import DedupStore
+from stream_jobs.handlers import Ordering
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster, PostgresServer
 

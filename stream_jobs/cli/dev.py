@@ -11,9 +11,9 @@ from rich.table import Table
 from stream_jobs.cli.common import settings_of
 from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import StreamJobsError
-from stream_jobs.settings import Settings
+from stream_jobs.settings import Settings, redact_url
 from stream_jobs.stack import KafkaCluster, PostgresServer, ServiceStatus
-from stream_jobs.tools.probe import probe_stack, redact
+from stream_jobs.tools.probe import probe_stack
 
 dev_app = typer.Typer(help="Run a real Kafka and Postgres locally (development and tests).",
                       no_args_is_help=True)
@@ -69,7 +69,7 @@ def check(ctx: typer.Context) -> None:
     table = Table(title="stream-jobs connections")
     for column in ("service", "address", "state", "detail"):
         table.add_column(column, overflow="fold")
-    configured = (settings.kafka_bootstrap, redact(settings.database_url))
+    configured = (settings.kafka_bootstrap, redact_url(settings.database_url))
     for service, address, result in zip(("kafka", "postgres"), configured, results, strict=True):
         if isinstance(result, StreamJobsError):
             table.add_row(service, address, "[red]no answer[/]", type(result).__name__)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stream_jobs.cli.common import settings_of
+from stream_jobs.clock import now_ms
 from stream_jobs.dlq import listing as dlq
 from stream_jobs.dlq.letters import DEFAULT_MAX_REQUEUES, LetterRow, Verdict, parse_since
 from stream_jobs.dlq.requeue import (
@@ -58,7 +58,7 @@ def list_(
 ) -> None:
     """The reasons letters failed (whole DLQ), then the most recent matching letters."""
     settings = _settings(ctx)
-    since_ms = parse_since(since, _now_ms()) if since is not None else None
+    since_ms = parse_since(since, now_ms()) if since is not None else None
     listing = asyncio.run(dlq.list_letters(settings, job_type, reason=reason, since_ms=since_ms,
                                            limit=limit))
     if as_json:
@@ -334,9 +334,6 @@ def _rate(text: str | None) -> float | None:
         raise ConfigError(f"--rate {text!r} is not a rate above zero; write e.g. 100/s.")
     return value
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _settings(ctx: typer.Context) -> Settings:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from stream_jobs.cli.common import app, settings_of
+from stream_jobs.clock import now_ms
 from stream_jobs.durations import parse_rate
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
@@ -60,11 +61,6 @@ async def _set(settings: Settings, policy: JobTypePolicy, rate: float | None, *,
     return before, await _current(settings, policy)
 
 
-def _now_ms() -> int:
-    # An override's `at_ms` is when the operator's command began, so "applied within
-    # N s of the throttle" can be checked against the record itself.
-    return int(time.time() * 1000)
-
 
 @app.command("throttle")
 def throttle(
@@ -80,7 +76,7 @@ def throttle(
     The limit is shared across the type's workers by partition ownership and holds until
     the next `throttle` (or `--reset`), restarts included.
     """
-    at_ms = _now_ms()
+    at_ms = now_ms()
     settings, types = _load(ctx, job_type)
     policy = types[job_type]
     if rate is None and not reset:
@@ -112,7 +108,7 @@ def drain(
     take no share of the rate). The rate stays in force when the drain ends; `throttle
     TYPE --reset` returns to the TOML's.
     """
-    at_ms = _now_ms()
+    at_ms = now_ms()
     settings, types = _load(ctx, job_type)
     policy = types[job_type]
     per_s = None if rate is None else _parse(rate)

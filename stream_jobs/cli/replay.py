@@ -6,7 +6,6 @@ Both print what they will do before doing it; replay then shows progress and a s
 from __future__ import annotations
 
 import asyncio
-import time
 
 import typer
 from rich.console import Console
@@ -20,6 +19,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from stream_jobs import clock
 from stream_jobs.cli.common import settings_of
 from stream_jobs.durations import parse_rate
 from stream_jobs.tools.replay import (
@@ -65,7 +65,7 @@ def replay_command(
     loses nothing; the message says where to resume.
     """
     settings = settings_of(ctx)
-    now_ms = int(time.time() * 1000)
+    now_ms = clock.now_ms()
     from_time_ms = parse_time_ms(from_time, now_ms=now_ms) if from_time is not None else None
     to_time_ms = parse_time_ms(to_time, now_ms=now_ms) if to_time is not None else None
     rate_per_s = parse_rate(rate) if rate is not None else None
@@ -112,7 +112,7 @@ def reset(
     acknowledged without running. Forwarding skips jobs: they never run.
     """
     settings = settings_of(ctx)
-    to_time_ms = (parse_time_ms(to_time, now_ms=int(time.time() * 1000))
+    to_time_ms = (parse_time_ms(to_time, now_ms=clock.now_ms())
                   if to_time is not None else None)
     changes = asyncio.run(reset_offsets(
         settings, group, topic=topic, to_offset=to_offset, to_time_ms=to_time_ms,

@@ -9,12 +9,14 @@ from sqlalchemy import Column, DateTime, Index, Integer, MetaData, String, Table
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import CreateIndex, CreateTable
 
+from stream_jobs.job_ids import MAX_JOB_ID_CHARS
+
 metadata = MetaData()
 
 done_table = Table(
     "stream_jobs_done",
     metadata,
-    Column("job_id", String(64), primary_key=True),
+    Column("job_id", String(MAX_JOB_ID_CHARS), primary_key=True),
     Column("job_type", String(249), nullable=False),
     Column("attempt", Integer, nullable=False),
     Column("finished_at", DateTime(timezone=True), nullable=False, server_default=func.now()),

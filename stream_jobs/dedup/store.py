@@ -28,7 +28,7 @@ import asyncpg
 from stream_jobs.dedup.deferred import DeferredWrites, WriteBatcher
 from stream_jobs.dedup.group_commit import INSERT_DONE, GroupCommitter
 from stream_jobs.errors import AlreadyDone, ConfigError, DatabaseUnavailable
-from stream_jobs.settings import Settings
+from stream_jobs.settings import Settings, redact_url
 
 # Opening a connection failed: Postgres is down, refusing, or still starting.
 _UNREACHABLE = (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
@@ -62,7 +62,7 @@ class DedupStore:
 
     def _unavailable(self, exc: BaseException) -> DatabaseUnavailable:
         return DatabaseUnavailable(
-            f"Postgres did not answer at {_redact(self._settings.database_url)} "
+            f"Postgres did not answer at {redact_url(self._settings.database_url)} "
             f"(STREAM_JOBS_DATABASE_URL): {exc}")
 
     async def close(self) -> None:
@@ -205,17 +205,6 @@ class DedupStore:
             return int(await pool.fetchval("SELECT count(*) FROM stream_jobs_done"))
         return int(await pool.fetchval(
             "SELECT count(*) FROM stream_jobs_done WHERE job_type = $1", job_type))
-
-
-def _redact(dsn: str) -> str:
-    """The DSN without its password, for messages and logs."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(dsn)
-    if parts.password is None:
-        return dsn
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 async def prepare_schema(settings: Settings, app_sql: Sequence[str] = ()) -> None:

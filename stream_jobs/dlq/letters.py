@@ -16,6 +16,7 @@ from enum import StrEnum
 
 from stream_jobs.durations import parse_duration
 from stream_jobs.errors import BadRecord, ConfigError
+from stream_jobs.failures import FailureInfo, parse_failure
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.naming import DEFAULT_LANE
 from stream_jobs.record import (
@@ -25,12 +26,10 @@ from stream_jobs.record import (
     HEADER_JOB_ID,
     HEADER_ORIGIN,
     HEADER_REQUEUES,
-    FailureInfo,
     JobRecord,
+    Record,
     decode_record,
-    parse_failure,
 )
-from stream_jobs.runtime.member import Record
 
 DEFAULT_MAX_REQUEUES = 3  # the loop guard: letters requeued this often are left
 UNKNOWN_REASON = "unknown"  # a letter whose sj-error header is missing or garbled

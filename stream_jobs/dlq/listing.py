@@ -10,7 +10,6 @@ Letters that cannot be decoded (raw bytes, garbled headers) are listed like any 
 from __future__ import annotations
 
 import heapq
-import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,14 +20,15 @@ from aiokafka import TopicPartition
 from aiokafka.admin import RecordsToDelete
 from aiokafka.errors import KafkaError
 
+from stream_jobs.clock import now_ms
 from stream_jobs.dlq.letters import Letter, LetterRow, read_letter
 from stream_jobs.errors import ConfigError, DlqRefused, LetterNotFound
+from stream_jobs.failures import FailureInfo
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
 from stream_jobs.kafka.admin import admin_client
 from stream_jobs.kafka.scan import PartitionRange, partitions_of, reader, scan
 from stream_jobs.naming import dlq_group, dlq_topic
-from stream_jobs.record import FailureInfo
-from stream_jobs.runtime.member import Record
+from stream_jobs.record import Record
 from stream_jobs.settings import Settings
 
 # -- list and show --------------------------------------------------------------------------
@@ -88,7 +88,7 @@ async def list_letters(settings: Settings, job_type: str, *, reason: str | None 
     async with reader(settings) as consumer:
         spans = await dlq_spans(consumer, topic)
         async for record in scan(consumer, topic, spans):
-            letter = read_letter(record, job_type, payload_limit(settings, policy))
+            letter = read_letter(record, job_type, policy.payload_limit(settings))
             histogram[letter.reason] += 1
             if reason is not None and letter.reason != reason:
                 continue
@@ -115,7 +115,7 @@ async def show_letter(settings: Settings, job_type: str, job_id: str) -> LetterD
     positions: list[tuple[int, int]] = []
     async with reader(settings) as consumer:
         async for record in scan(consumer, topic, await dlq_spans(consumer, topic)):
-            letter = read_letter(record, job_type, payload_limit(settings, policy))
+            letter = read_letter(record, job_type, policy.payload_limit(settings))
             if letter.job_id != job_id:
                 continue
             positions.append((letter.partition, letter.offset))
@@ -204,13 +204,6 @@ def policy_of(settings: Settings, job_type: str) -> JobTypePolicy:
     return get_job_type(load_job_types(settings.topics_dir), job_type)
 
 
-def payload_limit(settings: Settings, policy: JobTypePolicy) -> int:
-    return policy.max_payload_bytes or settings.max_payload_bytes
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
 
 async def dlq_spans(consumer: Any, topic: str) -> list[PartitionRange]:
     """Every partition of `topic` from its first to its end offset now."""
@@ -262,7 +255,6 @@ __all__ = [
     "drain_starts",
     "list_letters",
     "now_ms",
-    "payload_limit",
     "pending_drain",
     "plan_purge",
     "policy_of",

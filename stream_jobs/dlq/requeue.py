@@ -37,6 +37,7 @@ from typing import Any, Literal
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
+from stream_jobs.clock import now_ms
 from stream_jobs.dlq.letters import (
     DEFAULT_MAX_REQUEUES,
     UNKNOWN_REASON,
@@ -51,8 +52,6 @@ from stream_jobs.dlq.listing import (
     LetterNotFound,
     dlq_spans,
     drain_starts,
-    now_ms,
-    payload_limit,
     policy_of,
 )
 from stream_jobs.errors import ConfigError, PublishError
@@ -233,7 +232,7 @@ async def requeue(
         raise ConfigError("max_requeues must be 0 or more.")
     if rate_per_s is not None and not rate_per_s > 0:
         raise ConfigError("A requeue rate must be above zero, e.g. 100/s.")
-    options = _Options(policy, settings.topic_prefix, payload_limit(settings, policy), force,
+    options = _Options(policy, settings.topic_prefix, policy.payload_limit(settings), force,
                        max_requeues, reset_attempts)
     if isinstance(select, SelectAll):
         plan = await _plan_drain(settings, options)

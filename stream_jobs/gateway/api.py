@@ -9,7 +9,6 @@ request that cannot be a job, 503 (with Retry-After) Kafka not answering.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
@@ -19,6 +18,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stream_jobs.client import Job
+from stream_jobs.clock import now_ms
 from stream_jobs.dlq.letters import LetterRow, parse_since
 from stream_jobs.dlq.listing import list_letters
 from stream_jobs.dlq.requeue import SelectAll, SelectIds, Selection, SelectReason, requeue
@@ -222,11 +222,11 @@ async def job(gateway: GatewayDep,
 @router.get("/types", response_model=list[TypeOut], tags=["types"])
 async def types(gateway: GatewayDep) -> list[TypeOut]:
     """The declared job types (topics/*.toml) and their policies."""
-    limit = gateway.settings.max_payload_bytes
     return [TypeOut(job_type=p.job_type, lanes=list(p.priorities),
                     retry_tiers=list(p.retry_tiers), max_attempts=p.max_attempts,
                     partitions=p.partitions, rate_limit_per_s=p.rate_limit_per_s,
-                    expires_in_s=p.expires_in_s, max_payload_bytes=p.max_payload_bytes or limit)
+                    expires_in_s=p.expires_in_s,
+                    max_payload_bytes=p.payload_limit(gateway.settings))
             for p in sorted(gateway.types.values(), key=lambda p: p.job_type)]
 
 
@@ -248,7 +248,7 @@ async def dlq(job_type: TypeName, gateway: GatewayDep,
               limit: Annotated[int, Query(ge=0, le=1000)] = 50) -> DlqOut:
     """The reason histogram of the type's DLQ and its most recent letters."""
     get_job_type(gateway.types, job_type)
-    since_ms = None if since is None else parse_since(since, _now_ms())
+    since_ms = None if since is None else parse_since(since, now_ms())
     listing = await list_letters(gateway.settings, job_type, reason=reason, since_ms=since_ms,
                                  limit=limit)
     return DlqOut(job_type=listing.job_type, topic=listing.topic, letters=listing.letters,
@@ -287,9 +287,6 @@ async def healthz(gateway: GatewayDep) -> dict[str, Any]:
             "stats_sampled_at_ms": None if sampler.latest is None else sampler.latest.at_ms,
             "stats_problem": sampler.problem}
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 __all__ = ["router"]

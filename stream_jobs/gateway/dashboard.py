@@ -9,7 +9,6 @@ dry run found. DLQ pages need the session that `/login` sets from the gateway's 
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote, urlencode
@@ -18,6 +17,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from stream_jobs import clock
 from stream_jobs.dlq.listing import list_letters, show_letter
 from stream_jobs.dlq.requeue import requeue
 from stream_jobs.errors import ConfigError, LetterNotFound
@@ -86,7 +86,7 @@ async def _form(request: Request) -> dict[str, str]:
 async def overview(gateway: GatewayDep) -> HTMLResponse:
     sampler = gateway.sampler
     snapshot = sampler.latest
-    now_ms = int(time.time() * 1000)
+    now_ms = clock.now_ms()
     cards = []
     for stats in snapshot.types if snapshot is not None else ():
         series = sampler.series(stats.job_type)

@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel
 
 from stream_jobs.client import JobClient
+from stream_jobs.gateway.metrics import StatsCollector
 from stream_jobs.gateway.sampler import StatsSampler
 from stream_jobs.job_types import JobTypePolicy
-from stream_jobs.runtime.metrics import StatsCollector
 from stream_jobs.settings import Settings
 
 # The dashboard's session cookie holds a MAC of the token, never the token itself.

@@ -16,7 +16,7 @@ from aiokafka.errors import KafkaConnectionError
 
 from stream_jobs.errors import ConfigError
 from stream_jobs.kafka.connection import connect_error, kafka_client_kwargs
-from stream_jobs.runtime.member import Record
+from stream_jobs.record import Record
 from stream_jobs.settings import Settings
 
 

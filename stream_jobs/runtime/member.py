@@ -30,7 +30,6 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
@@ -41,29 +40,19 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
+from stream_jobs.clock import now_ms
 from stream_jobs.errors import Abandoned, BadRecord
+from stream_jobs.failures import FailureInfo
 from stream_jobs.kafka.connection import access_denied, connect_error, kafka_client_kwargs
 from stream_jobs.kafka.producer import JobProducer, until_acked
 from stream_jobs.lanes import LanePicker
 from stream_jobs.naming import dlq_topic
 from stream_jobs.offsets import OffsetTracker
 from stream_jobs.ratelimit import TokenBucket
-from stream_jobs.record import FailureInfo, JobRecord, dead_letter_headers, dead_letter_origin
+from stream_jobs.record import JobRecord, Record, dead_letter_headers, dead_letter_origin
 from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.consumer")
-
-class Record(Protocol):
-    """The fields of an aiokafka `ConsumerRecord` that stream-jobs reads."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes]]
-
 
 # A runner lets other tasks run after this many records in a row (handlers that never
 # await would otherwise hold the loop, and fetches, heartbeats and commits would wait).
@@ -465,7 +454,7 @@ class GroupMember(ABC):
         """An undecodable record goes to the type's DLQ with its bytes as they were."""
         headers = dead_letter_headers(
             record.headers,
-            failure=FailureInfo.from_exception(bad, bad.reason, int(time.time() * 1000)),
+            failure=FailureInfo.from_exception(bad, bad.reason, now_ms()),
             origin=dead_letter_origin(record.topic, record.partition, record.offset),
             job_type=self.job_type)
         target = dlq_topic(self.settings.topic_prefix, self.job_type)

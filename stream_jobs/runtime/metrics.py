@@ -1,11 +1,8 @@
-"""Prometheus metrics of workers and of the gateway.
+"""Prometheus metrics of a worker (the gateway's are in `stream_jobs.gateway.metrics`).
 
 Nothing here runs per job. A worker already counts its outcomes, dead-letter reasons and
 (with metrics on) handler durations in plain attributes; `WorkerCollector` reads them
-when Prometheus scrapes. The gateway samples `stream_jobs.tools.stats` in the background and
-`StatsCollector` turns the latest snapshot into gauges: lag, oldest age, tier and DLQ
-depth, rates, live workers, the rate limit in force, and per-partition lag and committed
-offsets (what the "partition stuck" alert watches).
+when Prometheus scrapes.
 
 Worker metrics are served by `serve_metrics`, a small HTTP server on the worker's own
 event loop, so a scrape reads the counters between jobs, never while one is counted.
@@ -16,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -29,19 +26,18 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from stream_jobs.histogram import DurationHistogram
-from stream_jobs.tools.stats import StatsSnapshot
+from stream_jobs.outcomes import Outcome
 
 if TYPE_CHECKING:
     from stream_jobs.runtime.worker import Worker
 
 log = logging.getLogger("stream_jobs.metrics")
 
-OUTCOMES = ("succeeded", "retried", "dead_lettered", "expired", "duplicate")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Every series name we export, as Prometheus stores it (counters with `_total`,
 # histograms as `_bucket`/`_sum`/`_count`). The Grafana dashboard and the alert rules in
-# ops/ may use only these (tests/unit/test_ops_metrics.py checks).
+# ops/ may use only these and `stream_jobs.gateway.metrics.GATEWAY_METRICS`.
 WORKER_METRICS = frozenset({
     "stream_jobs_jobs_total",
     "stream_jobs_dead_letters_total",
@@ -54,23 +50,6 @@ WORKER_METRICS = frozenset({
     "stream_jobs_worker_partition_lag",
     "stream_jobs_relay_released_total",
 })
-GATEWAY_METRICS = frozenset({
-    "stream_jobs_lag",
-    "stream_jobs_oldest_age_seconds",
-    "stream_jobs_tier_depth",
-    "stream_jobs_dlq_depth",
-    "stream_jobs_outcomes_per_second",
-    "stream_jobs_workers_alive",
-    "stream_jobs_in_flight",
-    "stream_jobs_rate_limit_per_second",
-    "stream_jobs_partition_lag",
-    "stream_jobs_partition_committed_offset",
-    "stream_jobs_partition_stuck",
-    "stream_jobs_stats_sampled_timestamp_seconds",
-    "stream_jobs_gateway_enqueued_total",
-    "stream_jobs_gateway_requests_total",
-})
-EXPORTED_METRICS = WORKER_METRICS | GATEWAY_METRICS
 
 
 def histogram_buckets(durations: DurationHistogram) -> list[tuple[str, float]]:
@@ -92,7 +71,7 @@ class WorkerCollector(Collector):
         job_type = worker.policy.job_type
         jobs = CounterMetricFamily("stream_jobs_jobs", "Jobs this worker finished, by outcome.",
                                    labels=["type", "outcome"])
-        for outcome in OUTCOMES:
+        for outcome in Outcome:
             jobs.add_metric([job_type, outcome], worker.outcomes.get(outcome, 0))
         yield jobs
         dead = CounterMetricFamily("stream_jobs_dead_letters",
@@ -108,16 +87,16 @@ class WorkerCollector(Collector):
                                          labels=["type"])
             hist.add_metric([job_type], histogram_buckets(durations), durations.sum_s)
             yield hist
-        yield _gauge("stream_jobs_worker_in_flight",
+        yield gauge("stream_jobs_worker_in_flight",
                      "Jobs this worker holds: running or buffered, not yet finished.",
                      [([job_type], worker.in_flight())])
         if worker.rate.per_s is not None:
-            yield _gauge("stream_jobs_worker_rate_limit_per_second",
+            yield gauge("stream_jobs_worker_rate_limit_per_second",
                          "The type's rate limit this worker applies (jobs/s).",
                          [([job_type, worker.rate.source], worker.rate.per_s)],
                          labels=["type", "source"])
         if worker.rate_share_per_s is not None:
-            yield _gauge("stream_jobs_worker_rate_share_per_second",
+            yield gauge("stream_jobs_worker_rate_share_per_second",
                          "This worker's share of the type's rate limit (jobs/s).",
                          [([job_type], worker.rate_share_per_s)])
         lag = []
@@ -127,7 +106,7 @@ class WorkerCollector(Collector):
                 continue  # nothing fetched yet: the broker's end is not known here
             lag.append(([job_type, tp.topic, str(tp.partition)],
                         max(0, high - work.tracker.position)))
-        yield _gauge("stream_jobs_worker_partition_lag",
+        yield gauge("stream_jobs_worker_partition_lag",
                      "Records after this worker's lowest unfinished offset, per assigned "
                      "lane partition (from the last fetch).", lag,
                      labels=["type", "topic", "partition"])
@@ -139,75 +118,7 @@ class WorkerCollector(Collector):
             yield released
 
 
-class StatsCollector(Collector):
-    """Gauges from the latest stats snapshot the gateway sampled (none before the first)."""
-
-    def __init__(self, latest: Callable[[], StatsSnapshot | None]) -> None:
-        self.latest = latest
-
-    def collect(self) -> Iterator[Metric]:
-        snapshot = self.latest()
-        if snapshot is None:
-            return
-        lag, oldest, tiers, dlq, rates, alive, in_flight, limits = ([] for _ in range(8))
-        part_lag, part_committed, stuck = [], [], []
-        for t in snapshot.types:
-            name = t.job_type
-            for lane in t.lanes:
-                lag.append(([name, lane.name], lane.lag))
-                if lane.oldest_age_s is not None:
-                    oldest.append(([name, lane.name], lane.oldest_age_s))
-                for p in lane.partitions:
-                    labels = [name, lane.topic, str(p.partition)]
-                    part_lag.append((labels, p.lag))
-                    if p.committed is not None:
-                        part_committed.append((labels, p.committed))
-            for tier in t.tiers:
-                tiers.append(([name, tier.name], tier.lag))
-            if t.dlq_depth is not None:
-                dlq.append(([name], t.dlq_depth))
-            for outcome, per_s in t.rates.per_s().items():
-                rates.append(([name, outcome], per_s))
-            alive.append(([name], len(t.workers)))
-            in_flight.append(([name], sum(w.in_flight for w in t.workers)))
-            if t.rate.per_s is not None:
-                limits.append(([name, t.rate.source], t.rate.per_s))
-            if t.heartbeats is not None:
-                stuck_at = {(b.topic, b.partition) for b in t.heartbeats.stuck}
-                for b in t.heartbeats.partitions:
-                    stuck.append(([name, b.topic, str(b.partition)],
-                                  1.0 if (b.topic, b.partition) in stuck_at else 0.0))
-        by_lane, by_part = ["type", "lane"], ["type", "topic", "partition"]
-        yield _gauge("stream_jobs_lag", "Jobs not yet finished in a lane.", lag, by_lane)
-        yield _gauge("stream_jobs_oldest_age_seconds",
-                     "Age of the oldest unfinished job in a lane (absent when none waits).",
-                     oldest, by_lane)
-        yield _gauge("stream_jobs_tier_depth", "Retries waiting in a delay tier.", tiers,
-                     ["type", "tier"])
-        yield _gauge("stream_jobs_dlq_depth", "Dead letters the DLQ holds.", dlq)
-        yield _gauge("stream_jobs_outcomes_per_second",
-                     f"Outcomes per second over the last {snapshot.window_s:g} s "
-                     "(done = succeeded + duplicate), from the workers' reports.", rates,
-                     ["type", "outcome"])
-        yield _gauge("stream_jobs_workers_alive", "Workers reporting for the type.", alive)
-        yield _gauge("stream_jobs_in_flight", "Jobs the live workers hold.", in_flight)
-        yield _gauge("stream_jobs_rate_limit_per_second",
-                     "The type's rate limit in force (absent without one).", limits,
-                     ["type", "source"])
-        yield _gauge("stream_jobs_partition_lag", "Jobs not yet finished per lane partition.",
-                     part_lag, by_part)
-        yield _gauge("stream_jobs_partition_committed_offset",
-                     "The worker group's committed offset per lane partition.",
-                     part_committed, by_part)
-        yield _gauge("stream_jobs_partition_stuck",
-                     "1 when a lane partition's heartbeats stopped being processed "
-                     "(types with heartbeat_interval only).", stuck, by_part)
-        yield _gauge("stream_jobs_stats_sampled_timestamp_seconds",
-                     "When the gateway last sampled these stats (Unix time).",
-                     [([], snapshot.at_ms / 1000)], [])
-
-
-def _gauge(name: str, documentation: str, samples: Sequence[tuple[Sequence[str], float]],
+def gauge(name: str, documentation: str, samples: Sequence[tuple[Sequence[str], float]],
            labels: list[str] | None = None) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, documentation, labels=["type"] if labels is None else labels)
     for values, value in samples:
@@ -251,11 +162,10 @@ async def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> as
 
 
 __all__ = [
-    "EXPORTED_METRICS",
-    "GATEWAY_METRICS",
+    "CONTENT_TYPE",
     "WORKER_METRICS",
-    "StatsCollector",
     "WorkerCollector",
+    "gauge",
     "serve_metrics",
     "worker_registry",
 ]

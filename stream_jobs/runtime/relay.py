@@ -13,27 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Hashable
 from dataclasses import replace
 
 from aiokafka import TopicPartition
 
+from stream_jobs.clock import now_ms
 from stream_jobs.errors import Abandoned, BadRecord
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import lane_topic, parse_topic, relay_group, tier_topic
 from stream_jobs.record import (
+    Record,
     decode_record,
 )
 from stream_jobs.retry import RetryPolicy, tier_for_delay
-from stream_jobs.runtime.member import GroupMember, PartitionWork, Record, Runner
+from stream_jobs.runtime.member import GroupMember, PartitionWork, Runner
 from stream_jobs.settings import Settings
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
 
 # One chain per tier partition bounds the relay's work; no further limit is needed.
 _UNBOUNDED = 1_000_000
@@ -77,20 +73,20 @@ class Relay(GroupMember):
         try:
             job = decode_record(key=record.key, value=record.value, headers=record.headers,
                                 expected_type=self.policy.job_type,
-                                max_payload_bytes=self.settings.max_payload_bytes)
+                                max_payload_bytes=self.policy.payload_limit(self.settings))
         except BadRecord as bad:
             await self.dead_letter_raw(record, bad)
             return
         tier = parse_topic(prefix, record.topic).tier or self.policy.retry_tiers[0]
         due = job.not_before_ms or 0
-        now = _now_ms()
+        now = now_ms()
         if due > now:
             hold_until = min(due, record.timestamp + self.retry_policy.max_hold_ms(tier))
             # A timer may wake a millisecond early against the wall clock; waking early
             # must not count as "still not due", which would send the record round again.
             while hold_until > now:
                 await self._hold(work, (hold_until - now) / 1000)
-                now = _now_ms()
+                now = now_ms()
         if due > now:
             hop = tier_for_delay(self.policy.retry_tiers, (due - now) / 1000)
             await self.write(tier_topic(prefix, job.job_type, hop), job)

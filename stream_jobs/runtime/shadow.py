@@ -17,20 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stream_jobs.app import JobHandler
+from stream_jobs.clock import now_ms
 from stream_jobs.errors import BadRecord
+from stream_jobs.handlers import JobHandler
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import shadow_group
-from stream_jobs.record import decode_record
+from stream_jobs.record import Record, decode_record
 from stream_jobs.runtime.heartbeats import is_heartbeat
-from stream_jobs.runtime.member import GroupMember, PartitionWork, Record, Runner
+from stream_jobs.runtime.member import GroupMember, PartitionWork, Runner
 from stream_jobs.runtime.reports import (
     LaneSeen,
     ShadowReport,
@@ -42,9 +42,6 @@ from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.shadow")
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Shadow(GroupMember):
@@ -67,8 +64,8 @@ class Shadow(GroupMember):
         self.undecodable_reasons: Counter[str] = Counter()
         self.worker_id = new_worker_id()
         self.report_interval_s = report_interval_s
-        self._started_at_ms = _now_ms()
-        self._limit = policy.max_payload_bytes or settings.max_payload_bytes
+        self._started_at_ms = now_ms()
+        self._limit = policy.payload_limit(settings)
 
     # -- counting -----------------------------------------------------------------------
 
@@ -150,7 +147,7 @@ class Shadow(GroupMember):
 
     def report(self, *, final: bool = False) -> ShadowReport:
         return ShadowReport(
-            job_type=self.policy.job_type, worker_id=self.worker_id, at_ms=_now_ms(),
+            job_type=self.policy.job_type, worker_id=self.worker_id, at_ms=now_ms(),
             started_at_ms=self._started_at_ms, lanes=self.seen(),
             undecodable_reasons=dict(self.undecodable_reasons), final=final,
             interval_s=self.report_interval_s)

@@ -22,16 +22,17 @@ import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
-from enum import StrEnum
 from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
-from stream_jobs.app import JobHandler
+from stream_jobs.clock import now_ms
 from stream_jobs.context import JobContext
 from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError, StreamJobsError
+from stream_jobs.failures import FailureInfo
+from stream_jobs.handlers import JobHandler
 from stream_jobs.histogram import DurationHistogram
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka.producer import JobProducer
@@ -42,11 +43,12 @@ from stream_jobs.naming import (
     tier_topic,
     worker_group,
 )
+from stream_jobs.outcomes import Outcome, Reason
 from stream_jobs.ratelimit import partition_share
 from stream_jobs.record import (
     HEADER_EXPIRES_AT,
-    FailureInfo,
     JobRecord,
+    Record,
     dead_letter_origin,
     decode_record,
 )
@@ -54,7 +56,7 @@ from stream_jobs.retry import DeadLetter, RetryPolicy, decide
 from stream_jobs.runtime.gc_tuning import worker_collector
 from stream_jobs.runtime.heartbeats import is_heartbeat, send_heartbeats
 from stream_jobs.runtime.heartbeats import report_interval_s as heartbeat_report_interval_s
-from stream_jobs.runtime.member import GroupMember, PartitionWork, Record, Runner
+from stream_jobs.runtime.member import GroupMember, PartitionWork, Runner
 from stream_jobs.runtime.relay import Relay
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
 from stream_jobs.runtime.throttle import ControlFollower, RateOverride, rate_in_force
@@ -63,24 +65,11 @@ from stream_jobs.settings import Settings
 log = logging.getLogger("stream_jobs.worker")
 
 
-class Outcome(StrEnum):
-    """How a job left its lane; exactly one per delivery."""
-
-    SUCCEEDED = "succeeded"
-    RETRIED = "retried"  # failed with attempts left: sent to a delay tier
-    DEAD_LETTERED = "dead_lettered"  # no attempts left, or permanently bad
-    EXPIRED = "expired"  # past its expiry: finished without running
-    DUPLICATE = "duplicate"  # its dedup row existed: finished without running
-
-
 # Under a rate limit a worker buffers about this many seconds of its share (at least
 # RATE_BUFFER_MIN records per partition): fetching pauses instead of holding a backlog.
 RATE_BUFFER_S = 2.0
 RATE_BUFFER_MIN = 16
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _expires_at_ms(headers: Sequence[tuple[str, bytes]]) -> int | None:
@@ -133,7 +122,7 @@ class Worker(GroupMember):
         self.worker_id = new_worker_id()
         self.report_interval_s = heartbeat_report_interval_s(report_interval_s,
                                                              policy.heartbeat_interval_s)
-        self._started_at_ms = _now_ms()
+        self._started_at_ms = now_ms()
         # Flow control: the type's limit in force, this worker's share of it, heartbeats.
         self._default_buffered = self.max_buffered
         self._default_fetch = self.fetch_records
@@ -188,7 +177,7 @@ class Worker(GroupMember):
     def report(self, *, final: bool = False) -> WorkerReport:
         """This worker's counters now (what it publishes to `P._stats`)."""
         return WorkerReport(
-            job_type=self.policy.job_type, worker_id=self.worker_id, at_ms=_now_ms(),
+            job_type=self.policy.job_type, worker_id=self.worker_id, at_ms=now_ms(),
             started_at_ms=self._started_at_ms,
             outcomes={str(k): v for k, v in self.outcomes.items()},
             dead_letter_reasons=dict(self.dead_letter_reasons), in_flight=self.in_flight(),
@@ -274,7 +263,7 @@ class Worker(GroupMember):
             return True
         if self.rate_share_per_s is not None:
             expires_at = _expires_at_ms(record.headers)
-            if expires_at is not None and _now_ms() >= expires_at:
+            if expires_at is not None and now_ms() >= expires_at:
                 self.outcomes[Outcome.EXPIRED] += 1
                 return True
         return False
@@ -292,7 +281,7 @@ class Worker(GroupMember):
             tps = [TopicPartition(topic, p) for topic in self.topics
                    for p in sorted(self.consumer.partitions_for_topic(topic) or ())]
             try:
-                await send_heartbeats(self.producer, tps, self.worker_id, _now_ms())
+                await send_heartbeats(self.producer, tps, self.worker_id, now_ms())
             except (StreamJobsError, KafkaError) as exc:
                 log.warning("heartbeats not written: %s", exc)
             # On a fixed schedule: the time a send takes does not stretch the interval.
@@ -359,7 +348,8 @@ class Worker(GroupMember):
         try:
             job = decode_record(key=record.key, value=record.value, headers=record.headers,
                                 expected_type=self.policy.job_type,
-                                max_payload_bytes=self._payload_limit(), check_json=False)
+                                max_payload_bytes=self.policy.payload_limit(self.settings),
+                                check_json=False)
         except BadRecord as bad:
             if is_heartbeat(record.key, record.headers):
                 # Written by a worker whose TOML turned heartbeats on: not a job, not bad.
@@ -368,7 +358,7 @@ class Worker(GroupMember):
             await self.dead_letter_raw(record, bad)
             self.dead_letter_reasons[bad.reason] += 1
             return Outcome.DEAD_LETTERED
-        now = _now_ms()
+        now = now_ms()
         if job.expires_at_ms is not None and now >= job.expires_at_ms:
             return Outcome.EXPIRED
         try:
@@ -387,9 +377,9 @@ class Worker(GroupMember):
         if isinstance(error, AlreadyDone):
             return Outcome.DUPLICATE
         if isinstance(error, TimeoutError):
-            reason = "timeout"
+            reason = Reason.TIMEOUT
         else:
-            reason = "permanent" if isinstance(error, PermanentError) else "handler-error"
+            reason = Reason.PERMANENT if isinstance(error, PermanentError) else Reason.HANDLER_ERROR
         return await self._failed(job, record, error, reason)
 
     async def _call_handler(self, runner: Runner, payload: Any,
@@ -424,7 +414,7 @@ class Worker(GroupMember):
 
     async def _failed(self, job: JobRecord, record: Record, exc: BaseException,
                       reason: str) -> Outcome:
-        now = _now_ms()
+        now = now_ms()
         decision = decide(self.retry_policy, attempt=job.attempt,
                           permanent=isinstance(exc, PermanentError), now_ms=now,
                           rand=random.random())
@@ -446,7 +436,4 @@ class Worker(GroupMember):
     def _with_failure(self, job: JobRecord, record: Record, failure: FailureInfo) -> JobRecord:
         origin = job.origin or dead_letter_origin(record.topic, record.partition, record.offset)
         return replace(job, failure=failure, origin=origin)
-
-    def _payload_limit(self) -> int:
-        return self.policy.max_payload_bytes or self.settings.max_payload_bytes
 

@@ -26,6 +26,8 @@ from aiokafka import TopicPartition
 
 from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import DatabaseUnavailable
+from stream_jobs.failures import FailureInfo, parse_failure
+from stream_jobs.job_ids import job_id_time_ms
 from stream_jobs.job_types import JobTypePolicy, get_job_type
 from stream_jobs.kafka import scan
 from stream_jobs.kafka.admin import admin_client
@@ -36,11 +38,8 @@ from stream_jobs.record import (
     HEADER_JOB_ID,
     HEADER_NOT_BEFORE,
     HEADER_REQUEUES,
-    FailureInfo,
-    job_id_time_ms,
-    parse_failure,
+    Record,
 )
-from stream_jobs.runtime.member import Record
 from stream_jobs.settings import Settings
 from stream_jobs.tools.stats import committed_offsets
 

@@ -14,7 +14,6 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 from aiokafka.admin import AIOKafkaAdminClient
@@ -22,7 +21,7 @@ from aiokafka.errors import KafkaError
 
 from stream_jobs.errors import BrokerUnavailable, DatabaseUnavailable, StreamJobsError
 from stream_jobs.kafka.connection import kafka_client_kwargs, security_problem
-from stream_jobs.settings import Settings
+from stream_jobs.settings import Settings, redact_url
 
 PROBE_TIMEOUT_S = 5.0
 
@@ -67,7 +66,7 @@ async def probe_kafka(settings: Settings, timeout_s: float = PROBE_TIMEOUT_S) ->
 
 async def probe_postgres(settings: Settings, timeout_s: float = PROBE_TIMEOUT_S) -> Answer:
     """Connect to `STREAM_JOBS_DATABASE_URL` and ask the server's version within `timeout_s`."""
-    shown = redact(settings.database_url)
+    shown = redact_url(settings.database_url)
     try:
         async with asyncio.timeout(timeout_s):
             conn = await asyncpg.connect(settings.database_url, timeout=timeout_s)
@@ -107,16 +106,6 @@ async def probe_stack(
         else:
             raise outcome
     return results
-
-
-def redact(url: str) -> str:
-    """`url` with its password replaced, so it can be shown in errors and tables."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    userinfo, _, hostinfo = parts.netloc.rpartition("@")
-    user = userinfo.split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostinfo}"))
 
 
 @contextlib.contextmanager

@@ -35,6 +35,7 @@ from aiokafka.errors import (
     for_code,
 )
 
+from stream_jobs import clock
 from stream_jobs.durations import parse_duration
 from stream_jobs.errors import (
     BadRecord,
@@ -44,6 +45,7 @@ from stream_jobs.errors import (
     ReplayInterrupted,
     StreamJobsError,
 )
+from stream_jobs.job_ids import new_job_id
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
 from stream_jobs.kafka.admin import admin_client
 from stream_jobs.kafka.producer import JobProducer
@@ -56,7 +58,7 @@ from stream_jobs.kafka.scan import (
     started_consumer,
 )
 from stream_jobs.naming import DEFAULT_LANE, TopicRef, lane_topic, parse_topic
-from stream_jobs.record import JobRecord, decode_record, new_job_id
+from stream_jobs.record import JobRecord, decode_record
 from stream_jobs.runtime.heartbeats import is_heartbeat
 from stream_jobs.settings import Settings
 
@@ -363,7 +365,7 @@ class _Copier:
             self._skip(record, bad)
             job = None
         if job is not None:
-            now_ms = int(time.time() * 1000)
+            now_ms = clock.now_ms()
             lane = self.target.lane_of(job)
             out = replayed(job, job_type=self.target.policy.job_type, lane=lane,
                            rerun=self.result.rerun, now_ms=now_ms)

@@ -29,6 +29,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
+from stream_jobs import clock
 from stream_jobs.errors import BrokerUnavailable
 from stream_jobs.job_types import JobTypePolicy, get_job_type
 from stream_jobs.kafka import scan
@@ -340,7 +341,7 @@ async def collect(settings: Settings, types: Mapping[str, JobTypePolicy], *,
                 [tp for t in tiers_of[name].values() for tp in tps.get(t, [])]))
         lookback_s = window_s + (ALIVE_INTERVALS + 1) * report_interval_s
         report_ranges = await _report_ranges(consumer, prefix,
-                                             _now_ms() - int(lookback_s * 1000))
+                                             clock.now_ms() - int(lookback_s * 1000))
         # Reading assigns partitions, after which this consumer's metadata covers only
         # those topics: every offset question is asked above this line.
         lane_tps = [tp for p in chosen for t in lanes_of[p.job_type].values()
@@ -348,7 +349,7 @@ async def collect(settings: Settings, types: Mapping[str, JobTypePolicy], *,
         heads = {tp: unfinished_from(beginnings[tp], committed.get(tp)) for tp in lane_tps
                  if backlog(beginnings[tp], ends[tp], committed.get(tp)) > 0}
         stamps = await _timestamps_at(consumer, heads, settings.kafka_request_timeout_ms)
-        now_ms = _now_ms()
+        now_ms = clock.now_ms()
         reports, shadow_reports = await _reports(consumer, prefix, report_ranges)
         overrides = await read_overrides(consumer, prefix)
 
@@ -407,9 +408,6 @@ async def collect(settings: Settings, types: Mapping[str, JobTypePolicy], *,
         ))
     return StatsSnapshot(now_ms, prefix, window_s, tuple(result))
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _peeker(settings: Settings) -> AbstractAsyncContextManager[Any]:

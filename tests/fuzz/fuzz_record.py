@@ -20,16 +20,15 @@ with atheris.instrument_imports(include=["stream_jobs"]):
     import orjson
 
     from stream_jobs.errors import BadRecord
+    from stream_jobs.failures import FailureInfo, parse_failure
+    from stream_jobs.job_ids import MAX_JOB_ID_BYTES
     from stream_jobs.naming import LANES
     from stream_jobs.record import (
         HEADER_ERROR,
         HEADER_JOB_ID,
         HEADER_TYPE,
-        MAX_JOB_ID_BYTES,
-        FailureInfo,
         dead_letter_headers,
         decode_record,
-        parse_failure,
         parse_origin,
     )
 

@@ -12,8 +12,9 @@ from typing import Any
 
 import orjson
 
+from stream_jobs.job_ids import job_id_time_ms
 from stream_jobs.naming import lane_topic, tier_topic
-from stream_jobs.record import JobRecord, decode_record, job_id_time_ms
+from stream_jobs.record import JobRecord, decode_record
 from stream_jobs.settings import Settings
 
 from .conftest import Declare

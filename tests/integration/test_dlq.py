@@ -23,16 +23,12 @@ from stream_jobs.dlq.letters import Verdict, parse_since
 from stream_jobs.dlq.listing import list_letters
 from stream_jobs.dlq.requeue import SelectAll, SelectIds, SelectReason, chunk_size, requeue
 from stream_jobs.errors import LetterNotFound
+from stream_jobs.failures import FailureInfo
+from stream_jobs.job_ids import new_job_id
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.kafka.scan import partitions_of, reader
 from stream_jobs.naming import dlq_topic, lane_topic
-from stream_jobs.record import (
-    FailureInfo,
-    JobRecord,
-    dead_letter_headers,
-    decode_record,
-    new_job_id,
-)
+from stream_jobs.record import JobRecord, dead_letter_headers, decode_record
 from stream_jobs.settings import Settings
 from tests.integration.cli_env import settings_env
 

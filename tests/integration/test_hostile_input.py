@@ -20,9 +20,10 @@ from pydantic import BaseModel, ConfigDict
 
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
+from stream_jobs.job_ids import new_job_id
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import dlq_topic, lane_topic
-from stream_jobs.record import HEADER_ATTEMPT, HEADER_ERROR, JobRecord, new_job_id
+from stream_jobs.record import HEADER_ATTEMPT, HEADER_ERROR, JobRecord
 from stream_jobs.settings import Settings
 
 from .conftest import Declare

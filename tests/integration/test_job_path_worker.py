@@ -19,7 +19,8 @@ from stream_jobs.client import Job
 from stream_jobs.context import JobContext
 from stream_jobs.kafka.admin import group_state
 from stream_jobs.naming import worker_group
-from stream_jobs.runtime.member import PartitionWork, Record
+from stream_jobs.record import Record
+from stream_jobs.runtime.member import PartitionWork
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
 from tests.waiting import until

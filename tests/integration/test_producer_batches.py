@@ -12,9 +12,10 @@ import pytest
 from aiokafka.admin import NewTopic
 
 import stream_jobs.kafka.producer as producer_module
+from stream_jobs.job_ids import new_job_id
 from stream_jobs.kafka.admin import admin_client
 from stream_jobs.kafka.producer import BATCH_QUEUE_WAIT_S, OWN_BATCH_MIN, JobProducer, Written
-from stream_jobs.record import JobRecord, new_job_id
+from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
 from tests.integration.topic_reader import read_topic
 from tests.waiting import until

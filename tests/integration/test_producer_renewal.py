@@ -10,9 +10,10 @@ from aiokafka.admin import NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from stream_jobs.errors import PublishError
+from stream_jobs.job_ids import new_job_id
 from stream_jobs.kafka.admin import admin_client
 from stream_jobs.kafka.producer import JobProducer
-from stream_jobs.record import JobRecord, new_job_id
+from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
 from tests.waiting import until
 

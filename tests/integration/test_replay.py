@@ -28,6 +28,8 @@ from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext
 from stream_jobs.errors import ConfigError, GroupInUse, UnknownJobType
+from stream_jobs.failures import FailureInfo
+from stream_jobs.job_ids import new_job_id
 from stream_jobs.kafka.admin import admin_client
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import dlq_group, dlq_topic, lane_topic, worker_group
@@ -37,9 +39,7 @@ from stream_jobs.record import (
     HEADER_JOB_ID,
     HEADER_NOT_BEFORE,
     HEADER_RERUN_OF,
-    FailureInfo,
     JobRecord,
-    new_job_id,
 )
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings

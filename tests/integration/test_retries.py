@@ -11,8 +11,9 @@ from aiokafka import AIOKafkaProducer
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
 from stream_jobs.errors import PermanentError
+from stream_jobs.failures import parse_failure
 from stream_jobs.naming import dlq_topic, lane_topic
-from stream_jobs.record import decode_record, parse_failure, parse_origin
+from stream_jobs.record import decode_record, parse_origin
 from stream_jobs.settings import Settings
 
 from .conftest import Declare

@@ -20,8 +20,9 @@ from stream_jobs.dlq.letters import (
 )
 from stream_jobs.dlq.requeue import chunk_size
 from stream_jobs.errors import ConfigError
+from stream_jobs.failures import FailureInfo
 from stream_jobs.job_types import JobTypePolicy
-from stream_jobs.record import FailureInfo, JobRecord, dead_letter_headers
+from stream_jobs.record import JobRecord, dead_letter_headers
 
 NOW = 1_700_000_000_000
 FAILURE = FailureInfo("max-attempts", "RuntimeError", "down\nsecond line", "Traceback...", NOW)

@@ -10,7 +10,8 @@ from collections.abc import Hashable
 from aiokafka import TopicPartition
 
 from stream_jobs.kafka.producer import JobProducer
-from stream_jobs.runtime.member import GroupMember, PartitionWork, Record, Runner
+from stream_jobs.record import Record
+from stream_jobs.runtime.member import GroupMember, PartitionWork, Runner
 from stream_jobs.settings import Settings
 
 from .fake_records import FakeRecord

@@ -22,8 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
-from stream_jobs.app import App, JobHandler
+from stream_jobs.app import App
 from stream_jobs.errors import BadRecord
+from stream_jobs.failures import MAX_MESSAGE_CHARS, MAX_TRACEBACK_CHARS, FailureInfo, parse_failure
+from stream_jobs.handlers import JobHandler
+from stream_jobs.job_ids import MAX_JOB_ID_BYTES
 from stream_jobs.job_types import load_job_types
 from stream_jobs.naming import LANES
 from stream_jobs.record import (
@@ -32,14 +35,9 @@ from stream_jobs.record import (
     HEADER_JOB_ID,
     HEADER_ORIGIN,
     HEADER_TYPE,
-    MAX_JOB_ID_BYTES,
-    MAX_MESSAGE_CHARS,
-    MAX_TRACEBACK_CHARS,
-    FailureInfo,
     JobRecord,
     dead_letter_headers,
     decode_record,
-    parse_failure,
 )
 from stream_jobs.runtime.member import Runner
 from stream_jobs.settings import Settings

@@ -20,16 +20,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from stream_jobs.gateway.charts import bar_chart, line_chart, nice_max
+from stream_jobs.gateway.metrics import EXPORTED_METRICS, GATEWAY_METRICS, StatsCollector
 from stream_jobs.histogram import DurationHistogram
 from stream_jobs.offsets import OffsetTracker
 from stream_jobs.runtime.heartbeats import HeartbeatStats, PartitionBeat
-from stream_jobs.runtime.metrics import (
-    EXPORTED_METRICS,
-    GATEWAY_METRICS,
-    WORKER_METRICS,
-    StatsCollector,
-    WorkerCollector,
-)
+from stream_jobs.runtime.metrics import WORKER_METRICS, WorkerCollector
 from stream_jobs.runtime.reports import WorkerReport
 from stream_jobs.runtime.throttle import RateInForce
 from stream_jobs.tools.stats import (

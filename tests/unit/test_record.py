@@ -17,7 +17,10 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from stream_jobs.errors import BadRecord, PayloadError, StreamJobsError
+from stream_jobs.failures import MAX_MESSAGE_CHARS, MAX_TRACEBACK_CHARS, FailureInfo, parse_failure
+from stream_jobs.job_ids import ID_RANDOM_CHUNK, JobIdSource, job_id_time_ms, new_job_id
 from stream_jobs.naming import LANES
+from stream_jobs.payloads import encode_payload
 from stream_jobs.record import (
     HEADER_ATTEMPT,
     HEADER_ENQUEUED_AT,
@@ -31,19 +34,10 @@ from stream_jobs.record import (
     HEADER_RERUN_OF,
     HEADER_TRACEPARENT,
     HEADER_TYPE,
-    ID_RANDOM_CHUNK,
-    MAX_MESSAGE_CHARS,
-    MAX_TRACEBACK_CHARS,
-    FailureInfo,
-    JobIdSource,
     JobRecord,
     dead_letter_origin,
     decode_payload,
     decode_record,
-    encode_payload,
-    job_id_time_ms,
-    new_job_id,
-    parse_failure,
     parse_origin,
 )
 

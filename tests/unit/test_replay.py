@@ -9,8 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stream_jobs.errors import ConfigError
+from stream_jobs.failures import FailureInfo
 from stream_jobs.kafka.scan import PartitionRange
-from stream_jobs.record import FailureInfo, JobRecord
+from stream_jobs.record import JobRecord
 from stream_jobs.tools.replay import (
     Pace,
     ReplayResult,

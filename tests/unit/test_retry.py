@@ -4,12 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream_jobs import record
 from stream_jobs.durations import format_duration, parse_duration
 from stream_jobs.errors import ConfigError
+from stream_jobs.outcomes import Reason
 from stream_jobs.retry import (
-    DEAD_LETTER_MAX_ATTEMPTS,
-    DEAD_LETTER_PERMANENT,
     DeadLetter,
     Retry,
     RetryPolicy,
@@ -87,9 +85,14 @@ def test_jitter_can_be_turned_off() -> None:
     assert outcome == Retry(tier="1m", attempt=3, not_before_ms=NOW + 60_000)
 
 
-def test_dead_letter_reasons_match_the_record_reason_codes() -> None:
-    assert record.REASON_PERMANENT == DEAD_LETTER_PERMANENT
-    assert record.REASON_MAX_ATTEMPTS == DEAD_LETTER_MAX_ATTEMPTS
+def test_dead_letter_reasons_are_the_reason_codes_letters_carry() -> None:
+    # One spelling (stream_jobs.outcomes.Reason) for the decision and the sj-error header.
+    permanent = decide(POLICY, attempt=1, permanent=True, now_ms=NOW, rand=0.0)
+    exhausted = decide(POLICY, attempt=4, permanent=False, now_ms=NOW, rand=0.0)
+    assert permanent == DeadLetter(Reason.PERMANENT)
+    assert Reason.PERMANENT == "permanent"
+    assert exhausted == DeadLetter(Reason.MAX_ATTEMPTS)
+    assert Reason.MAX_ATTEMPTS == "max-attempts"
 
 
 @pytest.mark.parametrize("rand", [-0.1, 1.0, 2.0, float("nan")])

@@ -13,13 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_jobs.kafka.producer import JobProducer
-from stream_jobs.runtime.member import (
-    RUNNER_YIELD_EVERY,
-    GroupMember,
-    PartitionWork,
-    Record,
-    Runner,
-)
+from stream_jobs.record import Record
+from stream_jobs.runtime.member import RUNNER_YIELD_EVERY, GroupMember, PartitionWork, Runner
 from stream_jobs.settings import Settings
 
 from .fake_records import FakeRecord
