@@ -31,6 +31,15 @@ class BrokerUnavailable(StreamJobsError):
     """No Kafka broker answered at the configured bootstrap servers."""
 
 
+class BrokerError(StreamJobsError):
+    """Kafka answered a request of ours with an error, or not in time (a fetch, an offsets
+    or metadata question, an admin request)."""
+
+
+class CommitRefused(BrokerError):
+    """Kafka refused a commit of consumer offsets: a rebalance moved on, or we were fenced."""
+
+
 class AuthenticationFailed(StreamJobsError):
     """Kafka refused our SASL credentials, or its TLS certificate did not verify."""
 

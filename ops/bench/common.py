@@ -267,7 +267,7 @@ async def fill(settings: Settings, job_type: str, n: int) -> float:
 
 async def rewind_worker_group(settings: Settings, job_type: str) -> None:
     """Commit offset 0 for the type's worker group, so the same backlog is drained again."""
-    from stream_jobs.tools.replay import reset_offsets
+    from stream_jobs.tools.group_offsets import reset_offsets
 
     group = worker_group(settings.topic_prefix, job_type)
     for _ in range(30):  # the group is empty once the last member's LeaveGroup landed

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-from aiokafka import TopicPartition
 
 from ops.chaos.app import EFFECTS_TABLE
 from ops.chaos.evidence import Delivery, Effect, Forwarded, LaneRecord
+from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.admin import admin_client
-from stream_jobs.kafka.scan import reader
+from stream_jobs.kafka.consumer import open_reader
 from stream_jobs.record import HEADER_ATTEMPT, HEADER_JOB_ID
 from stream_jobs.settings import Settings
 
@@ -62,9 +62,8 @@ def _header(headers: Any, name: str) -> bytes | None:
 async def read_topic(settings: Settings, topic: str) -> list[Any]:
     """Every record of `topic` up to its end offsets now."""
     records: list[Any] = []
-    async with reader(settings, max_partition_fetch_bytes=1024 * 1024) as consumer:
-        metadata = await consumer._client.fetch_all_metadata()
-        parts = sorted(metadata.partitions_for_topic(topic) or [])
+    async with open_reader(settings, max_partition_fetch_bytes=1024 * 1024) as consumer:
+        parts = sorted(await consumer.cluster_partitions(topic) or [])
         tps = [TopicPartition(topic, p) for p in parts]
         if not tps:
             return records
@@ -116,10 +115,9 @@ async def offsets(settings: Settings, group: str | None, topics: list[str]
         committed = {(tp.topic, tp.partition): meta.offset for tp, meta in listed.items()
                      if tp.topic in topics and meta.offset >= 0}
     ends: dict[tuple[str, int], int] = {}
-    async with reader(settings) as consumer:
-        metadata = await consumer._client.fetch_all_metadata()
+    async with open_reader(settings) as consumer:
         tps = [TopicPartition(t, p) for t in topics
-               for p in sorted(metadata.partitions_for_topic(t) or [])]
+               for p in sorted(await consumer.cluster_partitions(t) or [])]
         for tp, end in (await consumer.end_offsets(tps)).items():
             ends[(tp.topic, tp.partition)] = end
     return committed, ends

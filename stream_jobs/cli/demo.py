@@ -22,7 +22,6 @@ from typing import Any
 
 import asyncpg
 import typer
-from aiokafka import AIOKafkaProducer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -35,7 +34,7 @@ from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka.admin import apply
-from stream_jobs.kafka.connection import kafka_client_kwargs
+from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import lane_topic
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
@@ -158,14 +157,10 @@ async def _check_stats(settings: Settings, types: dict[str, JobTypePolicy],
 
 
 async def _produce_malformed(settings: Settings) -> None:
-    producer = AIOKafkaProducer(**kafka_client_kwargs(settings), acks="all")
-    await producer.start()
-    try:
+    async with JobProducer(settings) as producer:
         for job_type, value, headers in MALFORMED:
-            await producer.send_and_wait(lane_topic(settings.topic_prefix, job_type), value,
-                                         headers=headers)
-    finally:
-        await producer.stop()
+            await producer.send_raw(lane_topic(settings.topic_prefix, job_type), None, value,
+                                    headers)
 
 
 def _progress(workers: dict[str, Worker], expected: dict[str, Any],

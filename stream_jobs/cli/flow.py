@@ -15,10 +15,11 @@ from stream_jobs.clock import now_ms
 from stream_jobs.durations import parse_rate
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
-from stream_jobs.kafka.scan import reader
+from stream_jobs.kafka.consumer import open_reader
 from stream_jobs.runtime.throttle import RateInForce, publish_rate, rate_in_force, read_overrides
 from stream_jobs.settings import Settings
-from stream_jobs.tools.stats import TypeStats, collect
+from stream_jobs.tools.stats import collect
+from stream_jobs.tools.type_stats import TypeStats
 
 console = Console()
 status_console = Console(stderr=True)
@@ -49,7 +50,7 @@ def _spell(rate: RateInForce) -> str:
 
 
 async def _current(settings: Settings, policy: JobTypePolicy) -> RateInForce:
-    async with reader(settings) as consumer:
+    async with open_reader(settings) as consumer:
         overrides = await read_overrides(consumer, settings.topic_prefix)
     return rate_in_force(policy.rate_limit_per_s, overrides.get(policy.job_type))
 

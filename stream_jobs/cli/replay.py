@@ -22,14 +22,8 @@ from rich.table import Table
 from stream_jobs import clock
 from stream_jobs.cli.common import settings_of
 from stream_jobs.durations import parse_rate
-from stream_jobs.tools.replay import (
-    OffsetChange,
-    ReplayResult,
-    parse_time_ms,
-    replay,
-    reset_offsets,
-    resume_hint,
-)
+from stream_jobs.tools.group_offsets import OffsetChange, reset_offsets
+from stream_jobs.tools.replay import ReplayResult, parse_time_ms, replay, resume_hint
 
 offsets_app = typer.Typer(help="Move a consumer group's committed offsets.",
                           no_args_is_help=True)

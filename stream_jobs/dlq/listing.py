@@ -11,22 +11,20 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
-from aiokafka import TopicPartition
-from aiokafka.admin import RecordsToDelete
-from aiokafka.errors import KafkaError
 
 from stream_jobs.clock import now_ms
 from stream_jobs.dlq.letters import Letter, LetterRow, read_letter
-from stream_jobs.errors import ConfigError, DlqRefused, LetterNotFound
+from stream_jobs.errors import BrokerError, ConfigError, DlqRefused, LetterNotFound
 from stream_jobs.failures import FailureInfo
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
-from stream_jobs.kafka.admin import admin_client
-from stream_jobs.kafka.scan import PartitionRange, partitions_of, reader, scan
+from stream_jobs.kafka import TopicPartition
+from stream_jobs.kafka.admin import open_admin
+from stream_jobs.kafka.consumer import Consumer, open_reader
+from stream_jobs.kafka.scan import PartitionRange, partitions_of, scan
 from stream_jobs.naming import dlq_group, dlq_topic
 from stream_jobs.record import Record
 from stream_jobs.settings import Settings
@@ -85,7 +83,7 @@ async def list_letters(settings: Settings, job_type: str, *, reason: str | None 
     histogram: Counter[str] = Counter()
     kept: list[tuple[tuple[int, int, int], LetterRow]] = []
     matching = 0
-    async with reader(settings) as consumer:
+    async with open_reader(settings) as consumer:
         spans = await dlq_spans(consumer, topic)
         async for record in scan(consumer, topic, spans):
             letter = read_letter(record, job_type, policy.payload_limit(settings))
@@ -113,7 +111,7 @@ async def show_letter(settings: Settings, job_type: str, job_id: str) -> LetterD
     topic = dlq_topic(settings.topic_prefix, job_type)
     best: tuple[Letter, Record] | None = None
     positions: list[tuple[int, int]] = []
-    async with reader(settings) as consumer:
+    async with open_reader(settings) as consumer:
         async for record in scan(consumer, topic, await dlq_spans(consumer, topic)):
             letter = read_letter(record, job_type, policy.payload_limit(settings))
             if letter.job_id != job_id:
@@ -173,7 +171,7 @@ async def plan_purge(settings: Settings, job_type: str) -> PurgePlan:
     """What `purge` would delete now; `pending_drain` of those were never drained."""
     policy_of(settings, job_type)
     topic = dlq_topic(settings.topic_prefix, job_type)
-    async with reader(settings) as consumer:
+    async with open_reader(settings) as consumer:
         spans = await dlq_spans(consumer, topic)
     return PurgePlan(job_type, topic, tuple(spans),
                      await pending_drain(settings, job_type, spans))
@@ -183,14 +181,13 @@ async def purge(settings: Settings, job_type: str, *, plan: PurgePlan | None = N
     """Delete the DLQ's letters up to the end snapshot of `plan` (taken now if not given);
     letters dead-lettered after it are kept. Returns how many were deleted. Idempotent."""
     plan = plan if plan is not None else await plan_purge(settings, job_type)
-    todo = {TopicPartition(plan.topic, s.partition): RecordsToDelete(s.end)
-            for s in plan.spans if s.size > 0}
+    todo = {TopicPartition(plan.topic, s.partition): s.end for s in plan.spans if s.size > 0}
     if not todo:
         return 0
-    async with admin_client(settings) as admin:
+    async with open_admin(settings) as admin:
         try:
             await admin.delete_records(todo, timeout_ms=settings.kafka_request_timeout_ms)
-        except KafkaError as exc:
+        except BrokerError as exc:
             raise DlqRefused(f"Kafka refused to delete the records of {plan.topic}: {exc}. "
                               "Nothing is lost; check the topic's cleanup.policy "
                               "(delete, not compact) and try again.") from exc
@@ -205,7 +202,7 @@ def policy_of(settings: Settings, job_type: str) -> JobTypePolicy:
 
 
 
-async def dlq_spans(consumer: Any, topic: str) -> list[PartitionRange]:
+async def dlq_spans(consumer: Consumer, topic: str) -> list[PartitionRange]:
     """Every partition of `topic` from its first to its end offset now."""
     try:
         parts = await partitions_of(consumer, topic)
@@ -224,17 +221,16 @@ async def drain_starts(settings: Settings, job_type: str,
     group = dlq_group(settings.topic_prefix, job_type)
     topic = dlq_topic(settings.topic_prefix, job_type)
     tps = [TopicPartition(topic, s.partition) for s in spans]
-    async with admin_client(settings) as admin:
+    async with open_admin(settings) as admin:
         try:
-            committed: Mapping[Any, Any] = await admin.list_consumer_group_offsets(
-                group, partitions=tps)
-        except KafkaError as exc:
+            committed = await admin.committed_offsets(group, tps)
+        except BrokerError as exc:
             raise DlqRefused(f"Kafka did not say where the group {group} is ({exc}); check "
                              "that these credentials may describe consumer groups.") from exc
     starts = {}
     for span, tp in zip(spans, tps, strict=True):
-        meta = committed.get(tp)
-        offset = meta.offset if meta is not None and meta.offset >= 0 else span.start
+        at = committed.get(tp)
+        offset = at if at is not None else span.start
         starts[span.partition] = min(max(offset, span.start), span.end)
     return starts
 

@@ -32,10 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from typing import Literal
 
 from stream_jobs.clock import now_ms
 from stream_jobs.dlq.letters import (
@@ -54,11 +51,12 @@ from stream_jobs.dlq.listing import (
     drain_starts,
     policy_of,
 )
-from stream_jobs.errors import ConfigError, PublishError
+from stream_jobs.errors import CommitRefused, ConfigError, PublishError
 from stream_jobs.job_types import JobTypePolicy
-from stream_jobs.kafka.connection import connect_error, kafka_client_kwargs
+from stream_jobs.kafka import TopicPartition
+from stream_jobs.kafka.consumer import Consumer, open_consumer, open_reader
 from stream_jobs.kafka.producer import JobProducer
-from stream_jobs.kafka.scan import PartitionRange, reader, scan
+from stream_jobs.kafka.scan import PartitionRange, scan
 from stream_jobs.naming import DEFAULT_LANE, dlq_group, dlq_topic, lane_topic
 from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
@@ -260,7 +258,7 @@ async def _plan_drain(settings: Settings, options: _Options) -> RequeuePlan:
     group = dlq_group(settings.topic_prefix, job_type)
     plan = RequeuePlan(job_type, topic, "all", group)
     now = now_ms()
-    async with reader(settings) as consumer:
+    async with open_reader(settings) as consumer:
         whole = await dlq_spans(consumer, topic)
         starts = await drain_starts(settings, job_type, whole)
         plan.spans = {s.partition: PartitionRange(s.partition, starts[s.partition], s.end)
@@ -283,7 +281,7 @@ async def _plan_selection(settings: Settings, options: _Options,
     now = now_ms()
     # Per job: the newest selected letter, as a few small fields so a big DLQ fits.
     newest: dict[str, _Pick] = {}
-    async with reader(settings) as consumer:
+    async with open_reader(settings) as consumer:
         whole = await dlq_spans(consumer, topic)
         async for record in scan(consumer, topic, whole):
             letter = read_letter(record, job_type, options.payload_limit)
@@ -339,7 +337,7 @@ async def _send_chosen(settings: Settings, options: _Options, plan: RequeuePlan,
     """Send the planned letters of a selection. Commits nothing: the DLQ is unchanged."""
     sent = 0
     batch: list[tuple[str, JobRecord]] = []
-    async with reader(settings) as consumer:
+    async with open_reader(settings) as consumer:
         async for record in scan(consumer, plan.topic, list(plan.spans.values())):
             if (record.partition, record.offset) not in plan.chosen:
                 continue
@@ -363,16 +361,11 @@ async def _drain(settings: Settings, options: _Options, plan: RequeuePlan,
     """Requeue from the group's position to the planned ends, committing each chunk only
     after its records are acknowledged. Returns (records sent, letters committed past)."""
     assert plan.group is not None
-    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), group_id=plan.group,
-                                enable_auto_commit=False, auto_offset_reset="earliest",
-                                max_partition_fetch_bytes=settings.max_payload_bytes * 2)
-    try:
-        await consumer.start()
-    except KafkaConnectionError as exc:
-        await consumer.stop()
-        raise await connect_error(settings, exc) from exc
     sent = drained = 0
-    try:
+    async with open_consumer(settings, group_id=plan.group, enable_auto_commit=False,
+                             auto_offset_reset="earliest",
+                             max_partition_fetch_bytes=settings.max_payload_bytes * 2
+                             ) as consumer:
         for span in plan.spans.values():
             tp = TopicPartition(plan.topic, span.partition)
             consumer.assign([tp])
@@ -401,8 +394,6 @@ async def _drain(settings: Settings, options: _Options, plan: RequeuePlan,
                 drained += after - position
                 progress(after - position)
                 position = after
-    finally:
-        await consumer.stop()
     return sent, drained
 
 
@@ -420,10 +411,10 @@ async def _send(producer: JobProducer, batch: list[tuple[str, JobRecord]],
     return len(batch)
 
 
-async def _commit(consumer: Any, tp: TopicPartition, offset: int, sent: int) -> None:
+async def _commit(consumer: Consumer, tp: TopicPartition, offset: int, sent: int) -> None:
     try:
         await consumer.commit({tp: offset})
-    except KafkaError as exc:
+    except CommitRefused as exc:
         raise DlqRefused(f"Kafka did not take the drain position of {tp.topic} partition "
                          f"{tp.partition} ({exc}); {sent} letters were requeued. Run the "
                          "same command again: it starts from the last position taken and "

@@ -14,7 +14,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from stream_jobs.runtime.metrics import WORKER_METRICS, gauge
-from stream_jobs.tools.stats import StatsSnapshot
+from stream_jobs.tools.type_stats import StatsSnapshot
 
 GATEWAY_METRICS = frozenset({
     "stream_jobs_lag",

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.settings import Settings
-from stream_jobs.tools.stats import StatsSnapshot, TypeStats, collect
+from stream_jobs.tools.stats import collect
+from stream_jobs.tools.type_stats import StatsSnapshot, TypeStats
 
 log = logging.getLogger("stream_jobs.gateway")
 

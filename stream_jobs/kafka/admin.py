@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
     KafkaConnectionError,
@@ -28,9 +28,8 @@ from aiokafka.errors import (
     TopicAlreadyExistsError,
     for_code,
 )
-from aiokafka.structs import TopicPartition
 
-from stream_jobs.errors import BrokerUnavailable, ConfigError, TopicPlanError
+from stream_jobs.errors import BrokerError, BrokerUnavailable, ConfigError, TopicPlanError
 from stream_jobs.job_types import (
     Change,
     JobTypePolicy,
@@ -39,6 +38,7 @@ from stream_jobs.job_types import (
     desired_overrides,
     diff_policy,
 )
+from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.connection import connect_error, kafka_client_kwargs
 from stream_jobs.naming import TopicRole, parse_topic
 from stream_jobs.settings import Settings
@@ -74,11 +74,90 @@ class TopicRow:
 
 @asynccontextmanager
 async def admin_client(settings: Settings) -> AsyncIterator[Any]:
-    """A started AIOKafkaAdminClient; BrokerUnavailable if no broker answers."""
+    """A started AIOKafkaAdminClient; BrokerUnavailable if no broker answers. For this
+    package, tests and ops scripts: code above `stream_jobs.kafka` uses `open_admin`."""
     client = AIOKafkaAdminClient(**kafka_client_kwargs(settings, client_id="stream-jobs-admin"))
     try:
         await client.start()
         yield client
+    except _UNREACHABLE as exc:
+        raise await connect_error(settings, exc) from exc
+    finally:
+        await client.close()
+
+
+class Admin:
+    """The admin requests stream-jobs' tools make; any `KafkaError` becomes `BrokerError`."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    async def committed_offsets(self, group: str,
+                                partitions: Sequence[TopicPartition] | None = None
+                                ) -> dict[TopicPartition, int | None]:
+        """The group's committed offset per partition, None where it never committed;
+        without `partitions`, every partition the group has committed on."""
+        if partitions is not None and not partitions:
+            return {}
+        try:
+            offsets = await self._client.list_consumer_group_offsets(
+                group, partitions=None if partitions is None else list(partitions))
+        except KafkaError as exc:
+            raise BrokerError(f"Kafka did not return the offsets of group {group}: "
+                              f"{exc}. Is the cluster healthy?") from exc
+        # -1: the group has no offset for the partition (it never committed there).
+        wanted = list(offsets) if partitions is None else partitions
+        return {tp: (offsets[tp].offset if tp in offsets and offsets[tp].offset >= 0
+                     else None) for tp in wanted}
+
+    async def group_hosts(self, group: str) -> list[str]:
+        """The client host of every member the group has now (none for an empty group)."""
+        try:
+            response = (await self._client.describe_consumer_groups([group]))[0]
+        except KafkaError as exc:
+            raise BrokerError(f"Kafka did not describe consumer group {group!r}: {exc}.") \
+                from exc
+        described = response.to_object()["groups"][0]
+        if described["error_code"]:
+            error = for_code(described["error_code"])
+            raise BrokerError(f"Kafka did not describe consumer group {group!r} "
+                              f"({error.__name__}).")
+        return [str(m["client_host"]).lstrip("/") for m in described["members"]]
+
+    async def topic_names(self) -> set[str]:
+        try:
+            return set(await self._client.list_topics())
+        except KafkaError as exc:
+            raise BrokerError(f"Kafka did not list its topics: {exc}.") from exc
+
+    async def delete_records(self, before: Mapping[TopicPartition, int], timeout_ms: int
+                             ) -> None:
+        """Delete each partition's records below the offset given for it."""
+        try:
+            await self._client.delete_records(
+                {tp: RecordsToDelete(offset) for tp, offset in before.items()},
+                timeout_ms=timeout_ms)
+        except KafkaError as exc:
+            raise BrokerError(f"Kafka refused to delete records: {exc}.") from exc
+
+    async def cluster(self) -> tuple[int, str | None]:
+        """(brokers, cluster ID) as the cluster describes itself."""
+        try:
+            described: dict[str, Any] = await self._client.describe_cluster()
+        except KafkaError as exc:
+            raise BrokerError(f"Kafka did not describe its cluster: {exc}.") from exc
+        return len(described.get("brokers", [])), described.get("cluster_id")
+
+
+@asynccontextmanager
+async def open_admin(settings: Settings, **options: Any) -> AsyncIterator[Admin]:
+    """An `Admin` on our connection settings (plus aiokafka `options`), closed on the way
+    out; a broker that does not answer is `BrokerUnavailable` (or a security error)."""
+    kwargs = {**kafka_client_kwargs(settings, client_id="stream-jobs-admin"), **options}
+    client = AIOKafkaAdminClient(**kwargs)
+    try:
+        await client.start()
+        yield Admin(client)
     except _UNREACHABLE as exc:
         raise await connect_error(settings, exc) from exc
     finally:
@@ -368,4 +447,6 @@ async def _offsets(settings: Settings, states: Mapping[str, TopicState]
     return counts
 
 
-__all__ = ["Change", "TopicRow", "admin_client", "apply", "list_topics", "plan"]
+__all__ = [
+    "Admin", "Change", "TopicRow", "admin_client", "apply", "list_topics", "open_admin", "plan",
+]

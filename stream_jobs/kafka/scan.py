@@ -7,17 +7,12 @@ terminates on a topic that is still being written.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
-
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaConnectionError
 
 from stream_jobs.errors import ConfigError
-from stream_jobs.kafka.connection import connect_error, kafka_client_kwargs
+from stream_jobs.kafka import TopicPartition
+from stream_jobs.kafka.consumer import Consumer
 from stream_jobs.record import Record
-from stream_jobs.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -33,41 +28,18 @@ class PartitionRange:
         return max(0, self.end - self.start)
 
 
-@asynccontextmanager
-async def started_consumer(settings: Settings, **options: Any) -> AsyncIterator[Any]:
-    """An aiokafka consumer on our connection settings plus `options`, started (a refused
-    connection becomes one sentence) and stopped on the way out."""
-    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), **options)
-    try:
-        await consumer.start()
-    except KafkaConnectionError as exc:
-        await consumer.stop()
-        raise await connect_error(settings, exc) from exc
-    try:
-        yield consumer
-    finally:
-        await consumer.stop()
-
-
-def reader(settings: Settings, **options: Any) -> AbstractAsyncContextManager[Any]:
-    """A group-less consumer (nothing is committed), wrapped for connection errors."""
-    return started_consumer(settings, enable_auto_commit=False, auto_offset_reset="earliest",
-                            group_id=None, **options)
-
-
-async def partitions_of(consumer: Any, topic: str) -> list[int]:
+async def partitions_of(consumer: Consumer, topic: str) -> list[int]:
     """The partitions of `topic`; ConfigError when it does not exist."""
-    # Ask for the whole cluster's metadata: once a reader has assigned partitions, aiokafka
-    # only refreshes the topics it reads, so other topics would look missing.
-    metadata = await consumer._client.fetch_all_metadata()
-    found = metadata.partitions_for_topic(topic)
+    # The whole cluster's metadata: once a reader has assigned partitions, its own metadata
+    # covers only the topics it reads, so other topics would look missing.
+    found = await consumer.cluster_partitions(topic)
     if not found:
         raise ConfigError(f"Topic {topic!r} does not exist: check the name with "
                           "`stream-jobs topics list`.")
     return sorted(found)
 
 
-async def ranges(consumer: Any, topic: str, *, partitions: Sequence[int] | None = None,
+async def ranges(consumer: Consumer, topic: str, *, partitions: Sequence[int] | None = None,
                  from_offset: int | None = None, to_offset: int | None = None,
                  from_time_ms: int | None = None, to_time_ms: int | None = None,
                  ) -> list[PartitionRange]:
@@ -109,17 +81,17 @@ async def ranges(consumer: Any, topic: str, *, partitions: Sequence[int] | None 
     return result
 
 
-async def _offsets_at(consumer: Any, tps: list[TopicPartition],
+async def _offsets_at(consumer: Consumer, tps: list[TopicPartition],
                       time_ms: int | None) -> dict[TopicPartition, int]:
     """The first offset at or after `time_ms` per partition (the end when none is)."""
     if time_ms is None:
         return {}
     found = await consumer.offsets_for_times({tp: time_ms for tp in tps})
     ends = await consumer.end_offsets(tps)
-    return {tp: (found[tp].offset if found.get(tp) is not None else ends[tp]) for tp in tps}
+    return {tp: (at if (at := found.get(tp)) is not None else ends[tp]) for tp in tps}
 
 
-async def scan(consumer: Any, topic: str, selected: Sequence[PartitionRange]
+async def scan(consumer: Consumer, topic: str, selected: Sequence[PartitionRange]
                ) -> AsyncIterator[Record]:
     """Every record in the ranges, partition by partition, in offset order."""
     for part in selected:

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiokafka import TopicPartition
 
 from stream_jobs.errors import StreamJobsError
+from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.producer import JobProducer
 
 log = logging.getLogger("stream_jobs.heartbeats")

@@ -16,11 +16,10 @@ import contextlib
 from collections.abc import Hashable
 from dataclasses import replace
 
-from aiokafka import TopicPartition
-
 from stream_jobs.clock import now_ms
 from stream_jobs.errors import Abandoned, BadRecord
 from stream_jobs.job_types import JobTypePolicy
+from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import lane_topic, parse_topic, relay_group, tier_topic
 from stream_jobs.record import (
@@ -28,7 +27,8 @@ from stream_jobs.record import (
     decode_record,
 )
 from stream_jobs.retry import RetryPolicy, tier_for_delay
-from stream_jobs.runtime.member import GroupMember, PartitionWork, Runner
+from stream_jobs.runtime.dispatch import PartitionWork, Runner
+from stream_jobs.runtime.member import GroupMember
 from stream_jobs.settings import Settings
 
 # One chain per tier partition bounds the relay's work; no further limit is needed.

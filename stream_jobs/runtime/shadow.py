@@ -29,8 +29,9 @@ from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import shadow_group
 from stream_jobs.record import Record, decode_record
+from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.heartbeats import is_heartbeat
-from stream_jobs.runtime.member import GroupMember, PartitionWork, Runner
+from stream_jobs.runtime.member import GroupMember
 from stream_jobs.runtime.reports import (
     LaneSeen,
     ShadowReport,

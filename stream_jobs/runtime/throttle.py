@@ -20,13 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaConnectionError
 
 from stream_jobs.errors import BrokerUnavailable
-from stream_jobs.kafka import scan
+from stream_jobs.kafka import TopicPartition, scan
 from stream_jobs.kafka.admin import ensure_internal_topic
-from stream_jobs.kafka.connection import connect_error, kafka_client_kwargs
+from stream_jobs.kafka.consumer import Consumer, new_consumer
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import control_topic
 from stream_jobs.settings import Settings
@@ -130,12 +128,11 @@ async def publish_rate(settings: Settings, job_type: str, rate_limit_per_s: floa
                                 value, [])
 
 
-async def read_overrides(consumer: Any, prefix: str) -> dict[str, RateOverride]:
+async def read_overrides(consumer: Consumer, prefix: str) -> dict[str, RateOverride]:
     """Every type's override, read with a group-less `consumer` (none if the topic is
     missing). Ask offset questions of other topics first: reading assigns this topic."""
     topic = control_topic(prefix)
-    metadata = await consumer._client.fetch_all_metadata()
-    if not metadata.partitions_for_topic(topic):
+    if not await consumer.cluster_partitions(topic):
         return {}
     overrides: dict[str, RateOverride] = {}
     async for record in scan.scan(consumer, topic, await scan.ranges(consumer, topic)):
@@ -155,27 +152,21 @@ class ControlFollower:
         self.overrides: dict[str, RateOverride] = {}
         self._caught_up = False  # history is folded in silently; callers read `overrides`
         self._tp = TopicPartition(control_topic(settings.topic_prefix), 0)
-        self._consumer = AIOKafkaConsumer(
-            **kafka_client_kwargs(settings, client_id="stream-jobs-control"),
-            group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
-            fetch_max_wait_ms=500)
+        self._consumer = new_consumer(
+            settings, client_id="stream-jobs-control", group_id=None, enable_auto_commit=False,
+            auto_offset_reset="earliest", fetch_max_wait_ms=500)
 
     async def catch_up(self, timeout_s: float = 30.0) -> None:
         """Make sure the topic exists, then apply everything it holds now."""
-        try:
-            await self._consumer.start()
-        except KafkaConnectionError as exc:
-            await self._consumer.stop()
-            raise await connect_error(self.settings, exc) from exc
-        client = self._consumer._client
+        consumer = self._consumer
+        await consumer.start()
         try:
             async with asyncio.timeout(timeout_s):
-                metadata = await client.fetch_all_metadata()
-                if not metadata.partitions_for_topic(self._tp.topic):
+                if not await consumer.cluster_partitions(self._tp.topic):
                     await ensure_control_topic(self.settings)
                     # Until this client's metadata has it, aiokafka would log it missing.
-                    while not client.cluster.partitions_for_topic(self._tp.topic):
-                        await client.force_metadata_update()
+                    while not consumer.partitions_for_topic(self._tp.topic):
+                        await consumer.refresh_metadata()
                         await asyncio.sleep(0.05)  # a back-off between metadata rounds
                 # Asked before `assign`: afterwards aiokafka answers after a metadata round.
                 end = (await self._consumer.end_offsets([self._tp]))[self._tp]

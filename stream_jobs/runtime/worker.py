@@ -24,9 +24,6 @@ from collections.abc import Hashable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
-
 from stream_jobs.clock import now_ms
 from stream_jobs.context import JobContext
 from stream_jobs.dedup.store import DedupStore
@@ -35,6 +32,7 @@ from stream_jobs.failures import FailureInfo
 from stream_jobs.handlers import JobHandler
 from stream_jobs.histogram import DurationHistogram
 from stream_jobs.job_types import JobTypePolicy
+from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import (
     control_topic,
@@ -53,10 +51,11 @@ from stream_jobs.record import (
     decode_record,
 )
 from stream_jobs.retry import DeadLetter, RetryPolicy, decide
+from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.gc_tuning import worker_collector
 from stream_jobs.runtime.heartbeats import is_heartbeat, send_heartbeats
 from stream_jobs.runtime.heartbeats import report_interval_s as heartbeat_report_interval_s
-from stream_jobs.runtime.member import GroupMember, PartitionWork, Runner
+from stream_jobs.runtime.member import Flow, GroupMember
 from stream_jobs.runtime.relay import Relay
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
 from stream_jobs.runtime.throttle import ControlFollower, RateOverride, rate_in_force
@@ -124,8 +123,6 @@ class Worker(GroupMember):
                                                              policy.heartbeat_interval_s)
         self._started_at_ms = now_ms()
         # Flow control: the type's limit in force, this worker's share of it, heartbeats.
-        self._default_buffered = self.max_buffered
-        self._default_fetch = self.fetch_records
         self.control = control
         self.rate = rate_in_force(policy.rate_limit_per_s, None)
         self.rate_share_per_s: float | None = None
@@ -180,7 +177,8 @@ class Worker(GroupMember):
             job_type=self.policy.job_type, worker_id=self.worker_id, at_ms=now_ms(),
             started_at_ms=self._started_at_ms,
             outcomes={str(k): v for k, v in self.outcomes.items()},
-            dead_letter_reasons=dict(self.dead_letter_reasons), in_flight=self.in_flight(),
+            dead_letter_reasons={str(k): v for k, v in self.dead_letter_reasons.items()},
+            in_flight=self.in_flight(),
             released=self.relay.released if self.relay is not None else 0, final=final,
             interval_s=self.report_interval_s, rate_limit_per_s=self.rate.per_s,
             rate_source=self.rate.source, rate_share_per_s=self.rate_share_per_s,
@@ -201,7 +199,7 @@ class Worker(GroupMember):
             return
         try:
             await follower.catch_up()
-        except (StreamJobsError, KafkaError) as exc:
+        except StreamJobsError as exc:
             # The TOML's limit still holds; only run-time changes are lost.
             log.warning("cannot read %s; `stream-jobs throttle` will not reach this worker: "
                         "%s", control_topic(self.settings.topic_prefix), exc)
@@ -236,26 +234,25 @@ class Worker(GroupMember):
     def _reshare(self) -> None:
         """Take this worker's share of the type's rate: its fraction of the lane partitions."""
         limit = self.rate.per_s
+        screen = limit is not None or self.heartbeat_interval_s is not None
+        base = self.base_flow
         if limit is None:
             self.rate_share_per_s = None
-            self.max_buffered = self._default_buffered
-            self.fetch_records = self._default_fetch
-        else:
-            assigned = sum(1 for w in self.partitions.values() if not w.revoked)
-            total = sum(len(self.consumer.partitions_for_topic(t) or ()) for t in self.topics)
-            share = partition_share(limit, assigned, total)
-            self.rate_share_per_s = share
-            per_partition = math.ceil(share * RATE_BUFFER_S / max(1, assigned))
-            self.max_buffered = min(self._default_buffered,
-                                    max(RATE_BUFFER_MIN, per_partition))
+            self.set_flow(replace(base, screen=screen))
+            return
+        assigned = sum(1 for w in self.partitions.values() if not w.revoked)
+        total = sum(len(self.consumer.partitions_for_topic(t) or ()) for t in self.topics)
+        share = partition_share(limit, assigned, total)
+        self.rate_share_per_s = share
+        per_partition = math.ceil(share * RATE_BUFFER_S / max(1, assigned))
+        self.set_flow(Flow(
+            max_buffered=min(base.max_buffered, max(RATE_BUFFER_MIN, per_partition)),
             # Backpressure is checked after each fetched batch: keep batches small too.
-            self.fetch_records = min(self._default_fetch,
-                                     max(RATE_BUFFER_MIN, math.ceil(share * RATE_BUFFER_S)))
-        self.screen = (self._screen if limit is not None or self.heartbeat_interval_s
-                       is not None else None)
-        self.set_rate(self.rate_share_per_s)
+            fetch_records=min(base.fetch_records,
+                              max(RATE_BUFFER_MIN, math.ceil(share * RATE_BUFFER_S))),
+            rate_per_s=share, screen=screen))
 
-    def _screen(self, work: PartitionWork, record: Record) -> bool:
+    def screen(self, work: PartitionWork, record: Record) -> bool:
         """Finish at fetch time what needs no handler: heartbeats always, and under a rate
         limit jobs already expired, so stale work never waits for (or spends) a token."""
         if is_heartbeat(record.key, record.headers):
@@ -282,7 +279,7 @@ class Worker(GroupMember):
                    for p in sorted(self.consumer.partitions_for_topic(topic) or ())]
             try:
                 await send_heartbeats(self.producer, tps, self.worker_id, now_ms())
-            except (StreamJobsError, KafkaError) as exc:
+            except StreamJobsError as exc:
                 log.warning("heartbeats not written: %s", exc)
             # On a fixed schedule: the time a send takes does not stretch the interval.
             due = max(due + interval_s, loop.time())

@@ -22,15 +22,15 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import asyncpg
-from aiokafka import TopicPartition
 
 from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import DatabaseUnavailable
 from stream_jobs.failures import FailureInfo, parse_failure
 from stream_jobs.job_ids import job_id_time_ms
 from stream_jobs.job_types import JobTypePolicy, get_job_type
-from stream_jobs.kafka import scan
-from stream_jobs.kafka.admin import admin_client
+from stream_jobs.kafka import TopicPartition, scan
+from stream_jobs.kafka.admin import open_admin
+from stream_jobs.kafka.consumer import open_reader
 from stream_jobs.naming import TopicRole, relay_group, worker_group
 from stream_jobs.record import (
     HEADER_ATTEMPT,
@@ -41,7 +41,6 @@ from stream_jobs.record import (
     Record,
 )
 from stream_jobs.settings import Settings
-from stream_jobs.tools.stats import committed_offsets
 
 Status = Literal["done", "dead_lettered", "retrying", "pending", "finished", "not_seen"]
 
@@ -222,10 +221,10 @@ async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
     sightings: list[Sighting] = []
     type_of: dict[str, str] = {}  # topic -> job type
     scanned, complete = 0, True
-    async with scan.reader(settings) as consumer, admin_client(settings) as admin:
+    async with open_reader(settings) as consumer, open_admin(settings) as admin:
         # Plan every scan before the first read: reading assigns partitions, after which
         # the consumer's metadata covers only the assigned topics.
-        await consumer._client.force_metadata_update()
+        await consumer.refresh_metadata()
         plans = []
         for policy in chosen:
             for topic, role, name, group in _topics(settings.topic_prefix, policy):
@@ -235,8 +234,8 @@ async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
                 ranges, cut = capped(await scan.ranges(consumer, topic, from_time_ms=since_ms),
                                      max_records_per_topic)
                 complete = complete and not cut
-                committed = (await committed_offsets(
-                    admin, group, [TopicPartition(topic, r.partition) for r in ranges])
+                committed = (await admin.committed_offsets(
+                    group, [TopicPartition(topic, r.partition) for r in ranges])
                     if group is not None else {})
                 plans.append((topic, role, name, ranges, committed))
         for topic, role, name, ranges, committed in plans:

@@ -13,14 +13,12 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import asyncpg
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 
 from stream_jobs.errors import BrokerUnavailable, DatabaseUnavailable, StreamJobsError
-from stream_jobs.kafka.connection import kafka_client_kwargs, security_problem
+from stream_jobs.kafka.admin import open_admin
+from stream_jobs.kafka.connection import security_problem
 from stream_jobs.settings import Settings, redact_url
 
 PROBE_TIMEOUT_S = 5.0
@@ -38,15 +36,13 @@ class Answer:
 async def probe_kafka(settings: Settings, timeout_s: float = PROBE_TIMEOUT_S) -> Answer:
     """Fetch cluster metadata from `STREAM_JOBS_KAFKA_BOOTSTRAP` within `timeout_s`."""
     bootstrap = settings.kafka_bootstrap
-    options = kafka_client_kwargs(settings, client_id="stream-jobs-probe")
-    options["request_timeout_ms"] = int(timeout_s * 1000)
-    admin = AIOKafkaAdminClient(**options)
     try:
         with _quiet("aiokafka"):
-            async with asyncio.timeout(timeout_s):
-                await admin.start()
-                cluster: dict[str, Any] = await admin.describe_cluster()
-    except (KafkaError, OSError, TimeoutError) as exc:
+            async with asyncio.timeout(timeout_s), open_admin(
+                    settings, client_id="stream-jobs-probe",
+                    request_timeout_ms=int(timeout_s * 1000)) as admin:
+                brokers, cluster_id = await admin.cluster()
+    except (StreamJobsError, OSError, TimeoutError) as exc:
         with _quiet("aiokafka"):
             problem = await security_problem(settings)
         if problem is not None:  # it answered, but not to our security settings
@@ -55,13 +51,9 @@ async def probe_kafka(settings: Settings, timeout_s: float = PROBE_TIMEOUT_S) ->
             f"No Kafka broker answered at {bootstrap} (STREAM_JOBS_KAFKA_BOOTSTRAP): start one "
             "with `stream-jobs dev up` or fix the setting."
         ) from exc
-    finally:
-        with _quiet("aiokafka"):
-            await admin.close()
-    brokers = len(cluster.get("brokers", []))
     plural = "s" if brokers != 1 else ""
     return Answer(service="kafka", address=bootstrap,
-                  detail=f"{brokers} broker{plural}, cluster {cluster.get('cluster_id')}")
+                  detail=f"{brokers} broker{plural}, cluster {cluster_id}")
 
 
 async def probe_postgres(settings: Settings, timeout_s: float = PROBE_TIMEOUT_S) -> Answer:

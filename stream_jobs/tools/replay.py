@@ -1,4 +1,4 @@
-"""Operator tools for a range of records: replay it to a lane, or move a group's offsets.
+"""`stream-jobs replay`: the jobs in a range of records, written again to their lane.
 
 `replay` reads a range of any of our topics (a lane, a delay tier, a DLQ) without a
 consumer group and writes each job again to its lane, waiting for every acknowledgement.
@@ -6,10 +6,6 @@ It never changes the source, so stopping it part-way loses nothing: the result (
 `ReplayInterrupted` message) says where to resume. Without `rerun` the job IDs are kept,
 so `ctx.once()` acknowledges jobs that already finished without running them; with
 `rerun` each job gets a new ID and `sj-rerun-of` names the original.
-
-`reset_offsets` rewinds or forwards a consumer group's committed offsets while the group
-has no members: it commits from outside the group (manual assignment, no join), which
-Kafka accepts only for an empty group.
 """
 
 from __future__ import annotations
@@ -23,40 +19,23 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, NamedTuple, Protocol
-
-from aiokafka import TopicPartition
-from aiokafka.errors import (
-    CommitFailedError,
-    IllegalGenerationError,
-    KafkaError,
-    RebalanceInProgressError,
-    UnknownMemberIdError,
-    for_code,
-)
+from typing import Any, Protocol
 
 from stream_jobs import clock
 from stream_jobs.durations import parse_duration
 from stream_jobs.errors import (
     BadRecord,
     ConfigError,
-    GroupInUse,
     PublishError,
     ReplayInterrupted,
     StreamJobsError,
 )
 from stream_jobs.job_ids import new_job_id
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
-from stream_jobs.kafka.admin import admin_client
+from stream_jobs.kafka import TopicPartition
+from stream_jobs.kafka.consumer import Consumer, open_reader
 from stream_jobs.kafka.producer import JobProducer
-from stream_jobs.kafka.scan import (
-    PartitionRange,
-    partitions_of,
-    ranges,
-    reader,
-    scan,
-    started_consumer,
-)
+from stream_jobs.kafka.scan import PartitionRange, partitions_of, ranges, scan
 from stream_jobs.naming import DEFAULT_LANE, TopicRef, lane_topic, parse_topic
 from stream_jobs.record import JobRecord, decode_record
 from stream_jobs.runtime.heartbeats import is_heartbeat
@@ -253,7 +232,7 @@ async def replay(settings: Settings, topic: str, *, partition: int | None,
         raise ConfigError("--rate must be above zero, e.g. 200/s.")
     prefix = settings.topic_prefix
     source = parse_topic(prefix, topic)
-    async with reader(settings) as consumer:
+    async with open_reader(settings) as consumer:
         await partitions_of(consumer, topic)  # a typo says so before anything else
         types = load_job_types(settings.topics_dir)
         target = _target(types, get_job_type(types, source.job_type), to_lane)
@@ -275,7 +254,7 @@ async def replay(settings: Settings, topic: str, *, partition: int | None,
                 async for record in scan(consumer, topic, selected):
                     await copier.take(record)
                 await copier.flush()
-            except (StreamJobsError, KafkaError) as exc:
+            except StreamJobsError as exc:
                 raise ReplayInterrupted(_stopped(result, exc)) from exc
     return result
 
@@ -293,7 +272,7 @@ def _target(types: Mapping[str, JobTypePolicy], source: JobTypePolicy,
     return _Target(policy, lane)
 
 
-async def _select(consumer: Any, topic: str, partition: int | None, from_offset: int | None,
+async def _select(consumer: Consumer, topic: str, partition: int | None, from_offset: int | None,
                   to_offset: int | None, from_time_ms: int | None,
                   to_time_ms: int | None) -> list[PartitionRange]:
     chosen = None if partition is None else [partition]
@@ -312,7 +291,7 @@ async def _select(consumer: Any, topic: str, partition: int | None, from_offset:
     return selected
 
 
-async def _lanes_exist(consumer: Any, prefix: str, target: _Target) -> None:
+async def _lanes_exist(consumer: Consumer, prefix: str, target: _Target) -> None:
     lanes = ([target.lane] if target.lane is not None else list(target.policy.priorities))
     for lane in lanes:
         name = lane_topic(prefix, target.policy.job_type, lane)
@@ -430,165 +409,7 @@ def resume_hint(result: ReplayResult) -> str:
     return f"{text}; replaying the whole range again is also safe, as job IDs are kept."
 
 
-# -- consumer-group offsets ---------------------------------------------------------------
-
-
-class OffsetChange(NamedTuple):
-    """One partition of a reset: the committed offset before (None: none) and after."""
-
-    tp: TopicPartition
-    old: int | None
-    new: int
-
-
-async def reset_offsets(settings: Settings, group: str, *, topic: str | None = None,
-                        to_offset: int | None = None, to_time_ms: int | None = None,
-                        to_earliest: bool = False, to_latest: bool = False,
-                        force: bool = False, dry_run: bool = False,
-                        on_plan: Callable[[list[OffsetChange]], None] | None = None,
-                        ) -> list[OffsetChange]:
-    """Move `group`'s committed offsets on `topic` (default: the topics it has offsets
-    for, plus the topics its name says it reads) to one target, and return the changes.
-
-    Refuses with `GroupInUse` while the group has members, since a running worker keeps
-    its own positions and would commit over the reset. `force` skips that check (e.g.
-    when the credentials may not describe groups); Kafka itself still refuses offsets
-    from outside a group that has members. `on_plan` sees the changes before anything is
-    committed; a dry run stops there. The committed offsets are read back and checked.
-    """
-    chosen = [to_offset is not None, to_time_ms is not None, to_earliest, to_latest]
-    if sum(chosen) != 1:
-        raise ConfigError("Give exactly one target: --to-offset, --to-time, --to-earliest "
-                          "or --to-latest.")
-    if to_offset is not None and to_offset < 0:
-        raise ConfigError(f"--to-offset {to_offset} is negative; offsets count from 0.")
-    try:
-        async with admin_client(settings) as admin:
-            if not force:
-                await _refuse_members(admin, group)
-            committed = await admin.list_consumer_group_offsets(group)
-            topics = await _group_topics(admin, settings, group, topic, committed)
-        async with reader(settings) as consumer:
-            tps = [TopicPartition(t, p) for t in topics for p in await partitions_of(consumer, t)]
-            targets = await _targets(consumer, tps, to_offset, to_time_ms, to_latest)
-    except KafkaError as exc:
-        raise StreamJobsError(f"Kafka refused a request about group {group!r}: {exc}.") \
-            from exc
-    changes = [OffsetChange(tp, committed[tp].offset if tp in committed else None,
-                            targets[tp]) for tp in tps]
-    if on_plan is not None:
-        on_plan(changes)
-    if dry_run or not changes:
-        return changes
-    await _commit(settings, group, {c.tp: c.new for c in changes})
-    await _check_committed(settings, group, changes)
-    return changes
-
-
-async def _refuse_members(admin: Any, group: str) -> None:
-    described = (await admin.describe_consumer_groups([group]))[0].to_object()["groups"][0]
-    if described["error_code"]:
-        error = for_code(described["error_code"])
-        raise StreamJobsError(f"Kafka did not describe consumer group {group!r} "
-                              f"({error.__name__}); --force skips this check.")
-    members = described["members"]
-    if members:
-        hosts = sorted({str(m["client_host"]).lstrip("/") for m in members})
-        count = f"{len(members)} active member{'s' if len(members) != 1 else ''}"
-        raise GroupInUse(
-            f"Consumer group {group!r} has {count} (on {', '.join(hosts)}): stop its "
-            "workers first; a worker killed without draining leaves the group once its "
-            "session times out (10 s).")
-
-
-async def _group_topics(admin: Any, settings: Settings, group: str, topic: str | None,
-                        committed: Mapping[TopicPartition, Any]) -> list[str]:
-    existing = set(await admin.list_topics())
-    if topic is not None:
-        if topic not in existing:
-            raise ConfigError(f"Topic {topic!r} does not exist: check the name with "
-                              "`stream-jobs topics list`.")
-        return [topic]
-    topics = {tp.topic for tp in committed if tp.topic in existing}
-    topics.update(_topics_named_by(settings.topic_prefix, group, existing))
-    if not topics:
-        raise ConfigError(
-            f"Consumer group {group!r} has no committed offsets and reads none of our "
-            f"topics: check the name ({settings.topic_prefix}.TYPE.worker, .relay or .dlq), "
-            "or give --topic.")
-    return sorted(topics)
-
-
-def _topics_named_by(prefix: str, group: str, existing: set[str]) -> set[str]:
-    """The topics a group of ours reads: T.worker and T.shadow the lanes, T.relay the
-    tiers, T.dlq the DLQ."""
-    roles = {"worker": "lane", "shadow": "lane", "relay": "tier", "dlq": "dlq"}
-    body, _, role_name = group.rpartition(".")
-    role = roles.get(role_name)
-    if role is None or not body.startswith(f"{prefix}."):
-        return set()
-    job_type = body[len(prefix) + 1:]
-    found = set()
-    for name in existing:
-        with contextlib.suppress(ConfigError):
-            ref = parse_topic(prefix, name)
-            if ref.job_type == job_type and ref.role == role:
-                found.add(name)
-    return found
-
-
-async def _targets(consumer: Any, tps: list[TopicPartition], to_offset: int | None,
-                   to_time_ms: int | None, to_latest: bool) -> dict[TopicPartition, int]:
-    firsts = await consumer.beginning_offsets(tps)
-    ends = await consumer.end_offsets(tps)
-    if to_latest:
-        return dict(ends)
-    if to_time_ms is not None:
-        found = await consumer.offsets_for_times(dict.fromkeys(tps, to_time_ms))
-        return {tp: found[tp].offset if found.get(tp) is not None else ends[tp] for tp in tps}
-    if to_offset is None:  # to earliest
-        return dict(firsts)
-    for tp in tps:
-        if not firsts[tp] <= to_offset <= ends[tp]:
-            raise ConfigError(f"Offset {to_offset} is out of range for {tp.topic} partition "
-                              f"{tp.partition}, which can be set to {firsts[tp]} to {ends[tp]}.")
-    return dict.fromkeys(tps, to_offset)
-
-
-async def _commit(settings: Settings, group: str, offsets: dict[TopicPartition, int]) -> None:
-    # assign() instead of subscribe(): the consumer never joins the group, so the commit
-    # goes in as one from outside it (generation -1), which Kafka takes for an empty group.
-    async with started_consumer(settings, client_id="stream-jobs-admin", group_id=group,
-                                enable_auto_commit=False) as consumer:
-        try:
-            consumer.assign(list(offsets))
-            await consumer.commit(offsets)
-        except (CommitFailedError, UnknownMemberIdError, IllegalGenerationError,
-                RebalanceInProgressError) as exc:
-            raise GroupInUse(
-                f"Kafka refused the new offsets because consumer group {group!r} has active "
-                "members (it takes offsets from outside a group only when the group is "
-                "empty): stop its workers first.") from exc
-        except KafkaError as exc:
-            raise StreamJobsError(f"Kafka refused the new offsets of group {group!r}: {exc}."
-                                  ) from exc
-
-
-async def _check_committed(settings: Settings, group: str, changes: list[OffsetChange]) -> None:
-    async with admin_client(settings) as admin:
-        now = await admin.list_consumer_group_offsets(group, partitions=[c.tp for c in changes])
-    wrong = [c for c in changes if c.tp not in now or now[c.tp].offset != c.new]
-    if wrong:
-        first = wrong[0]
-        raise StreamJobsError(
-            f"Group {group!r} reads back a different offset for {first.tp.topic} partition "
-            f"{first.tp.partition} than the {first.new} just committed: did a worker start? "
-            "Check with --dry-run and run the reset again.")
-
-
 __all__ = [
-    "GroupInUse",
-    "OffsetChange",
     "Pace",
     "ReplayInterrupted",
     "ReplayProgress",
@@ -599,6 +420,5 @@ __all__ = [
     "parse_time_ms",
     "replay",
     "replayed",
-    "reset_offsets",
     "resume_hint",
 ]

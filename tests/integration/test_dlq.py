@@ -14,7 +14,6 @@ from pathlib import Path
 import asyncpg
 import orjson
 import pytest
-from aiokafka import TopicPartition
 
 from stream_jobs.app import App
 from stream_jobs.client import Job
@@ -25,8 +24,10 @@ from stream_jobs.dlq.requeue import SelectAll, SelectIds, SelectReason, chunk_si
 from stream_jobs.errors import LetterNotFound
 from stream_jobs.failures import FailureInfo
 from stream_jobs.job_ids import new_job_id
+from stream_jobs.kafka import TopicPartition
+from stream_jobs.kafka.consumer import open_reader
 from stream_jobs.kafka.producer import JobProducer
-from stream_jobs.kafka.scan import partitions_of, reader
+from stream_jobs.kafka.scan import partitions_of
 from stream_jobs.naming import dlq_topic, lane_topic
 from stream_jobs.record import JobRecord, dead_letter_headers, decode_record
 from stream_jobs.settings import Settings
@@ -74,7 +75,7 @@ async def _fill_raw(settings: Settings, job_type: str, value: bytes) -> str:
 
 async def _lane_records(settings: Settings, job_type: str, lane: str = "default") -> int:
     topic = lane_topic(settings.topic_prefix, job_type, lane)
-    async with reader(settings) as consumer:
+    async with open_reader(settings) as consumer:
         parts = await partitions_of(consumer, topic)
         ends = await consumer.end_offsets([TopicPartition(topic, p) for p in parts])
     return sum(ends.values())
@@ -152,7 +153,7 @@ async def test_a_thousand_dead_letters_are_requeued_and_each_runs_once(
             CLI, "dlq", "requeue", "bulk.fail", "--all", "--rate", f"{rate_per_s:g}/s",
             env=_env(settings), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            async with reader(settings) as consumer:
+            async with open_reader(settings) as consumer:
                 lane = lane_topic(settings.topic_prefix, "bulk.fail")
                 tps = [TopicPartition(lane, p) for p in await partitions_of(consumer, lane)]
                 deadline = time.monotonic() + 60

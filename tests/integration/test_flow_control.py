@@ -28,19 +28,20 @@ from typing import Any
 import asyncpg
 import orjson
 import pytest
-from aiokafka import TopicPartition
 
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext
 from stream_jobs.job_types import load_job_types
+from stream_jobs.kafka import TopicPartition
 from stream_jobs.naming import control_topic, stats_topic
 from stream_jobs.runtime.heartbeats import is_heartbeat
 from stream_jobs.runtime.reports import WorkerReport
 from stream_jobs.runtime.throttle import RateInForce, RateOverride, publish_rate
 from stream_jobs.runtime.worker import RATE_BUFFER_MIN, RATE_BUFFER_S, Worker
 from stream_jobs.settings import Settings
-from stream_jobs.tools.stats import TypeStats, collect
+from stream_jobs.tools.stats import collect
+from stream_jobs.tools.type_stats import TypeStats
 from tests.integration.cli_env import settings_env
 from tests.waiting import until
 

@@ -12,10 +12,9 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from aiokafka import TopicPartition
-
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
+from stream_jobs.kafka import TopicPartition
 from stream_jobs.naming import tier_topic
 from stream_jobs.settings import Settings
 from tests.waiting import until

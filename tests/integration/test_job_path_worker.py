@@ -20,7 +20,7 @@ from stream_jobs.context import JobContext
 from stream_jobs.kafka.admin import group_state
 from stream_jobs.naming import worker_group
 from stream_jobs.record import Record
-from stream_jobs.runtime.member import PartitionWork
+from stream_jobs.runtime.dispatch import PartitionWork
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
 from tests.waiting import until
@@ -127,14 +127,15 @@ async def test_a_handler_longer_than_max_poll_interval_keeps_its_member_in_the_g
             # Back to the default for the shutdown, which may leave the consumer without
             # a poll for more than a second (aiokafka's heartbeat task would then leave
             # the group while the consumer closes, and close raises CancelledError).
-            worker.consumer._coordinator._max_poll_interval = 300.0
+            aiokafka_consumer._coordinator._max_poll_interval = 300.0
         runs.append((job["name"], time.monotonic() - began))
 
     worker = app.worker("long.job")
     # aiokafka makes the member leave its group when `getmany` is not called for this
     # long; 300 s in production, 1 s here, so a poll loop that waited on its handlers
     # would lose its partitions while the long job runs.
-    worker.consumer._max_poll_interval_ms = int(max_poll_interval_s * 1000)
+    aiokafka_consumer = worker.consumer._consumer  # type: ignore[attr-defined]
+    aiokafka_consumer._max_poll_interval_ms = int(max_poll_interval_s * 1000)
     rebalances = count_rebalances(worker)
     async with app.client() as client:
         await client.enqueue("long.job", {"name": "long"})

@@ -22,7 +22,7 @@ from typing import Any
 import asyncpg
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from stream_jobs.app import App
 from stream_jobs.client import Job
@@ -30,6 +30,7 @@ from stream_jobs.context import JobContext
 from stream_jobs.errors import ConfigError, GroupInUse, UnknownJobType
 from stream_jobs.failures import FailureInfo
 from stream_jobs.job_ids import new_job_id
+from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.admin import admin_client
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import dlq_group, dlq_topic, lane_topic, worker_group
@@ -43,7 +44,8 @@ from stream_jobs.record import (
 )
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
-from stream_jobs.tools.replay import replay, reset_offsets
+from stream_jobs.tools.group_offsets import reset_offsets
+from stream_jobs.tools.replay import replay
 from tests.waiting import until
 
 from .conftest import Declare

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import TopicPartition
 from aiokafka.protocol.admin import CreateAclsRequest
 from pydantic import SecretStr
 
@@ -32,9 +31,10 @@ from stream_jobs.client import JobClient
 from stream_jobs.context import JobContext
 from stream_jobs.errors import AccessDenied, AuthenticationFailed, PermanentError
 from stream_jobs.job_types import JobTypePolicy, load_job_types
+from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.admin import admin_client, apply
+from stream_jobs.kafka.consumer import open_reader
 from stream_jobs.kafka.producer import JobProducer
-from stream_jobs.kafka.scan import reader
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster
 from stream_jobs.stack.secure import ScramTls, make_tls_files
@@ -203,7 +203,7 @@ async def test_client_and_worker_run_as_their_users_with_the_readme_acls(
                   and r.levelno >= logging.WARNING and "dead-lettered" not in r.getMessage()]
     assert complaints == []
 
-    async with reader(admin) as consumer:  # the letter is in the DLQ, as the admin sees it
+    async with open_reader(admin) as consumer:  # the letter is in the DLQ, as the admin sees it
         dlq = TopicPartition(f"{prefix}.{JOB_TYPE}.dlq", 0)
         consumer.assign([dlq])
         records = (await consumer.getmany(dlq, timeout_ms=5_000)).get(dlq, [])
@@ -236,7 +236,7 @@ async def test_a_wrong_password_is_one_sentence_naming_the_user(
         await apply(wrong, types)
     failures.append(admin_error.value)
     with pytest.raises(AuthenticationFailed) as consumer_error:
-        async with reader(wrong):
+        async with open_reader(wrong):
             pass
     failures.append(consumer_error.value)
     for failure in failures:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
+from stream_jobs.kafka import TopicPartition
 from stream_jobs.settings import Settings
 
 

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from aiokafka import TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream_jobs.runtime.member import (
-    MAX_BUFFERED_BYTES,
-    PartitionWork,
-    drained_enough,
-    over_buffer,
-)
+from stream_jobs.kafka import TopicPartition
+from stream_jobs.runtime.dispatch import PartitionWork
+from stream_jobs.runtime.member import MAX_BUFFERED_BYTES, drained_enough, over_buffer
 
 
 def _work() -> PartitionWork:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Hashable
+from dataclasses import replace
 
-from aiokafka import TopicPartition
-
+from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.record import Record
-from stream_jobs.runtime.member import GroupMember, PartitionWork, Runner
+from stream_jobs.runtime.dispatch import PartitionWork, Runner
+from stream_jobs.runtime.member import GroupMember
 from stream_jobs.settings import Settings
 
 from .fake_records import FakeRecord
@@ -65,7 +66,7 @@ async def test_lanes_start_by_weight_and_high_finishes_first() -> None:
 
 async def test_a_rate_spaces_the_starts() -> None:
     member = Member(concurrency=8, lanes=LANES[1:2])
-    member.set_rate(100)
+    member.set_flow(replace(member.flow, rate_per_s=100))
     fill_start = time.monotonic()
     member.adopt([TopicPartition("t", 0)])
     member.dispatch(member.partitions[TopicPartition("t", 0)],
@@ -73,21 +74,23 @@ async def test_a_rate_spaces_the_starts() -> None:
     await until_started(member, 30)
     elapsed = member.started[-1][1] - fill_start
     assert 0.25 <= elapsed <= 1.0  # 29 tokens after the first, at 100/s: 0.29 s
-    member.set_rate(None)
+    member.set_flow(member.base_flow)
 
 
 async def test_a_screened_record_is_finished_without_starting() -> None:
     member = Member(concurrency=4, lanes=LANES[1:2])
-    member.screen = lambda work, record: record.key == b"skip"
+    member.screen = lambda work, record: record.key == b"skip"  # type: ignore[method-assign]
+    member.set_flow(replace(member.flow, screen=True))
     tp = TopicPartition("t", 0)
     member.adopt([tp])
     work = member.partitions[tp]
     member.dispatch(work, [FakeRecord("t", 0, 0, key=b"skip"), FakeRecord("t", 0, 1),
                            FakeRecord("t", 0, 2, key=b"skip")])
-    assert len(member._runners) == 1  # only the job started; the others finished on arrival
+    # Only the job started; the others finished on arrival.
+    assert len(member.dispatcher.runners) == 1
     await until_started(member, 1)
     deadline = time.monotonic() + 10
-    while member._runners:
+    while member.dispatcher.runners:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.001)
     assert len(member.started) == 1

@@ -39,7 +39,7 @@ from stream_jobs.record import (
     dead_letter_headers,
     decode_record,
 )
-from stream_jobs.runtime.member import Runner
+from stream_jobs.runtime.dispatch import Runner
 from stream_jobs.settings import Settings
 
 from .test_record import ALL_HEADERS, json_values

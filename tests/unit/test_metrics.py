@@ -15,19 +15,19 @@ from typing import Any
 
 import pytest
 import yaml
-from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from stream_jobs.gateway.charts import bar_chart, line_chart, nice_max
 from stream_jobs.gateway.metrics import EXPORTED_METRICS, GATEWAY_METRICS, StatsCollector
 from stream_jobs.histogram import DurationHistogram
+from stream_jobs.kafka import TopicPartition
 from stream_jobs.offsets import OffsetTracker
 from stream_jobs.runtime.heartbeats import HeartbeatStats, PartitionBeat
 from stream_jobs.runtime.metrics import WORKER_METRICS, WorkerCollector
 from stream_jobs.runtime.reports import WorkerReport
 from stream_jobs.runtime.throttle import RateInForce
-from stream_jobs.tools.stats import (
+from stream_jobs.tools.type_stats import (
     OutcomeCounts,
     PartitionLag,
     Rates,

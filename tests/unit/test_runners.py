@@ -8,13 +8,14 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Hashable
 
-from aiokafka import TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.record import Record
-from stream_jobs.runtime.member import RUNNER_YIELD_EVERY, GroupMember, PartitionWork, Runner
+from stream_jobs.runtime.dispatch import RUNNER_YIELD_EVERY, PartitionWork, Runner
+from stream_jobs.runtime.member import GroupMember
 from stream_jobs.settings import Settings
 
 from .fake_records import FakeRecord
@@ -89,7 +90,7 @@ def test_runners_keep_key_order_and_the_concurrency_bound(
             assert offsets == sorted(offsets)
         assert work.tracker is not None
         assert work.tracker.position == len(keys)
-        await until(lambda: not member._runners, "runners end when nothing is ready")
+        await until(lambda: not member.dispatcher.runners, "runners end when nothing is ready")
 
     asyncio.run(scenario())
 
@@ -141,7 +142,7 @@ async def test_a_runner_past_its_deadline_is_cancelled_with_expired_set() -> Non
     assert work.tracker is not None
     assert work.tracker.position == 2
     # The watchdog stops once no deadline is set.
-    await until(lambda: member._watchdog is None, "the watchdog stops")
+    await until(lambda: member.dispatcher._watchdog is None, "the watchdog stops")
 
 
 async def test_release_abandons_what_outlives_the_grace_period_and_spares_the_rest() -> None:

@@ -10,7 +10,7 @@ from stream_jobs.naming import shadow_group
 from stream_jobs.runtime.reports import LaneSeen, ShadowReport, WorkerReport
 from stream_jobs.runtime.shadow import shadow_stats, shadow_window
 from stream_jobs.settings import Settings
-from stream_jobs.tools.stats import OutcomeCounts, Rates, StatsSnapshot, TopicLag, TypeStats
+from stream_jobs.tools.type_stats import OutcomeCounts, Rates, StatsSnapshot, TopicLag, TypeStats
 
 NOW = 1_700_000_000_000
 

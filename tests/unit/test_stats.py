@@ -16,7 +16,7 @@ from stream_jobs.kafka.scan import PartitionRange
 from stream_jobs.runtime.reports import WorkerReport
 from stream_jobs.settings import Settings
 from stream_jobs.tools.lookup import Sighting, capped, judge, sighting_of
-from stream_jobs.tools.stats import (
+from stream_jobs.tools.type_stats import (
     OutcomeCounts,
     PartitionLag,
     Rates,
