@@ -23,7 +23,8 @@ import orjson
 
 from stream_jobs.client import Job
 from stream_jobs.job_types import JobTypePolicy, load_job_types
-from stream_jobs.kafka.admin import admin_client, apply
+from stream_jobs.kafka.admin import admin_client
+from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import validate_job_type, worker_group
 from stream_jobs.settings import Settings
 

@@ -51,7 +51,8 @@ from ops.bench.ours import effects_count, prepare_effects
 from ops.bench.scaling_app import NOOP_TYPE, ONCE_TYPE, STAMPS_ENV, read_stamps
 from stream_jobs.errors import PortInUse
 from stream_jobs.job_types import load_job_types
-from stream_jobs.kafka.admin import apply, group_state
+from stream_jobs.kafka.admin import group_state
+from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import worker_group
 from stream_jobs.runtime.throttle import publish_rate
 from stream_jobs.settings import Settings

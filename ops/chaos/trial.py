@@ -27,7 +27,8 @@ from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.job_ids import new_job_id
 from stream_jobs.job_types import JobTypePolicy, load_job_types
-from stream_jobs.kafka.admin import admin_client, apply
+from stream_jobs.kafka.admin import admin_client
+from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import lane_topic, relay_group, worker_group
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster, PostgresServer

@@ -33,8 +33,8 @@ from stream_jobs.client import Job, JobClient
 from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, load_job_types
-from stream_jobs.kafka.admin import apply
 from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import lane_topic
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings

@@ -11,9 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 from stream_jobs.cli.common import settings_of
-from stream_jobs.job_types import Change, JobTypePolicy, load_job_types
-from stream_jobs.kafka import admin
+from stream_jobs.job_types import JobTypePolicy, load_job_types
+from stream_jobs.kafka import topics as kafka_topics
 from stream_jobs.settings import Settings
+from stream_jobs.topic_plan import Change
 
 topics_app = typer.Typer(help="Declare job types in topics/*.toml; plan, apply and list their "
                               "Kafka topics.", no_args_is_help=True)
@@ -30,7 +31,7 @@ _STYLE = {"create": "green", "add-partitions": "yellow", "set-config": "yellow",
 def plan(ctx: typer.Context, directory: Path | None = _DIR) -> None:
     """Show what `apply` would change. Changes nothing."""
     settings, types = _load(ctx, directory)
-    changes = asyncio.run(admin.plan(settings, types))
+    changes = asyncio.run(kafka_topics.plan(settings, types))
     _print_changes(changes, f"plan for {settings.topics_dir} on {settings.kafka_bootstrap}")
     pending = [c for c in changes if c.action not in ("ok", "warn")]
     if pending:
@@ -44,7 +45,7 @@ def apply(ctx: typer.Context, directory: Path | None = _DIR) -> None:
     """Create missing topics, add partitions and set configs. Never deletes anything."""
     settings, types = _load(ctx, directory)
     with console.status(f"applying {settings.topics_dir} to {settings.kafka_bootstrap}"):
-        changes = asyncio.run(admin.apply(settings, types))
+        changes = asyncio.run(kafka_topics.apply(settings, types))
     _print_changes(changes, f"applied {settings.topics_dir} to {settings.kafka_bootstrap}")
     console.print(f"{_summary(changes)}.")
 
@@ -54,7 +55,7 @@ def list_(ctx: typer.Context, directory: Path | None = _DIR) -> None:
     """Every declared topic with its partitions and record counts, and topics under the
     prefix that no file declares any more (kept: nothing is ever deleted)."""
     settings, types = _load(ctx, directory)
-    rows = asyncio.run(admin.list_topics(settings, types))
+    rows = asyncio.run(kafka_topics.list_topics(settings, types))
     table = Table(title=f"topics under {settings.topic_prefix!r} on {settings.kafka_bootstrap}")
     table.add_column("topic", no_wrap=True)
     table.add_column("role", no_wrap=True)

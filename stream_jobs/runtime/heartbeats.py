@@ -42,8 +42,11 @@ REPORTS_PER_INTERVAL = 4
 
 def is_heartbeat(key: bytes | None, headers: Sequence[tuple[str, bytes]]) -> bool:
     """Whether a lane record is a heartbeat rather than a job (the key is checked first:
-    one comparison for a job)."""
-    return key == HEARTBEAT_KEY and any(name == HEADER_HEARTBEAT for name, _ in headers)
+    one comparison for a job). Garbled headers (not pairs, not a list) make it a bad
+    record, never an error here."""
+    return key == HEARTBEAT_KEY and any(
+        isinstance(item, tuple) and len(item) == 2 and item[0] == HEADER_HEARTBEAT
+        for item in headers or ())
 
 
 def heartbeat_value(sender: str, now_ms: int) -> bytes:

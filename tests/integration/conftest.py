@@ -10,7 +10,7 @@ import pytest
 from stream_jobs.app import App
 from stream_jobs.dedup.store import DedupStore
 from stream_jobs.job_types import JobTypePolicy, load_job_types
-from stream_jobs.kafka.admin import apply
+from stream_jobs.kafka.topics import apply
 from stream_jobs.settings import Settings
 
 Declare = Callable[..., Awaitable[JobTypePolicy]]

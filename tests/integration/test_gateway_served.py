@@ -37,7 +37,7 @@ from stream_jobs.context import JobContext
 from stream_jobs.errors import PermanentError
 from stream_jobs.gateway import create_app
 from stream_jobs.job_types import load_job_types
-from stream_jobs.kafka.admin import apply
+from stream_jobs.kafka.topics import apply
 from stream_jobs.settings import Settings
 from tests.waiting import until
 

@@ -32,9 +32,10 @@ from stream_jobs.context import JobContext
 from stream_jobs.errors import AccessDenied, AuthenticationFailed, PermanentError
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka import TopicPartition
-from stream_jobs.kafka.admin import admin_client, apply
+from stream_jobs.kafka.admin import admin_client
 from stream_jobs.kafka.consumer import open_reader
 from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.topics import apply
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster
 from stream_jobs.stack.secure import ScramTls, make_tls_files

@@ -22,8 +22,8 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from stream_jobs.errors import BrokerUnavailable, TopicPlanError
 from stream_jobs.job_types import load_job_types
-from stream_jobs.kafka.admin import apply, list_topics, plan
 from stream_jobs.kafka.connection import kafka_client_kwargs
+from stream_jobs.kafka.topics import apply, list_topics, plan
 from stream_jobs.settings import Settings
 
 STREAM_JOBS = Path(sys.executable).parent / "stream-jobs"

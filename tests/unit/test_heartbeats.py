@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from stream_jobs.runtime.heartbeats import (
     HEADER_HEARTBEAT,
     HEARTBEAT_KEY,
@@ -17,6 +21,15 @@ def test_a_heartbeat_needs_its_key_and_its_header() -> None:
     assert not is_heartbeat(HEARTBEAT_KEY, [("sj-job-id", b"1")])  # a user's key, a job
     assert not is_heartbeat(b"user-42", [(HEADER_HEARTBEAT, b"w1")])
     assert not is_heartbeat(None, [])
+
+
+@pytest.mark.parametrize("headers", [None, "sj-heartbeat", [("sj-heartbeat",)], [b"sj-heartbeat"],
+                                     [("sj-heartbeat", b"w1", b"extra")], ["sj"]])
+def test_a_heartbeat_key_with_garbled_headers_is_a_record_to_decode_not_an_error(
+        headers: Any) -> None:
+    # The worker asks this of records that failed to decode; raising here escaped the
+    # worker's job path (found by the fuzz test).
+    assert not is_heartbeat(HEARTBEAT_KEY, headers)
 
 
 def test_late_is_more_than_two_intervals() -> None:

@@ -10,17 +10,9 @@ from hypothesis import strategies as st
 
 from stream_jobs.durations import parse_duration
 from stream_jobs.errors import ConfigError, TopicPlanError, UnknownJobType
-from stream_jobs.job_types import (
-    KNOWN_KEYS,
-    Change,
-    JobTypePolicy,
-    TopicState,
-    desired_overrides,
-    diff_policy,
-    get_job_type,
-    load_job_types,
-)
+from stream_jobs.job_types import KNOWN_KEYS, JobTypePolicy, get_job_type, load_job_types
 from stream_jobs.naming import TopicRef, parse_topic
+from stream_jobs.topic_plan import Change, TopicState, desired_overrides, diff_policy
 
 REPO_TOPICS = Path(__file__).resolve().parents[2] / "topics"
 
