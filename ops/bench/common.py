@@ -14,7 +14,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -291,7 +291,7 @@ async def delete_topics(settings: Settings, prefix: str) -> int:
     return len(names)
 
 
-def run_async(coro: Any, timeout_s: float) -> Any:
+def run_async(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
     """Run a section's coroutine on a fresh event loop, bounded by `timeout_s`: uvloop where
     it is installed, as `stream-jobs worker` runs (and the raw baselines run on the same)."""
     bounded = asyncio.wait_for(coro, timeout_s)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import subprocess
 import time
 from pathlib import Path
@@ -50,7 +51,7 @@ def watch_worker(b: Bench, prefix: str, n: int, log: Path) -> dict[str, Any]:
         began = time.monotonic()
         samples: list[tuple[float, int]] = []
         hwm_kb = 0
-        usage: Any = None
+        usage: resource.struct_rusage  # set by the first wait4, before any read
         try:
             while True:
                 kb = _status_kb(proc.pid)

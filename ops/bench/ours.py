@@ -16,7 +16,7 @@ import subprocess
 import time
 from array import array
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 import asyncpg
 
@@ -275,8 +275,26 @@ def exactly_once(b: Bench) -> None:
 # -- end-to-end latency ---------------------------------------------------------------------
 
 
+class LatencyRun(TypedDict):
+    """One paced run: ms from enqueue to start after the warm-up, and the rates."""
+
+    p50: float
+    p99: float
+    max: float
+    sent: int
+    offered_per_s: float
+    started_per_s: float
+
+
+class CapacityStep(LatencyRun):
+    """A paced run of the capacity search, at `rate`, and whether it kept up."""
+
+    rate: float
+    kept_up: bool
+
+
 async def _latency_run(b: Bench, job_type: str, rate: float, seconds: float,
-                       warmup_s: float) -> dict[str, Any]:
+                       warmup_s: float) -> LatencyRun:
     s = b.settings()
     app = App(s)
     # Per job: when it was enqueued (unix s) and ms from enqueue to start. Arrays of
@@ -346,20 +364,20 @@ KEPT_UP_OFFERED = 0.97
 KEPT_UP_P99_MS = 1000.0
 
 
-def _capacity_search(b: Bench, drain: float) -> tuple[float, list[dict[str, Any]]]:
+def _capacity_search(b: Bench, drain: float) -> tuple[float, list[CapacityStep]]:
     """The end-to-end capacity: the highest offered rate, in steps of a tenth of the
     worker-alone drain rate, that the producer process, the broker and the worker carried
     together (see KEPT_UP_*). Steps go up until one does not keep up."""
-    steps: list[dict[str, Any]] = []
+    steps: list[CapacityStep] = []
     capacity: float | None = None
     for tenth in range(3, 11):
         rate = drain * tenth / 10
         job_type = f"bench.e2e-step{tenth}"
         run_async(b.declare(job_type), 60)
-        step = run_async(_latency_run(b, job_type, rate, b.scale.e2e_seconds, 1.0), 900)
-        step["rate"] = rate
-        step["kept_up"] = (step["offered_per_s"] >= KEPT_UP_OFFERED * rate
-                           and step["p99"] <= KEPT_UP_P99_MS)
+        paced = run_async(_latency_run(b, job_type, rate, b.scale.e2e_seconds, 1.0), 900)
+        step: CapacityStep = {**paced, "rate": rate,
+                              "kept_up": (paced["offered_per_s"] >= KEPT_UP_OFFERED * rate
+                                          and paced["p99"] <= KEPT_UP_P99_MS)}
         steps.append(step)
         if not step["kept_up"]:
             break
@@ -386,7 +404,7 @@ def latency(b: Bench) -> None:
         "half-drain": (drain * 0.5, "_half_drain", "half the worker-alone drain rate",
                        "half of the worker-alone no-op drain rate"),
     }
-    found: dict[str, list[dict[str, Any]]] = {name: [] for name in loads}
+    found: dict[str, list[LatencyRun]] = {name: [] for name in loads}
     for run in range(b.scale.runs):
         for name in rotated(list(loads), run):
             job_type = f"bench.e2e-{name}-r{run}"
@@ -414,8 +432,18 @@ def latency(b: Bench) -> None:
 # -- retry-tier accuracy --------------------------------------------------------------------
 
 
+class RetryRun(TypedDict):
+    """How late each retry ran against its 5 s tier, and the relay's counters."""
+
+    warm: bool
+    late_ms: list[float]
+    outcomes: dict[str, int]
+    relay_released: int | None  # None: the worker ran no relay
+    relay_hops: int | None
+
+
 async def _retry_run(settings: Settings, job_type: str, n: int, *,
-                     warm: bool) -> dict[str, Any]:
+                     warm: bool) -> RetryRun:
     """Each job fails once; how late each retry ran against 5 s (ms), and the relay's
     counters (a record the relay takes before it is due hops back to a tier).
 
@@ -471,7 +499,7 @@ async def _retry_run(settings: Settings, job_type: str, n: int, *,
 
 
 def retry(b: Bench) -> None:
-    found: dict[str, list[dict[str, Any]]] = {"cold": [], "warm": []}
+    found: dict[str, list[RetryRun]] = {"cold": [], "warm": []}
     for run in range(b.scale.runs):
         for kind in rotated(["cold", "warm"], run):
             job_type = f"bench.late-{kind}-r{run}"

@@ -9,7 +9,7 @@ pipelining `send()` and then awaiting every future. The consumer is a bare
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Awaitable
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -53,7 +53,7 @@ async def raw_produce(settings: Settings, topic: str, n: int) -> float:
     await client.start()
     try:
         began = time.perf_counter()
-        futures: list[Any] = []
+        futures: list[Awaitable[object]] = []
         for i in range(n):
             job_id = b"%0*d" % (id_width, i)
             futures.append(await client.send(topic, value=value, key=job_id,

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 # (name, numerator figure, denominator figure)
 RATIOS: list[tuple[str, str, str]] = [
@@ -48,6 +48,19 @@ RATIOS: list[tuple[str, str, str]] = [
 ]
 
 RETRY_JITTER_MAX_MS = 500.0  # 10% of the 5 s tier (stream_jobs.retry.RetryPolicy)
+
+
+class FigureJSON(TypedDict):
+    """An `ops.bench.common.Figure` as results.json keeps it."""
+
+    name: str
+    label: str
+    unit: str
+    values: list[float]
+    note: str
+    median: float
+    low: float
+    high: float
 
 
 @dataclass(frozen=True)
@@ -103,7 +116,7 @@ def _fmt(value: float, unit: str = "") -> str:
     return f"{value:.2f}"
 
 
-def ratio_of(figures: dict[str, Any], num: str, den: str) -> tuple[float, float, float, str]:
+def ratio_of(figures: dict[str, FigureJSON], num: str, den: str) -> tuple[float, float, float, str]:
     """(median ratio, low, high, how the spread was taken)."""
     a, b = figures[num], figures[den]
     median = a["median"] / b["median"]
@@ -130,7 +143,7 @@ def _by_how_much(op: str, value: float, target: float, unit: str) -> str:
     return f"over by {amount} ({diff / target * 100:+.0f}%)"
 
 
-def goal_rows(figures: dict[str, Any]) -> list[list[str]]:
+def goal_rows(figures: dict[str, FigureJSON]) -> list[list[str]]:
     rows = []
     for goal in GOALS:
         names = list(goal.ratio) if goal.ratio else [goal.figure or ""]
@@ -171,7 +184,7 @@ GROUPS = [
 ]
 
 
-def _figure_rows(figures: dict[str, Any], prefix: str) -> list[list[str]]:
+def _figure_rows(figures: dict[str, FigureJSON], prefix: str) -> list[list[str]]:
     rows = []
     for name, f in figures.items():
         if not name.startswith(prefix):
@@ -235,7 +248,7 @@ def _profile_section(profile: dict[str, Any]) -> list[str]:
 
 def render(data: dict[str, Any]) -> str:
     meta = data["meta"]
-    figures: dict[str, Any] = data["figures"]
+    figures: dict[str, FigureJSON] = data["figures"]
     details: dict[str, Any] = data["details"]
     machine = meta.get("machine", {})
     out = ["# stream-jobs benchmarks", ""]

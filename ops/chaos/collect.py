@@ -4,8 +4,8 @@ committed and end offsets."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 
@@ -14,7 +14,7 @@ from ops.chaos.evidence import Delivery, Effect, Forwarded, LaneRecord
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.admin import admin_client
 from stream_jobs.kafka.consumer import open_reader
-from stream_jobs.record import HEADER_ATTEMPT, HEADER_JOB_ID
+from stream_jobs.record import HEADER_ATTEMPT, HEADER_JOB_ID, Record
 from stream_jobs.settings import Settings
 
 SCHEMA_SQL = (
@@ -51,7 +51,7 @@ def deliveries(folder: Path) -> list[Delivery]:
     return found
 
 
-def _header(headers: Any, name: str) -> bytes | None:
+def _header(headers: Sequence[tuple[str, bytes]], name: str) -> bytes | None:
     value: bytes | None = None
     for key, raw in headers or ():
         if key == name:
@@ -59,9 +59,9 @@ def _header(headers: Any, name: str) -> bytes | None:
     return value
 
 
-async def read_topic(settings: Settings, topic: str) -> list[Any]:
+async def read_topic(settings: Settings, topic: str) -> list[Record]:
     """Every record of `topic` up to its end offsets now."""
-    records: list[Any] = []
+    records: list[Record] = []
     async with open_reader(settings, max_partition_fetch_bytes=1024 * 1024) as consumer:
         parts = sorted(await consumer.cluster_partitions(topic) or [])
         tps = [TopicPartition(topic, p) for p in parts]
@@ -83,7 +83,7 @@ async def read_topic(settings: Settings, topic: str) -> list[Any]:
     return records
 
 
-async def _jobs_of(settings: Settings, topic: str) -> list[tuple[Any, str, int]]:
+async def _jobs_of(settings: Settings, topic: str) -> list[tuple[Record, str, int]]:
     """(record, job ID, attempt) for each record of `topic` that carries a job ID."""
     found = []
     for r in await read_topic(settings, topic):

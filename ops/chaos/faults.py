@@ -12,7 +12,7 @@ import asyncio
 import os
 import signal
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -30,7 +30,7 @@ class FaultError(Exception):
     """A fault could not be injected or healed (the stack did not do what was asked)."""
 
 
-async def until(check: Any, within_s: float, what: str) -> float:
+async def until(check: Callable[[], Awaitable[bool]], within_s: float, what: str) -> float:
     """Poll the async `check` until it returns True; seconds taken. FaultError after
     `within_s`."""
     began = time.monotonic()

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
 
 import asyncpg
 
@@ -35,7 +34,7 @@ class Throughput:
         return self.series[-1][1] if self.series else 0
 
     async def run(self) -> None:
-        conn: Any = None
+        conn: asyncpg.Connection | None = None
         try:
             while True:
                 try:

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ops.chaos.scenarios import SCENARIOS
 from ops.chaos.trial import TrialResult
@@ -65,23 +65,48 @@ Columns:
 """
 
 
+class MetaJSON(TypedDict):
+    """The invocation that wrote RESULTS.md."""
+
+    date: str
+    jobs: int
+    runs: int
+    minutes: float
+    machine: str
+    n_note: str  # empty when N is at least the issue's 100,000
+
+
+class RunJSON(TypedDict):
+    """One run as results.json keeps it and RESULTS.md is rendered from."""
+
+    scenario: str
+    run: int
+    seconds: float
+    started: float  # epoch seconds
+    notes: list[str]
+    ok: bool
+    # dataclasses.asdict of the Verdict and of each Fault (asdict's type is dict[str, Any]).
+    verdict: dict[str, Any]
+    faults: list[dict[str, Any]]
+
+
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def row(result: TrialResult) -> dict[str, Any]:
+def row(result: TrialResult) -> RunJSON:
     """A run as JSON (what results.json keeps and RESULTS.md is rendered from)."""
     return {"scenario": result.scenario, "run": result.run, "seconds": result.seconds,
             "started": result.started, "notes": result.notes, "ok": result.verdict.ok,
             "verdict": asdict(result.verdict), "faults": [asdict(f) for f in result.faults]}
 
 
-def _ok(r: dict[str, Any]) -> bool:
+def _ok(r: RunJSON) -> bool:
     return bool(r["ok"]) and not (SCENARIOS[r["scenario"]].no_redelivery
                                   and r["verdict"]["duplicate_deliveries"])
 
 
-def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+def render(rows: list[RunJSON], meta: MetaJSON) -> str:
     lines = [
         "# Fault injection results",
         "",
@@ -144,11 +169,11 @@ def machine() -> str:
            f"{platform.python_version()}"
 
 
-def merged(previous: Path, fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def merged(previous: Path, fresh: list[RunJSON]) -> list[RunJSON]:
     """The rows of `previous` (results.json) for scenarios not in `fresh`, then `fresh`,
     in the scenarios' order."""
     ran = {r["scenario"] for r in fresh}
-    kept: list[dict[str, Any]] = []
+    kept: list[RunJSON] = []
     if previous.is_file():
         try:
             kept = [r for r in json.loads(previous.read_text())["runs"]
@@ -160,7 +185,7 @@ def merged(previous: Path, fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted([*kept, *fresh], key=lambda r: (order.index(r["scenario"]), r["run"]))
 
 
-def write(path: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+def write(path: Path, rows: list[RunJSON], meta: MetaJSON) -> None:
     path.write_text(render(rows, meta))
     out = path.parent / "out"
     out.mkdir(exist_ok=True)

@@ -73,16 +73,17 @@ async def main() -> int:
     single = Stack(base.model_copy(update={"kafka_bootstrap": kafka.bootstrap,
                                            "database_url": postgres.dsn}), postgres)
     results: list[TrialResult] = []
-    meta = {"date": report.today(), "jobs": jobs, "runs": runs, "minutes": 0.0,
-            "machine": report.machine(),
-            "n_note": (f"N is {jobs:,}, not the issue's 100,000. Most of a run's time is "
-                       "its faults (20 kills, a 30 s outage, five broker restarts), not its "
-                       "jobs, but a run still processes its N with exactly-once effects at "
-                       "a few hundred to ~1,000 jobs/s here, and at 100,000 the full run "
-                       "(10 scenarios x 3 runs) would take about 2 hours on this shared "
-                       "2-core machine instead of the ~35 minutes asked for. "
-                       "CHAOS_JOBS=100000 runs it at the issue's N."
-                       if jobs < 100_000 else "")}
+    meta: report.MetaJSON = {
+        "date": report.today(), "jobs": jobs, "runs": runs, "minutes": 0.0,
+        "machine": report.machine(),
+        "n_note": (f"N is {jobs:,}, not the issue's 100,000. Most of a run's time is "
+                   "its faults (20 kills, a 30 s outage, five broker restarts), not its "
+                   "jobs, but a run still processes its N with exactly-once effects at "
+                   "a few hundred to ~1,000 jobs/s here, and at 100,000 the full run "
+                   "(10 scenarios x 3 runs) would take about 2 hours on this shared "
+                   "2-core machine instead of the ~35 minutes asked for. "
+                   "CHAOS_JOBS=100000 runs it at the issue's N."
+                   if jobs < 100_000 else "")}
     plain = [s for s in scenarios if not s.cluster]
     clustered = [s for s in scenarios if s.cluster]
     try:
@@ -110,7 +111,7 @@ async def main() -> int:
     return 1 if bad else 0
 
 
-def _write(results: list[TrialResult], meta: dict[str, object], began: float) -> None:
+def _write(results: list[TrialResult], meta: report.MetaJSON, began: float) -> None:
     if not results:
         return
     meta["minutes"] = (time.time() - began) / 60
