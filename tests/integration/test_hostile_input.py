@@ -98,3 +98,39 @@ async def test_payloads_never_reach_logs_or_error_headers(
                        if r.name.startswith("stream_jobs") or r.levelno >= logging.INFO)
     assert CANARY not in logged
     assert any(r.name.startswith("stream_jobs.runtime.worker") for r in caplog.records)
+
+
+@pytest.mark.parametrize("length", [65, 100, 256])
+async def test_a_job_id_the_dedup_table_cannot_hold_is_dead_lettered_at_once(
+    settings: Settings, declare: Declare, app: App, length: int,
+) -> None:
+    # Another producer's record may carry any ID; the dedup column holds 64 characters. A
+    # longer one used to decode, fail ctx.once() on every attempt, and reach the DLQ only
+    # as max-attempts, after the tiers.
+    job_type = "mail.long-id"
+    await declare(job_type, partitions=1, retry_tiers=["1s"], max_attempts=3)
+    ran: list[str] = []
+
+    @app.job(job_type)
+    async def send(job: dict[str, str], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+        async with ctx.once():
+            pass
+
+    long_id = "x" * length
+    record = JobRecord(job_id=long_id, job_type=job_type, payload=b'{"to": "a@b.c"}',
+                       key=b"k", enqueued_at_ms=int(time.time() * 1000))
+    async with JobProducer(settings) as producer:
+        await producer.send_raw(lane_topic(settings.topic_prefix, job_type), record.key,
+                                record.payload, record.headers())
+
+    worker = app.worker(job_type)
+    await worker.run(until_idle=True)
+
+    assert ran == []  # no attempt ran
+    assert worker.outcomes == {"dead_lettered": 1}
+    [letter] = await read_topic(settings, dlq_topic(settings.topic_prefix, job_type))
+    error = orjson.loads(dict(letter.headers)[HEADER_ERROR])
+    assert error["reason"] == "bad-header"
+    assert "64" in error["message"]
+    assert dict(letter.headers)["sj-job-id"] == long_id.encode()  # the letter is the record
