@@ -82,6 +82,10 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=0, ge=0, lt=65536)
     metrics_host: str = "127.0.0.1"
 
+    # Log lines of the worker command: "text" (fields as key=value) or "json" (one object a
+    # line); see stream_jobs/logs.py.
+    log_format: Literal["text", "json"] = "text"
+
     # Local development stack (`stream-jobs dev ...`).
     stack_dir: Path = Path(".stack")
     jars_cache_dir: Path = Path.home() / ".cache" / "stream-jobs"

@@ -166,57 +166,76 @@ def requeue(
 
     Safe to interrupt and to run again: nothing is lost and no effect runs twice.
     """
+    select = _selection(every, ids, reason)
+    rate_per_s = _rate(rate)
+    settings = _settings(ctx)
+    shown = _RequeueProgress(reset_attempts=reset_attempts, rate_per_s=rate_per_s,
+                             dry_run=dry_run)
+    try:
+        result = asyncio.run(requeue_letters(
+            settings, job_type, select=select, reset_attempts=reset_attempts,
+            rate_per_s=rate_per_s, dry_run=dry_run, force=force, max_requeues=max_requeues,
+            on_plan=shown.planned, on_progress=shown.advanced))
+    except KeyboardInterrupt:
+        if shown.stop():
+            console.print(f"Interrupted after {shown.done:,}. Nothing is lost: run the same "
+                          "command again to go on (letters sent twice keep their job IDs, "
+                          "so ctx.once() runs them once).")
+        raise
+    finally:
+        shown.stop()
+    if not dry_run:
+        _print_outcome(result, job_type)
+
+
+def _selection(every: bool, ids: list[str] | None, reason: str | None) -> Selection:
     chosen = [flag for flag, given in (("--all", every), ("--id", bool(ids)),
                                         ("--reason", reason is not None)) if given]
     if len(chosen) != 1:
         raise ConfigError("Say which letters to requeue with exactly one of --all, --id ID "
                           "(repeatable) or --reason REASON"
                           + (f" (not {' and '.join(chosen)})." if chosen else "."))
-    select: Selection
     if every:
-        select = SelectAll()
-    elif ids:
-        select = SelectIds(frozenset(ids))
-    else:
-        select = SelectReason(reason or "")
-    rate_per_s = _rate(rate)
-    settings = _settings(ctx)
-    progress = Progress(TextColumn("requeue"), BarColumn(), MofNCompleteColumn(),
-                        TimeRemainingColumn(), console=console, transient=False)
-    task: list[Any] = []
-    done = [0]
+        return SelectAll()
+    if ids:
+        return SelectIds(frozenset(ids))
+    return SelectReason(reason or "")
 
-    def planned(plan: RequeuePlan) -> None:
-        _print_plan(plan, reset_attempts=reset_attempts, rate_per_s=rate_per_s)
-        if dry_run:
+
+class _RequeueProgress:
+    """The plan, then a progress bar while a requeue runs (none for a dry run)."""
+
+    def __init__(self, *, reset_attempts: bool, rate_per_s: float | None,
+                 dry_run: bool) -> None:
+        self._reset_attempts = reset_attempts
+        self._rate_per_s = rate_per_s
+        self._dry_run = dry_run
+        self._bar = Progress(TextColumn("requeue"), BarColumn(), MofNCompleteColumn(),
+                             TimeRemainingColumn(), console=console, transient=False)
+        self._task: Any = None
+        self.done = 0
+
+    def planned(self, plan: RequeuePlan) -> None:
+        _print_plan(plan, reset_attempts=self._reset_attempts, rate_per_s=self._rate_per_s)
+        if self._dry_run:
             console.print("Dry run: nothing was changed.")
         elif plan.total_work:
-            progress.start()
-            task.append(progress.add_task("requeue", total=plan.total_work))
+            self._bar.start()
+            self._task = self._bar.add_task("requeue", total=plan.total_work)
 
-    def advanced(n: int) -> None:
-        done[0] += n
-        if task:
-            progress.advance(task[0], n)
+    def advanced(self, n: int) -> None:
+        self.done += n
+        if self._task is not None:
+            self._bar.advance(self._task, n)
 
-    try:
-        result = asyncio.run(requeue_letters(
-            settings, job_type, select=select, reset_attempts=reset_attempts,
-            rate_per_s=rate_per_s, dry_run=dry_run, force=force, max_requeues=max_requeues,
-            on_plan=planned, on_progress=advanced))
-    except KeyboardInterrupt:
-        if task:
-            progress.stop()
-            task.clear()
-            console.print(f"Interrupted after {done[0]:,}. Nothing is lost: run the same "
-                          "command again to go on (letters sent twice keep their job IDs, "
-                          "so ctx.once() runs them once).")
-        raise
-    finally:
-        if task:  # Progress.stop prints a line even when it never started
-            progress.stop()
-    if not dry_run:
-        _print_outcome(result, job_type)
+    def stop(self) -> bool:
+        """Stop the bar if it runs (Progress.stop prints a line even when it never
+        started); whether it ran."""
+        if self._task is None:
+            return False
+        self._bar.stop()
+        self._task = None
+        return True
 
 
 @dlq_app.command("purge")

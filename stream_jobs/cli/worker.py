@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 
+from stream_jobs import logs
 from stream_jobs.app import App, load_app
 from stream_jobs.cli.common import app, run_fast, settings_of
 from stream_jobs.dedup.store import DedupStore
@@ -31,6 +32,9 @@ def worker(
     shadow: bool = typer.Option(False, "--shadow", help="Run nothing: read the lanes in "
                                 "group T.shadow and count what is there (see `stats`)."),
     log_level: str = typer.Option("INFO", "--log-level", envvar="STREAM_JOBS_LOG_LEVEL"),
+    log_format: str | None = typer.Option(
+        None, "--log-format", envvar="STREAM_JOBS_LOG_FORMAT",
+        help="text (fields as key=value after the message) or json (one object a line)."),
     metrics_port: int | None = typer.Option(
         None, "--metrics-port", envvar="STREAM_JOBS_METRICS_PORT",
         help="Serve Prometheus metrics on this port (0: off)."),
@@ -40,11 +44,10 @@ def worker(
     SIGTERM or SIGINT drains: no new jobs start, running ones get a grace period,
     finished offsets are committed.
     """
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = settings_of(ctx, metrics_port=metrics_port, log_format=log_format)
+    logs.configure(log_format=settings.log_format, level=log_level)
     logging.getLogger("aiokafka").propagate = True  # a worker's log wants the driver's view
     job_app = load_app(app_spec)
-    settings = settings_of(ctx, metrics_port=metrics_port)
     job_app.use_settings(settings)
     if shadow:
         _shadow(job_app, job_type, until_idle)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from stream_jobs.errors import Abandoned
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.lanes import LanePicker
+from stream_jobs.logs import job_fields
 from stream_jobs.offsets import OffsetTracker
 from stream_jobs.ratelimit import TokenBucket
 from stream_jobs.record import Record
@@ -270,9 +271,7 @@ class Dispatcher:
             # A bug in our own code, not in a handler: the offset stays unfinished, so the
             # partition stops committing and the record is delivered again after a restart.
             log.exception("%s: unexpected error on %s; its offset stays uncommitted",
-                          self._name, work.tp,
-                          extra={"topic": work.tp.topic, "partition": work.tp.partition,
-                                 "offset": record.offset})
+                          self._name, work.tp, extra=job_fields(None, record))
         finally:
             runner.work = None
             runner.deadline = math.inf

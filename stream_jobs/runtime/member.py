@@ -235,7 +235,8 @@ class GroupMember(ABC):
         except CommitRefused as exc:
             # A rebalance is under way or we were fenced: the new owner starts from the
             # last successful commit, so at worst finished work is seen again (dedup).
-            log.warning("commit of %s failed: %s", self.group_id, exc.__cause__ or exc)
+            log.warning("commit of %s failed: %s", self.group_id, exc.__cause__ or exc,
+                        extra={"group": self.group_id, "partitions": _named(offsets)})
             return
         for work in works:
             if work.tp in offsets and work.tracker is not None:
@@ -265,7 +266,8 @@ class GroupMember(ABC):
             if late:
                 log.warning("%s: %d jobs did not finish within the %.0f s grace period; "
                             "they will run again on the partition's next owner",
-                            self.group_id, len(late), self.grace_s)
+                            self.group_id, len(late), self.grace_s,
+                            extra={"group": self.group_id, "partitions": _named(tps)})
                 await asyncio.gather(*(r.task for r in late if r.task is not None),
                                      return_exceptions=True)
         await self.commit(works)
@@ -308,7 +310,18 @@ class GroupMember(ABC):
     # -- the group's rebalance listener (`stream_jobs.kafka.consumer.RebalanceListener`) ---
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
+        if revoked:
+            log.info("%s: rebalance revoked %s", self.group_id, ", ".join(_named(revoked)),
+                     extra={"group": self.group_id, "partitions": _named(revoked)})
         await self.release(revoked)
 
     async def on_assigned(self, assigned: list[TopicPartition]) -> None:
+        log.info("%s: rebalance assigned %s", self.group_id,
+                 ", ".join(_named(assigned)) or "nothing",
+                 extra={"group": self.group_id, "partitions": _named(assigned)})
         self.adopt(assigned)
+
+
+def _named(tps: Iterable[TopicPartition]) -> list[str]:
+    """`topic/partition` of each, sorted: how log lines name a set of partitions."""
+    return sorted(f"{tp.topic}/{tp.partition}" for tp in tps)

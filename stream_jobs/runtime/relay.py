@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Hashable
 from dataclasses import replace
 
@@ -21,6 +22,7 @@ from stream_jobs.errors import Abandoned, BadRecord
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.logs import job_fields
 from stream_jobs.naming import lane_topic, parse_topic, relay_group, tier_topic
 from stream_jobs.record import (
     Record,
@@ -30,6 +32,8 @@ from stream_jobs.retry import RetryPolicy, tier_for_delay
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.member import GroupMember
 from stream_jobs.settings import Settings
+
+log = logging.getLogger("stream_jobs.relay")
 
 # One chain per tier partition bounds the relay's work; no further limit is needed.
 _UNBOUNDED = 1_000_000
@@ -76,6 +80,9 @@ class Relay(GroupMember):
                                 max_payload_bytes=self.policy.payload_limit(self.settings))
         except BadRecord as bad:
             await self.dead_letter_raw(record, bad)
+            log.warning("record %s/%d/%d in a delay tier is not a job, dead-lettered: %s",
+                        record.topic, record.partition, record.offset, bad.reason,
+                        extra=job_fields(None, record, reason=bad.reason))
             return
         tier = parse_topic(prefix, record.topic).tier or self.policy.retry_tiers[0]
         due = job.not_before_ms or 0

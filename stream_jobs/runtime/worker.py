@@ -34,6 +34,7 @@ from stream_jobs.histogram import DurationHistogram
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.logs import job_fields
 from stream_jobs.naming import (
     control_topic,
     dlq_topic,
@@ -354,6 +355,9 @@ class Worker(GroupMember):
                 return None
             await self.dead_letter_raw(record, bad)
             self.dead_letter_reasons[bad.reason] += 1
+            log.warning("record %s/%d/%d is not a job, dead-lettered without a run: %s",
+                        record.topic, record.partition, record.offset, bad.reason,
+                        extra=job_fields(None, record, reason=bad.reason))
             return Outcome.DEAD_LETTERED
         now = now_ms()
         if job.expires_at_ms is not None and now >= job.expires_at_ms:
@@ -365,7 +369,13 @@ class Worker(GroupMember):
             await self.write(dlq_topic(self.settings.topic_prefix, job.job_type),
                              self._with_failure(job, record, failure))
             self.dead_letter_reasons[bad.reason] += 1
+            log.warning("job %s (%s) dead-lettered without a run: %s", job.job_id,
+                        job.job_type, bad.reason,
+                        extra=job_fields(job, record, reason=bad.reason))
             return Outcome.DEAD_LETTERED
+        if job.attempt > 1:
+            log.info("job %s (%s) retry: attempt %d starts", job.job_id, job.job_type,
+                     job.attempt, extra=job_fields(job, record))
         ctx = JobContext(job, topic=record.topic, partition=record.partition,
                          offset=record.offset, dedup=self.dedup, lend_slot=self.lend_slot)
         error = await self._call_handler(runner, payload, ctx)
@@ -375,6 +385,9 @@ class Worker(GroupMember):
             return Outcome.DUPLICATE
         if isinstance(error, TimeoutError):
             reason = Reason.TIMEOUT
+            log.warning("job %s (%s) attempt %d ran past its timeout of %g s", job.job_id,
+                        job.job_type, job.attempt, self.handler.timeout_s,
+                        extra=job_fields(job, record, timeout_s=self.handler.timeout_s))
         else:
             reason = Reason.PERMANENT if isinstance(error, PermanentError) else Reason.HANDLER_ERROR
         return await self._failed(job, record, error, reason)
@@ -422,12 +435,17 @@ class Worker(GroupMember):
                              self._with_failure(job, record, failure))
             self.dead_letter_reasons[decision.reason] += 1
             log.warning("job %s (%s) dead-lettered after attempt %d: %s", job.job_id,
-                        job.job_type, job.attempt, type(exc).__name__)
+                        job.job_type, job.attempt, type(exc).__name__,
+                        extra=job_fields(job, record, reason=decision.reason))
             return Outcome.DEAD_LETTERED
         failure = FailureInfo.from_exception(exc, reason, now)
         retry = replace(self._with_failure(job, record, failure), attempt=decision.attempt,
                         not_before_ms=decision.not_before_ms)
         await self.write(tier_topic(prefix, job.job_type, decision.tier), retry)
+        log.info("job %s (%s) attempt %d failed (%s, %s); attempt %d waits in delay tier %s",
+                 job.job_id, job.job_type, job.attempt, reason, type(exc).__name__,
+                 decision.attempt, decision.tier,
+                 extra=job_fields(job, record, reason=reason, tier=decision.tier))
         return Outcome.RETRIED
 
     def _with_failure(self, job: JobRecord, record: Record, failure: FailureInfo) -> JobRecord:

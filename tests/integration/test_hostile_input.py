@@ -18,10 +18,12 @@ import orjson
 import pytest
 from pydantic import BaseModel, ConfigDict
 
+from stream_jobs import logs
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
 from stream_jobs.job_ids import new_job_id
 from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.logs import JsonFormatter, TextFormatter
 from stream_jobs.naming import dlq_topic, lane_topic
 from stream_jobs.record import HEADER_ATTEMPT, HEADER_ERROR, JobRecord
 from stream_jobs.settings import Settings
@@ -97,7 +99,20 @@ async def test_payloads_never_reach_logs_or_error_headers(
     logged = "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in caplog.records
                        if r.name.startswith("stream_jobs") or r.levelno >= logging.INFO)
     assert CANARY not in logged
-    assert any(r.name.startswith("stream_jobs.runtime.worker") for r in caplog.records)
+    assert any(r.name.startswith("stream_jobs.worker") for r in caplog.records)
+    # The lines as the worker command writes them, text and JSON, fields included.
+    ours = [r for r in caplog.records if r.name.startswith("stream_jobs")]
+    for formatter in (JsonFormatter(), TextFormatter()):
+        written = "\n".join(formatter.format(r) for r in ours)
+        assert CANARY not in written
+    # Every dead letter has a searchable line: its job (or its record) and where it was.
+    dead = [logs.fields(r) for r in ours if "dead-lettered" in r.getMessage()]
+    assert len(dead) == len(sent)
+    for line in dead:
+        assert {"topic", "partition", "offset", "reason"} <= line.keys(), line
+        if line["reason"] not in ("too-large", "bad-header"):  # not decoded: no job fields
+            assert line["job_id"] in sent
+            assert (line["job_type"], line["attempt"]) == (JOB_TYPE, 1)
 
 
 @pytest.mark.parametrize("length", [65, 100, 256])

@@ -1,0 +1,118 @@
+"""Logs a person can search: fields on every line about a job, text or JSON.
+
+stream-jobs logs through the standard library's `logging`, under logger names
+`stream_jobs.*`, so an application's own logging configuration applies to it as it is.
+A line about a job carries `job_type`, `job_id`, `attempt`, `topic`, `partition` and
+`offset` as fields of the log record (`extra=job_fields(...)`); a line about a
+partition (a rebalance, a commit) carries the ones it has. `STREAM_JOBS_LOG_FORMAT=json`
+(or `configure(format="json")`) writes one JSON object per line with those fields as
+keys; the default text format appends them as `key=value`. No line carries payload
+bytes or a setting's secret: fields are identities and positions only.
+
+Why stdlib logging and not structlog: stream-jobs runs inside applications that already
+configure `logging`; records with `extra` fields work with their handlers unchanged, and
+the JSON formatter is this module, not a dependency.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import orjson
+
+from stream_jobs.record import JobRecord, Record
+
+LogFormat = Literal["text", "json"]
+# The fields of a line about a job, in the order text lines show them.
+JOB_FIELDS = ("job_type", "job_id", "attempt", "topic", "partition", "offset")
+# Other fields our lines may carry (a group, a worker, a reason code, a duration).
+OTHER_FIELDS = ("group", "worker_id", "reason", "outcome", "tier", "timeout_s", "blocked_s",
+                "child", "partitions")
+FIELDS = (*JOB_FIELDS, *OTHER_FIELDS)
+
+
+def job_fields(job: JobRecord | None, record: Record | None = None, **more: Any
+               ) -> dict[str, Any]:
+    """The `extra=` of a line about `job`, read from `record` (where it was consumed)."""
+    fields: dict[str, Any] = {}
+    if job is not None:
+        fields.update(job_type=job.job_type, job_id=job.job_id, attempt=job.attempt)
+    if record is not None:
+        fields.update(topic=record.topic, partition=record.partition, offset=record.offset)
+    fields.update(more)
+    return fields
+
+
+def _fields_of(record: logging.LogRecord) -> dict[str, Any]:
+    found = record.__dict__
+    return {name: found[name] for name in FIELDS if found.get(name) is not None}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, our fields, and the error
+    (its class and the traceback) when the line has one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(
+                timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            **_fields_of(record),
+        }
+        if record.processName and record.processName != "MainProcess":
+            line["process"] = record.processName
+        if record.exc_info:
+            line["error"] = record.exc_info[0].__name__ if record.exc_info[0] else None
+            line["traceback"] = self.formatException(record.exc_info)
+        return orjson.dumps(line, default=str).decode()
+
+
+class TextFormatter(logging.Formatter):
+    """`time level logger message key=value ...`, the fields after the message."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        text = super().formatMessage(record)
+        fields = _fields_of(record)
+        if not fields:
+            return text
+        return text + " " + " ".join(f"{k}={_text(v)}" for k, v in fields.items())
+
+
+def _text(value: object) -> str:
+    shown = ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+    return shown if shown and " " not in shown and '"' not in shown else f'"{shown}"'
+
+
+def formatter(log_format: LogFormat) -> logging.Formatter:
+    return JsonFormatter() if log_format == "json" else TextFormatter()
+
+
+def configure(*, log_format: LogFormat = "text", level: str | int = "INFO",
+              stream: Any = None) -> None:
+    """Send every log line to stderr (or `stream`) in `log_format`, from `level` up,
+    replacing the root logger's handlers; the worker command calls this."""
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(formatter(log_format))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper() if isinstance(level, str) else level)
+
+
+def fields(record: logging.LogRecord) -> Mapping[str, Any]:
+    """Our fields on a log record (for tests and custom handlers)."""
+    return _fields_of(record)
+
+
+__all__ = ["FIELDS", "JOB_FIELDS", "JsonFormatter", "LogFormat", "TextFormatter", "configure",
+           "fields", "formatter", "job_fields"]

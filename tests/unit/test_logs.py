@@ -1,0 +1,79 @@
+"""Log lines with fields: what the text and JSON formats write, and configure()."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import orjson
+
+from stream_jobs import logs
+from stream_jobs.logs import JsonFormatter, TextFormatter, job_fields
+from stream_jobs.record import JobRecord
+
+from .fake_records import FakeRecord
+
+JOB = JobRecord(job_id="j-1", job_type="mail.send", payload=b'{"secret": 1}', key=None,
+                attempt=2)
+
+
+def line(message: str, *args: object, exc: BaseException | None = None,
+         **extra: object) -> logging.LogRecord:
+    record = logging.LogRecord("stream_jobs.worker", logging.WARNING, __file__, 1, message,
+                               args, None if exc is None else (type(exc), exc, None))
+    record.__dict__.update(extra)
+    return record
+
+
+def test_job_fields_name_the_job_and_where_it_was_read() -> None:
+    fields = job_fields(JOB, FakeRecord("jobs.mail.send", 3, 41), reason="timeout")
+    assert fields == {"job_type": "mail.send", "job_id": "j-1", "attempt": 2,
+                      "topic": "jobs.mail.send", "partition": 3, "offset": 41,
+                      "reason": "timeout"}
+    assert job_fields(None, FakeRecord("t", 0, 7)) == {"topic": "t", "partition": 0,
+                                                        "offset": 7}
+
+
+def test_json_lines_carry_the_fields_as_keys() -> None:
+    record = line("job %s dead-lettered", "j-1", **job_fields(JOB, FakeRecord("t", 1, 5)))
+    written = orjson.loads(JsonFormatter().format(record))
+    assert written["message"] == "job j-1 dead-lettered"
+    assert (written["level"], written["logger"]) == ("WARNING", "stream_jobs.worker")
+    assert {k: written[k] for k in logs.JOB_FIELDS} == {
+        "job_type": "mail.send", "job_id": "j-1", "attempt": 2, "topic": "t",
+        "partition": 1, "offset": 5}
+    assert written["time"].endswith("+00:00")
+    assert "payload" not in written  # only identities and positions travel
+
+
+def test_json_lines_carry_the_error_class_and_traceback() -> None:
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError as exc:
+        record = line("failed", exc=exc)
+    written = orjson.loads(JsonFormatter().format(record))
+    assert written["error"] == "RuntimeError"
+    assert "RuntimeError: boom" in written["traceback"]
+
+
+def test_text_lines_append_the_fields() -> None:
+    record = line("commit failed", group="jobs.mail.worker",
+                  partitions=["jobs.mail/0", "jobs.mail/1"], reason="needs quoting here")
+    text = TextFormatter().format(record)
+    assert text.endswith("commit failed group=jobs.mail.worker reason=\"needs quoting here\" "
+                         "partitions=jobs.mail/0,jobs.mail/1")
+    assert TextFormatter().format(line("plain")).endswith("stream_jobs.worker plain")
+
+
+def test_configure_writes_the_chosen_format() -> None:
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    out = io.StringIO()
+    try:
+        logs.configure(log_format="json", level="info", stream=out)
+        logging.getLogger("stream_jobs.test").info("hello", extra={"job_id": "j-9"})
+        logging.getLogger("stream_jobs.test").debug("below the level")
+    finally:
+        root.handlers[:], _ = saved[0], root.setLevel(saved[1])
+    [written] = out.getvalue().splitlines()
+    assert orjson.loads(written)["job_id"] == "j-9"
