@@ -162,7 +162,7 @@ def systemd_shared_env(opts: Options) -> str:
     return f"""\
 # {GENERATED}.
 # /etc/stream-jobs/stream-jobs.env: settings every worker on this host shares (mode 0600,
-# it may hold a password). Every STREAM_JOBS_* setting of the README can go here.
+# it may hold a password). Every STREAM_JOBS_* setting (docs/reference/settings.md) can go here.
 STREAM_JOBS_KAFKA_BOOTSTRAP={opts.bootstrap}
 STREAM_JOBS_DATABASE_URL=postgresql://stream_jobs@db.internal:5432/stream_jobs
 STREAM_JOBS_TOPIC_PREFIX={opts.prefix}

@@ -133,7 +133,7 @@ def access_denied(settings: Settings, what: str) -> AccessDenied:
     """The error to raise (`from exc`) when Kafka's authorizer refused us `what`."""
     return AccessDenied(
         f"Kafka's ACLs do not let {principal(settings)} {what}: grant the ACLs listed "
-        "under Security in the README."
+        "in docs/security.md, under ACLs per job type."
     )
 
 

@@ -6,7 +6,7 @@ one producer. Each job ends in exactly one outcome (see `Outcome`); its offset i
 finished only once that outcome is durable (a retry or dead letter acknowledged by the
 broker), so no path drops a job.
 
-Flow control (README, "Flow control"): lanes are served by their weights; the type's
+Flow control (docs/flow-control.md): lanes are served by their weights; the type's
 rate limit (TOML, or `stream-jobs throttle` through `P._control`) is split across the
 group by partition ownership (`stream_jobs.ratelimit`); heartbeats are written into every
 lane partition and acknowledged at fetch time (`stream_jobs.runtime.heartbeats`).

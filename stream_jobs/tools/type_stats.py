@@ -264,7 +264,7 @@ class StatsSnapshot:
     types: tuple[TypeStats, ...] = field(default_factory=tuple)
 
     def to_dict(self, *, per_partition: bool = False) -> dict[str, Any]:
-        """The `stats --json` document (its shape is in the operating guide)."""
+        """The `stats --json` document (its shape is in docs/operating/stats.md)."""
         return {
             "at": datetime.fromtimestamp(self.at_ms / 1000, UTC).isoformat(),
             "at_ms": self.at_ms,

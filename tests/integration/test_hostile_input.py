@@ -95,7 +95,7 @@ async def test_payloads_never_reach_logs_or_error_headers(
     assert worker.outcomes["dead_lettered"] == len(sent)
 
     # Ours at every level, anyone's from INFO up. aiokafka's DEBUG log prints each record
-    # it sends, payload included: a driver setting to keep off (see Security in the README).
+    # it sends, payload included: a driver setting to keep off (see docs/security.md).
     logged = "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in caplog.records
                        if r.name.startswith("stream_jobs") or r.levelno >= logging.INFO)
     assert CANARY not in logged

@@ -1,4 +1,4 @@
-"""SASL_SSL with SCRAM-SHA-512, the README's ACLs and secret hygiene, against a real broker.
+"""SASL_SSL with SCRAM-SHA-512, docs/security.md's ACLs and secret hygiene, on a real broker.
 
 The broker is our own (`KafkaCluster(..., security=ScramTls(...))`): its own folder and
 free loopback ports, a certificate made by `stream_jobs/stack/secure.py`, SCRAM users
@@ -42,7 +42,7 @@ from stream_jobs.stack.secure import ScramTls, make_tls_files
 
 from .test_dev_stack import REPO, assert_one_line_error, free_port, run_cli
 
-JOB_TYPE = "email.send"  # the README's example type, so its ACL commands apply as written
+JOB_TYPE = "email.send"  # docs/security.md's example type: its ACL commands apply as written
 USERS = ("admin", "email-worker", "web-app")
 PASSWORDS = {user: f"canary{user.replace('-', '')}{uuid.uuid4().hex}" for user in USERS}
 WRONG_PASSWORD = f"canarywrong{uuid.uuid4().hex}"
@@ -109,20 +109,20 @@ def prefix() -> str:
 
 
 def declare(folder: Path) -> dict[str, JobTypePolicy]:
-    # The lanes and tiers the README's ACL commands name.
+    # The lanes and tiers the ACL commands of docs/security.md name.
     (folder / f"{JOB_TYPE}.toml").write_text(
         'partitions = 1\npriorities = ["high", "default", "low"]\n'
         'retry_tiers = ["5s", "1m", "10m"]\nmax_attempts = 3\n')
     return load_job_types(folder)
 
 
-def readme_acls(prefix: str) -> list[tuple[int, str, str, int]]:
-    """The ACLs the README's `acls --add` commands grant: (resource type, name, principal, op)."""
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("\n## Security\n", 1)[1].split("\n## ", 1)[0]
-    lines = section.replace("\\\n", " ").splitlines()
+def documented_acls(prefix: str) -> list[tuple[int, str, str, int]]:
+    """The ACLs the `acls --add` commands of docs/security.md grant: (resource type, name,
+    principal, op)."""
+    page = (REPO / "docs" / "security.md").read_text()
+    lines = page.replace("\\\n", " ").splitlines()
     commands = [line for line in lines if line.startswith("acls --add ")]
-    assert len(commands) >= 5, "the README's Security section lost its ACL commands"
+    assert len(commands) >= 5, "docs/security.md lost its ACL commands"
     acls: list[tuple[int, str, str, int]] = []
     for line in commands:
         args = shlex.split(line.replace("$P", prefix).replace("$T", JOB_TYPE))[2:]
@@ -135,7 +135,7 @@ def readme_acls(prefix: str) -> list[tuple[int, str, str, int]]:
             elif flag in ("--topic", "--group"):
                 resources.append((TOPIC if flag == "--topic" else GROUP, value))
             else:
-                raise AssertionError(f"the test does not know {flag} in the README: {line}")
+                raise AssertionError(f"the test does not know {flag} in docs/security.md: {line}")
         assert principal, line
         assert operations, line
         assert resources, line
@@ -165,14 +165,14 @@ def log_text(caplog: pytest.LogCaptureFixture) -> str:
     return "\n".join(f"{r.name} {r.getMessage()} {r.exc_text or ''}" for r in caplog.records)
 
 
-async def test_client_and_worker_run_as_their_users_with_the_readme_acls(
+async def test_client_and_worker_run_as_their_users_with_the_documented_acls(
     secure: SecureBroker, tmp_path: Path, prefix: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)  # aiokafka's connection and SASL logs included
     admin = secure.settings("admin", tmp_path, prefix)
     types = declare(tmp_path)
     await apply(admin, types)
-    acls = readme_acls(prefix)
+    acls = documented_acls(prefix)
     assert {p for _, _, p, _ in acls} == {"User:email-worker", "User:web-app"}
     await grant(admin, acls)
 
@@ -199,7 +199,7 @@ async def test_client_and_worker_run_as_their_users_with_the_readme_acls(
     assert worker.outcomes["dead_lettered"] == 1
     assert worker.relay is not None
     assert worker.relay.released == 1  # read from the tier, written back to its lane
-    # The README's ACLs cover all the worker does besides jobs: reports, the control topic.
+    # The documented ACLs cover all the worker does besides jobs: reports, the control topic.
     complaints = [r.getMessage() for r in caplog.records if r.name.startswith("stream_jobs")
                   and r.levelno >= logging.WARNING and "dead-lettered" not in r.getMessage()]
     assert complaints == []
