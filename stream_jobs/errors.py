@@ -85,7 +85,8 @@ class BadRecord(StreamJobsError):
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
-        self.reason = reason  # the code the dead letter carries, e.g. "bad-json"
+        # The code the dead letter carries, e.g. "bad-json" (a `Reason`, kept as its text).
+        self.reason = str(reason)
         self.message = message
 
     def __reduce__(self) -> tuple[type[BadRecord], tuple[str, str]]:

@@ -58,7 +58,8 @@ class WorkerReport:
     heartbeats: tuple[tuple[str, int, int], ...] = ()
 
     def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        # Counters are keyed by outcome and reason codes (StrEnums).
+        return orjson.dumps(asdict(self), option=orjson.OPT_NON_STR_KEYS)
 
     @classmethod
     def from_json(cls, raw: bytes | None) -> WorkerReport | None:
@@ -129,7 +130,7 @@ class ShadowReport:
         data = asdict(self)
         data["lanes"] = {lane: {str(p): asdict(seen) for p, seen in parts.items()}
                          for lane, parts in self.lanes.items()}
-        return orjson.dumps({"shadow": True, **data})
+        return orjson.dumps({"shadow": True, **data}, option=orjson.OPT_NON_STR_KEYS)
 
     @classmethod
     def from_json(cls, raw: bytes | None) -> ShadowReport | None:

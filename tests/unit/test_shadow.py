@@ -7,6 +7,7 @@ from rich.console import Console
 
 from stream_jobs.cli.stats import render_stats
 from stream_jobs.naming import shadow_group
+from stream_jobs.outcomes import Outcome, Reason
 from stream_jobs.runtime.reports import LaneSeen, ShadowReport, WorkerReport
 from stream_jobs.runtime.shadow import shadow_stats, shadow_window
 from stream_jobs.settings import Settings
@@ -81,3 +82,15 @@ def test_stats_show_the_shadow_next_to_the_workers() -> None:
     text = console.export_text()
     assert "shadow vs worker" in text
     assert "shadow read" in text
+
+
+def test_reports_counted_by_reason_and_outcome_codes_serialise() -> None:
+    # Counters are keyed by the StrEnums of stream_jobs.outcomes; JSON keys must be text.
+    shadow = ShadowReport("t", "s1", NOW, NOW - 5, {}, {Reason.BAD_JSON: 2})
+    assert ShadowReport.from_json(shadow.to_json()) == ShadowReport(
+        "t", "s1", NOW, NOW - 5, {}, {"bad-json": 2})
+    worker = WorkerReport("t", "w1", NOW, NOW, {Outcome.SUCCEEDED: 1},
+                          dead_letter_reasons={Reason.TIMEOUT: 3})
+    back = WorkerReport.from_json(worker.to_json())
+    assert back is not None
+    assert (back.outcomes, back.dead_letter_reasons) == ({"succeeded": 1}, {"timeout": 3})
