@@ -57,6 +57,12 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def start_worker(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as sink:
+        return subprocess.Popen([str(STREAM_JOBS), "worker", *args], cwd=REPO, env=env,
+                                stdout=sink, stderr=subprocess.STDOUT)
+
+
 def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
         return str(answer.read().decode())
@@ -96,10 +102,7 @@ async def test_one_process_runs_every_type_of_the_app(
 
     port = free_port()
     log = tmp_path / "worker.log"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            [str(STREAM_JOBS), "worker", "tests.apps.pair:app", "--metrics-port", str(port)],
-            cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    proc = start_worker(["tests.apps.pair:app", "--metrics-port", str(port)], env, log)
     try:
         async def all_ran() -> bool:
             return int(await db.fetchval("SELECT count(*) FROM runs")) == 2 * JOBS

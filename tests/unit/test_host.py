@@ -16,6 +16,7 @@ from stream_jobs.errors import BrokerUnavailable, ConfigError
 from stream_jobs.logs import JsonFormatter, TextFormatter
 from stream_jobs.runtime.host import WorkerHost, add_counts, select_types, summary
 from stream_jobs.runtime.supervisor import child_name, processes_of
+from tests.waiting import until
 
 
 def test_without_type_every_type_with_a_handler_runs() -> None:
@@ -54,7 +55,7 @@ def test_processes_are_a_number_or_auto() -> None:
     assert processes_of("AUTO", 8) == 8
     assert processes_of("auto", 0) == 1
     for bad in ("0", "-2", "two", "1.5", ""):
-        with pytest.raises(ConfigError, match="--processes .* 1 or more, or auto"):
+        with pytest.raises(ConfigError, match=r"--processes .* 1 or more, or auto"):
             processes_of(bad, 8)
 
 
@@ -127,8 +128,7 @@ async def test_a_stop_drains_every_type() -> None:
     events: list[str] = []
     h = host(FakeRunner("a", events), FakeRunner("b", events))
     task = asyncio.create_task(h.run())
-    while len(events) < 2:
-        await asyncio.sleep(0)
+    await until(lambda: len(events) == 2, "both types started")
     assert not task.done()
     h.request_stop()
     await asyncio.wait_for(task, 5)
@@ -154,8 +154,7 @@ async def test_the_supervisor_gone_drains_the_process() -> None:
     try:
         h = host(FakeRunner("a", events), lifeline=read_end)
         task = asyncio.create_task(h.run())
-        while not events:
-            await asyncio.sleep(0)
+        await until(lambda: bool(events), "the type started")
         assert not task.done()
         os.close(write_end)  # what the kernel does when the supervisor dies
         write_end = -1

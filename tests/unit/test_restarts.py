@@ -89,7 +89,8 @@ def test_every_exit_is_restarted_or_finished_and_the_streak_moves_by_one_or_rese
     decision = after_exit(policy, quick_deaths=streak, lived_s=lived_s, exit_code=code,
                           until_idle=until_idle)
     if isinstance(decision, Finished):
-        assert until_idle and code == 0
+        assert until_idle
+        assert code == 0
         return
     quick = lived_s < policy.stable_after_s
     assert decision.quick_deaths == (streak + 1 if quick else 0)
