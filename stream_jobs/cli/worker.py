@@ -34,7 +34,7 @@ def worker(
         None, "--type", "-t", help="A job type to run; give it again for more. Default: "
         "every type the app has a handler for."),
     processes: str = typer.Option(
-        "1", "--processes", "-p", envvar="STREAM_JOBS_WORKER_PROCESSES",
+        "1", "--processes", envvar="STREAM_JOBS_WORKER_PROCESSES",
         help="Worker processes, each running every type: a number, or auto (one per CPU). "
         "More than 1 forks them under a supervisor that restarts any that dies."),
     until_idle: bool = typer.Option(False, "--until-idle",
