@@ -159,6 +159,8 @@ class Supervisor:
 
     def run(self) -> SupervisorResult:
         """Run the children until stopped (or, with `until_idle`, until all are finished)."""
+        # Inherited SIGCHLD ignored would reap the children behind our back (no exit codes).
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
         self._lifeline = os.pipe()
         try:
