@@ -60,6 +60,7 @@ def worker(
     from stream_jobs.runtime.supervisor import Supervisor, processes_of
 
     settings = settings_of(ctx, metrics_port=metrics_port, log_format=log_format)
+    count = processes_of(processes, _usable_cpus())
     logs.configure(log_format=settings.log_format, level=log_level)
     logging.getLogger("aiokafka").propagate = True  # a worker's log wants the driver's view
     job_app = load_app(app_spec)
@@ -67,7 +68,6 @@ def worker(
     types = select_types(job_app.handlers, job_types or [], shadow=shadow)
     for job_type in types:
         job_app.job_type(job_type)  # a type without topics/T.toml: one sentence, now
-    count = processes_of(processes, _usable_cpus())
     if settings.metrics_port and settings.metrics_port + count - 1 > 65535:
         raise ConfigError(f"--metrics-port {settings.metrics_port} leaves no room for "
                           f"{count} processes (one port each, up to 65535).")
