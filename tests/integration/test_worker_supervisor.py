@@ -93,6 +93,9 @@ async def test_a_killed_child_is_restarted_and_every_job_finishes_once(
     log = supervisor.log.read_text()
     assert "was killed by SIGKILL after" in log, supervisor.tail()
     assert "run 2)" in log, supervisor.tail()
+    # Each child's own lines name it.
+    assert "process=worker-1" in log, supervisor.tail()
+    assert "process=worker-2" in log, supervisor.tail()
     report("--processes 2, one child SIGKILLed", {
         "effects_at_kill": at_kill, **figures,
         "processes_that_ran_jobs": len(await running_pids(db)),
