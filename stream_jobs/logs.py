@@ -74,7 +74,8 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """`time level logger message key=value ...`, the fields after the message."""
+    """`time level logger message key=value ...`, the fields after the message (the
+    process's name first, in a child of a supervisor)."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -82,6 +83,9 @@ class TextFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
         text = super().formatMessage(record)
         fields = _fields_of(record)
+        if record.processName and record.processName != "MainProcess":
+            # A child of `worker --processes N` names itself (worker-2) first.
+            fields = {"process": record.processName, **fields}
         if not fields:
             return text
         return text + " " + " ".join(f"{k}={_text(v)}" for k, v in fields.items())

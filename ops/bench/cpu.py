@@ -41,14 +41,20 @@ def machine_busy_s() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / _TICKS
 
 
-def postgres_cpu_s(postmaster: int | None) -> float:
-    """CPU seconds of a Postgres server: the postmaster, its live backends and helpers,
-    and those that exited (the postmaster reaps them, so their time is in its cutime)."""
-    if postmaster is None:
+def tree_cpu_s(pid: int | None) -> float:
+    """CPU seconds of a process and its children: itself, its live children, and those it
+    reaped (their time is in its cutime). A server's backends (Postgres) and a supervisor's
+    workers (`stream-jobs worker --processes N`) are counted whole, exited ones included."""
+    if pid is None:
         return 0.0
-    fields = _stat_fields(postmaster)
+    fields = _stat_fields(pid)
     if fields is None:
         return 0.0
     reaped = (int(fields[13]) + int(fields[14])) / _TICKS
-    return process_cpu_s(postmaster) + reaped + sum(
-        process_cpu_s(p) for p in children_of(postmaster))
+    return process_cpu_s(pid) + reaped + sum(process_cpu_s(p) for p in children_of(pid))
+
+
+def postgres_cpu_s(postmaster: int | None) -> float:
+    """CPU seconds of a Postgres server: the postmaster, its live backends and helpers,
+    and those that exited (the postmaster reaps them, so their time is in its cutime)."""
+    return tree_cpu_s(postmaster)

@@ -45,6 +45,8 @@ RATIOS: list[tuple[str, str, str]] = [
     ("RSS draining the big backlog / the small one", "ours.rss_big", "ours.rss_small"),
     ("RSS draining the big backlog / the middle one", "ours.rss_big", "ours.rss_mid"),
     ("RSS draining the middle backlog / the small one", "ours.rss_mid", "ours.rss_small"),
+    ("no-op, `worker --processes 2` / `--processes 1`", "processes.p2", "processes.p1"),
+    ("the same, jobs/s per worker core", "processes.p2_per_core", "processes.p1_per_core"),
 ]
 
 RETRY_JITTER_MAX_MS = 500.0  # 10% of the 5 s tier (stream_jobs.retry.RetryPolicy)
@@ -103,8 +105,18 @@ GOALS: list[Goal] = [
          "ours.retry_warm_late_p99", "<=", RETRY_JITTER_MAX_MS + 1000.0, "ms late"),
 ]
 
+# `stream-jobs worker --processes 2` on this 2-core box (ops/bench/processes.py): the second
+# process must add most of a core's worth of jobs, and supervising must cost nothing per job.
+PROCESSES_GOALS: list[Goal] = [
+    Goal("no-op, `worker --processes 2` >= 1.5x `--processes 1` (2 cores)",
+         ("processes.p2", "processes.p1"), None, ">=", 1.5, "x"),
+    Goal("the same per worker core >= 0.9x (no CPU per job for the supervision)",
+         ("processes.p2_per_core", "processes.p1_per_core"), None, ">=", 0.9, "x"),
+]
+GOALS += PROCESSES_GOALS
 
-def _fmt(value: float, unit: str = "") -> str:
+
+def fmt(value: float, unit: str = "") -> str:
     if unit in ("x",):
         return f"{value:.2f}x"
     if abs(value) >= 1000:
@@ -143,9 +155,10 @@ def _by_how_much(op: str, value: float, target: float, unit: str) -> str:
     return f"over by {amount} ({diff / target * 100:+.0f}%)"
 
 
-def goal_rows(figures: dict[str, FigureJSON]) -> list[list[str]]:
+def goal_rows(figures: dict[str, FigureJSON],
+              goals: list[Goal] | None = None) -> list[list[str]]:
     rows = []
-    for goal in GOALS:
+    for goal in GOALS if goals is None else goals:
         names = list(goal.ratio) if goal.ratio else [goal.figure or ""]
         if any(n not in figures for n in names):
             rows.append([goal.text, "not measured", "", "NOT MEASURED", "", ""])
@@ -160,16 +173,16 @@ def goal_rows(figures: dict[str, FigureJSON]) -> list[list[str]]:
             value, low, high, per_run = fig["median"], fig["low"], fig["high"], fig["values"]
         met = _met(goal.op, value, goal.target)
         unit = goal.unit
-        spread = f"{_fmt(low, unit)} - {_fmt(high, unit)}"
+        spread = f"{fmt(low, unit)} - {fmt(high, unit)}"
         meeting = sum(_met(goal.op, v, goal.target) for v in per_run)
-        rows.append([goal.text, f"{_fmt(value, unit)} {'' if unit == 'x' else unit}".strip(),
+        rows.append([goal.text, f"{fmt(value, unit)} {'' if unit == 'x' else unit}".strip(),
                      spread, "**MET**" if met else "**NOT MET**",
                      _by_how_much(goal.op, value, goal.target, unit),
                      f"{meeting}/{len(per_run)}"])
     return rows
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -181,6 +194,7 @@ GROUPS = [
     ("stream-jobs", "ours."),
     ("Celery on Redis", "celery."),
     ("Dramatiq on Redis", "dramatiq."),
+    ("`stream-jobs worker --processes N`", "processes."),
 ]
 
 
@@ -189,8 +203,8 @@ def _figure_rows(figures: dict[str, FigureJSON], prefix: str) -> list[list[str]]
     for name, f in figures.items():
         if not name.startswith(prefix):
             continue
-        rows.append([f["label"], f"{_fmt(f['median'])} {f['unit']}",
-                     f"{_fmt(f['low'])} - {_fmt(f['high'])}", str(len(f["values"])),
+        rows.append([f["label"], f"{fmt(f['median'])} {f['unit']}",
+                     f"{fmt(f['low'])} - {fmt(f['high'])}", str(len(f["values"])),
                      f["note"]])
     return rows
 
@@ -217,7 +231,7 @@ def once_cpu_section(once_cpu: dict[str, Any]) -> list[str]:
         rows.append([label, f"{ms['worker']:.3f}", f"{ms['broker']:.3f}",
                      f"{ms['postgres']:.3f}", f"{ms['machine']:.3f}",
                      f"{cores * 1000 / ms['machine']:,.0f}" if ms["machine"] else "-"])
-    out.append(_table(["form", "worker ms/job", "broker ms/job", "Postgres ms/job",
+    out.append(table(["form", "worker ms/job", "broker ms/job", "Postgres ms/job",
                        "machine ms/job", "bound on this box (jobs/s)"], rows))
     out.append("")
     return out
@@ -234,12 +248,12 @@ def _profile_section(profile: dict[str, Any]) -> list[str]:
                "included, shows as its own row. Full tree: "
                "`ops/bench/out/run-*/profile.html` and `profile.txt`.")
     out += ["", "**Self time by package** (where the samples landed):", ""]
-    out.append(_table(["package", "self time (s)", "share"],
+    out.append(table(["package", "self time (s)", "share"],
                       [[n, f"{t:.2f}", f"{share * 100:.1f}%"]
                        for n, t, share in profile["by_package"]]))
     out += ["", "**Heaviest stream_jobs functions** (inclusive time, counted once per call "
             "chain):", ""]
-    out.append(_table(["function (module)", "inclusive (s)", "share of all samples"],
+    out.append(table(["function (module)", "inclusive (s)", "share of all samples"],
                       [[n, f"{t:.2f}", f"{share * 100:.1f}%"]
                        for n, t, share in profile["stream_jobs_functions"]]))
     out += ["", "**Top of the call tree**:", "", "```text", profile["tree"], "```", ""]
@@ -267,7 +281,7 @@ def render(data: dict[str, Any]) -> str:
                 f"on {cores} cores (see the Run table). The spreads carry that noise; the "
                 "ratios, taken side by side, carry less of it."]
     out += ["", "## Goals", ""]
-    out.append(_table(["goal", "measured (median)", "spread", "status", "by how much",
+    out.append(table(["goal", "measured (median)", "spread", "status", "by how much",
                        "runs meeting it"], goal_rows(figures)))
     out += ["", "Ratios are of medians; a ratio's spread pairs the two figures run by run "
             "(the sections rotate the order of their contenders from run to run).", ""]
@@ -276,14 +290,14 @@ def render(data: dict[str, Any]) -> str:
         rows = _figure_rows(figures, prefix)
         if rows:
             out += [f"### {title}", "",
-                    _table(["figure", "median", "spread (min - max)", "runs", "notes"], rows),
+                    table(["figure", "median", "spread (min - max)", "runs", "notes"], rows),
                     ""]
     ratio_rows = []
     for name, num, den in RATIOS:
         if num in figures and den in figures:
             value, low, high, how = ratio_of(figures, num, den)
             ratio_rows.append([name, f"{value:.2f}x", f"{low:.2f}x - {high:.2f}x", how])
-    out += ["## Ratios", "", _table(["ratio", "median", "spread", "spread taken"], ratio_rows),
+    out += ["## Ratios", "", table(["ratio", "median", "spread", "spread taken"], ratio_rows),
             ""]
     mem = details.get("memory_runs")
     if mem:
@@ -301,17 +315,23 @@ def render(data: dict[str, Any]) -> str:
                                         for q in (10, 25, 50, 75, 100)),
                              f"{run['cpu_ms_per_1k']:.0f}", f"{run['elapsed_s']:.0f}",
                              f"{run['jobs_per_s_incl_startup']:,.0f}"])
-        out.append(_table(["backlog", "max RSS (MiB)", "peak HWM (MiB)",
+        out.append(table(["backlog", "max RSS (MiB)", "peak HWM (MiB)",
                            "RSS at 10/25/50/75/100% of the drain (MiB)", "CPU ms / 1k jobs",
                            "drain (s)", "jobs/s incl. start-up"], rows))
         out.append("")
     if "scaling" in details:
         out += scaling_section(details["scaling"], data.get("errors", {}).get("scaling"))
+    if "processes" in details:
+        # Its own module (it builds on this one's tables): imported here, not at the top.
+        from ops.bench.report_processes import processes_section
+
+        out += processes_section(details["processes"], figures,
+                                 data.get("errors", {}).get("processes"))
     out += ["## Machine and versions", ""]
     rows = [[k, str(v)] for k, v in machine.items()]
     rows += [[k, str(v)] for k, v in meta.get("versions", {}).items()]
-    out += [_table(["", ""], rows), ""]
-    out += ["## Settings", "", _table(["", ""], [[k, str(v)] for k, v in
+    out += [table(["", ""], rows), ""]
+    out += ["## Settings", "", table(["", ""], [[k, str(v)] for k, v in
                                                  meta.get("settings", {}).items()]), ""]
     out += ["## How each figure is taken", "", *METHOD, ""]
     if "profile" in details:
@@ -328,7 +348,7 @@ def render(data: dict[str, Any]) -> str:
         rows = [[f"{step['rate']:,.0f}", f"{step['offered_per_s']:,.0f}",
                  f"{step['started_per_s']:,.0f}", f"{step['p50']:.1f}", f"{step['p99']:.1f}",
                  "yes" if step["kept_up"] else "no"] for step in steps]
-        out += [_table(["asked (jobs/s)", "offered", "started", "p50", "p99", "kept up"],
+        out += [table(["asked (jobs/s)", "offered", "started", "p50", "p99", "kept up"],
                        rows), ""]
     retry_runs = details.get("retry_runs")
     if retry_runs:
@@ -346,7 +366,7 @@ def render(data: dict[str, Any]) -> str:
                          f"{late[min(len(late) - 1, len(late) * 9 // 10)]:.0f}",
                          f"{late[-1]:.0f}", str(sum(1 for v in late if v > 1500)),
                          str(run.get("relay_released")), str(run.get("relay_hops"))])
-        out += [_table(["run", "min", "p50", "p90", "max", "over 1.5 s", "relay released",
+        out += [table(["run", "min", "p50", "p90", "max", "over 1.5 s", "relay released",
                         "relay hops"], rows), ""]
     fills = {k: v for k, v in details.items() if k.endswith("_fill_jobs_per_s")}
     if fills:
@@ -356,7 +376,7 @@ def render(data: dict[str, Any]) -> str:
     loads = details.get("load_avg_after", {})
     out += ["## Run", "", "The 1-minute load average after each section shows how busy the "
             "box was (2 cores; other work on the box counts too).", "",
-            _table(["section", "seconds", "load average after"],
+            table(["section", "seconds", "load average after"],
                    [[k, f"{v:.0f}", f"{loads.get(k, float('nan')):.1f}"]
                     for k, v in data["timings_s"].items()]), ""]
     if data.get("errors"):
@@ -454,13 +474,13 @@ def scaling_rows(points: list[ScalingPoint]) -> list[list[str]]:
     for p in points:
         c = p.cores
         rows.append([str(p.processes), str(p.brokers), HANDLER_NAMES.get(p.handler, p.handler),
-                     f"{_fmt(p.median)}", f"{_fmt(min(p.rates))} - {_fmt(max(p.rates))}",
+                     f"{fmt(p.median)}", f"{fmt(min(p.rates))} - {fmt(max(p.rates))}",
                      f"{p.efficiency:.2f}",
                      f"{p.efficiency_low:.2f} - {p.efficiency_high:.2f}",
-                     f"{c['workers']:.2f}", f"{_fmt(p.jobs_per_worker_core)}",
+                     f"{c['workers']:.2f}", f"{fmt(p.jobs_per_worker_core)}",
                      f"{p.core_efficiency:.2f}",
                      f"{c['brokers']:.2f} / {c['postgres']:.2f} / {c['machine']:.2f}",
-                     f"{p.cpu_ms_per_job:.3f}", f"{_fmt(statistics.median(p.first_to_last))}"])
+                     f"{p.cpu_ms_per_job:.3f}", f"{fmt(statistics.median(p.first_to_last))}"])
     return rows
 
 
@@ -485,7 +505,7 @@ def _share_sentences(points: list[ScalingPoint], scaling: dict[str, Any],
                    + " / ".join(str(q.processes) for q in points
                                 if (q.brokers, q.handler) == (p.brokers, p.handler))
                    + " processes: "
-                   + " / ".join(_fmt(q.jobs_per_worker_core) for q in points
+                   + " / ".join(fmt(q.jobs_per_worker_core) for q in points
                                 if (q.brokers, q.handler) == (p.brokers, p.handler))
                    + f" (per-core efficiency {top.core_efficiency:.2f} at {top.processes}).")
     brokers = {n: statistics.median(q.cores["brokers"] for q in points
@@ -516,10 +536,10 @@ def _ceiling_sentences(points: list[ScalingPoint], cores: int) -> list[str]:
         ours = p.cores["workers"] + p.cores["brokers"] + p.cores["postgres"]
         ceiling = cores / p.cpu_ms_per_job * 1000
         out.append(
-            f"- {p.name}, {p.processes} processes: {_fmt(p.median)} jobs/s using {ours:.2f} "
+            f"- {p.name}, {p.processes} processes: {fmt(p.median)} jobs/s using {ours:.2f} "
             f"cores (workers {p.cores['workers']:.2f}, broker(s) {p.cores['brokers']:.2f}, "
             f"Postgres {p.cores['postgres']:.2f}), {p.cpu_ms_per_job:.3f} ms of CPU per job: "
-            f"all {cores} cores would cap it near {_fmt(ceiling)} jobs/s.")
+            f"all {cores} cores would cap it near {fmt(ceiling)} jobs/s.")
     return out
 
 
@@ -588,7 +608,7 @@ def scaling_section(scaling: dict[str, Any], error: str | None = None) -> list[s
             "after the release to the last, the drain's tail included.", ""]
     points = scaling_points(list(scaling.get("runs", [])))
     if points:
-        out.append(_table(SCALING_COLUMNS, scaling_rows(points)))
+        out.append(table(SCALING_COLUMNS, scaling_rows(points)))
         out += ["", "### What limits it on this machine", "",
                 f"This machine has {cores} cores; the workers, the broker (or the cluster's "
                 "three) and Postgres all run on them, beside the other sessions' work.", "",
@@ -606,7 +626,8 @@ def scaling_section(scaling: dict[str, Any], error: str | None = None) -> list[s
 # Bench sections whose results appear only under their own `## heading` of RESULTS.md, so
 # a partial run can replace that heading and keep the rest of the file. The other
 # sections feed the shared Goals, Figures and Ratios tables.
-OWN_HEADINGS: dict[str, str] = {"scaling": SCALING_HEADING}
+PROCESSES_HEADING = "Worker processes"
+OWN_HEADINGS: dict[str, str] = {"scaling": SCALING_HEADING, "processes": PROCESSES_HEADING}
 
 
 def split_sections(text: str) -> list[tuple[str, str]]:

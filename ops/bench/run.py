@@ -3,6 +3,7 @@
     .venv/bin/python -m ops.bench.run            # full: 3 runs per figure, ~30 minutes
     BENCH_QUICK=1 .venv/bin/python -m ops.bench.run   # smoke: small N, 1 run, < 3 minutes
     BENCH_ONLY=scaling .venv/bin/python -m ops.bench.run   # some sections only (comma list)
+    BENCH_ONLY=processes .venv/bin/python -m ops.bench.run # worker --processes 2 against 1
     BENCH_SKIP=scaling .venv/bin/python -m ops.bench.run   # full, but keep Scaling's last
 
 The code under test (stream_jobs/, ops/bench/) is copied to ops/bench/out/code first and
@@ -37,7 +38,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from ops.bench import kafka_tools, memory, ours, peers, profile, scaling
+from ops.bench import kafka_tools, memory, ours, peers, processes, profile, scaling
 from ops.bench.common import (
     BENCH_DIR,
     CODE_DIR,
@@ -218,6 +219,7 @@ def _sections() -> list[Section]:
         ("profile", profile.profile),
         ("memory", memory.memory),
         ("scaling", scaling.scaling),
+        ("processes", processes.processes),
     ]
 
 

@@ -250,7 +250,7 @@ def _setup(b: Bench, brokers: int, kafka: KafkaCluster) -> Setup:
 # -- I/O: one point: N worker processes draining one backlog --------------------------------
 
 
-def _wait_for_group(settings: Settings, group: str, members: int,
+def wait_for_group(settings: Settings, group: str, members: int,
                     procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path]) -> None:
     """Return once `group` is Stable with `members` members (every partition assigned)."""
     deadline = time.monotonic() + JOIN_TIMEOUT_S
@@ -259,7 +259,7 @@ def _wait_for_group(settings: Settings, group: str, members: int,
         for index, proc in enumerate(procs):
             if proc.poll() is not None:
                 raise BenchError(f"worker process {index + 1} exited with {proc.returncode} "
-                                 f"before the group formed: {_tail(logs[index])}")
+                                 f"before the group formed: {log_tail(logs[index])}")
         try:
             state, count = run_async(group_state(settings, group), 30)
         except KafkaError as exc:  # e.g. no coordinator yet on a cluster just started
@@ -271,13 +271,13 @@ def _wait_for_group(settings: Settings, group: str, members: int,
                      f"{JOIN_TIMEOUT_S:.0f} s")
 
 
-async def _throttle(settings: Settings, job_type: str, rate_per_s: float | None) -> None:
+async def throttle(settings: Settings, job_type: str, rate_per_s: float | None) -> None:
     """Hold the type at `rate_per_s`, or (None) reset it to its TOML (no limit)."""
     await publish_rate(settings, job_type, rate_per_s, at_ms=int(time.time() * 1000),
                        reset=rate_per_s is None)
 
 
-def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+def stop_workers(procs: Sequence[subprocess.Popen[bytes]]) -> None:
     """SIGTERM each worker still running (its own session), then SIGKILL after 30 s."""
     for proc in procs:
         if proc.poll() is None:
@@ -290,7 +290,7 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
             proc.wait(timeout=30)
 
 
-def _tail(path: Path) -> str:
+def log_tail(path: Path) -> str:
     return path.read_text(errors="replace")[-600:] if path.is_file() else "(no log)"
 
 
@@ -309,7 +309,7 @@ def drain_with_processes(b: Bench, setup: Setup, handler: str, processes: int, n
     stamp_paths = [folder / f"worker-{index}.stamps" for index in range(processes)]
     procs: list[subprocess.Popen[bytes]] = []
     timeout_s = 120 + n / 200
-    run_async(_throttle(s, job_type, HOLD_RATE_PER_S), 60)
+    run_async(throttle(s, job_type, HOLD_RATE_PER_S), 60)
     try:
         for log_path, stamp_path in zip(log_paths, stamp_paths, strict=True):
             with log_path.open("wb") as log:
@@ -317,10 +317,10 @@ def drain_with_processes(b: Bench, setup: Setup, handler: str, processes: int, n
                                               env={**setup.env(b), STAMPS_ENV: str(stamp_path)},
                                               stdout=subprocess.DEVNULL, stderr=log,
                                               start_new_session=True))
-        _wait_for_group(s, worker_group(s.topic_prefix, job_type), processes, procs, log_paths)
+        wait_for_group(s, worker_group(s.topic_prefix, job_type), processes, procs, log_paths)
         samples = [setup.services.sample([p.pid for p in procs])]
         released = samples[0].at
-        run_async(_throttle(s, job_type, None), 60)
+        run_async(throttle(s, job_type, None), 60)
         while any(proc.poll() is None for proc in procs):
             if time.monotonic() - released > timeout_s:
                 raise BenchError(f"{processes} workers did not drain {n:,} {handler} jobs "
@@ -328,14 +328,14 @@ def drain_with_processes(b: Bench, setup: Setup, handler: str, processes: int, n
             time.sleep(SAMPLE_S)  # a sampling period, not a wait for a condition
             samples.append(setup.services.sample([p.pid for p in procs]))
     finally:
-        _stop(procs)
-        run_async(_throttle(s, job_type, None), 60)
+        stop_workers(procs)
+        run_async(throttle(s, job_type, None), 60)
     outcomes: dict[str, int] = {}
     stamps: list[list[float]] = []
     for index, proc in enumerate(procs):
         if proc.returncode != 0 or not stamp_paths[index].is_file():
             raise BenchError(f"worker process {index + 1} exited with {proc.returncode}: "
-                             f"{_tail(log_paths[index])}")
+                             f"{log_tail(log_paths[index])}")
         for name, count in parse_outcomes(log_paths[index].read_text(errors="replace")).items():
             outcomes[name] = outcomes.get(name, 0) + count
         stamps.append(sorted(read_stamps(stamp_paths[index])))

@@ -7,7 +7,9 @@ One deployable unit per type (its handlers and its delay relay), three ways:
 
 - compose.workers.yml: a service per type, next to the stack in docker-compose.yml;
 - systemd/: the template unit stream-jobs-worker@.service (instance = type), the shared
-  settings stream-jobs.env, and one <type>.env per type (which app runs it);
+  settings stream-jobs.env, and one <type>.env per type (which app runs it); beside them
+  stream-jobs-workers.service, the other shape: every type of the app in one unit, a
+  worker process per CPU under one supervisor (`worker APP --processes auto`);
 - k8s/: config.yaml (settings, and a Job that applies topics/ and migrates), and per type
   a Deployment with a KEDA ScaledObject that scales it on the lag of group P.T.worker.
 
@@ -81,7 +83,9 @@ def compose(types: Mapping[str, JobTypePolicy], opts: Options) -> str:
         "#   docker compose -f docker-compose.yml -f ops/deploy/compose.workers.yml \\",
         "#       up -d --scale worker-email-send=3        # more processes of one type",
         "#",
-        "# A type's replicas beyond its partition count sit idle.",
+        "# A type's replicas beyond its partition count sit idle. A service can also run",
+        "# every type (`stream-jobs worker APP`, no --type) on all its CPUs",
+        "# (`--processes auto`): docs/deploying.md says when that shape fits.",
         "services:",
     ]
     for policy in types.values():
@@ -130,6 +134,7 @@ def systemd_unit(opts: Options) -> str:
 # {GENERATED}.
 # One process of one job type: `systemctl enable --now stream-jobs-worker@email.send`.
 # The instance name is the type; /etc/stream-jobs/<type>.env says which app runs it.
+# Every type in one unit, on all CPUs, instead: stream-jobs-workers.service.
 [Unit]
 Description=stream-jobs worker for job type %i
 After=network-online.target
@@ -145,6 +150,42 @@ EnvironmentFile=/etc/stream-jobs/%i.env
 ExecStart={bin_dir}/stream-jobs worker ${{STREAM_JOBS_APP}} --type %i
 # SIGTERM drains: no new jobs, running ones get their grace period, offsets commit.
 KillSignal=SIGTERM
+TimeoutStopSec={STOP_GRACE_S}
+Restart=on-failure
+RestartSec=5
+NoNewPrivileges=yes
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def systemd_all_types_unit(opts: Options) -> str:
+    bin_dir = f"{opts.install_dir}/.venv/bin"
+    return f"""\
+# {GENERATED}.
+# Every job type of {opts.app} in one unit, one worker process per CPU under a supervisor
+# that restarts any that dies: `systemctl enable --now stream-jobs-workers`. Use it or the
+# per-type template stream-jobs-worker@.service for a type, not both on one host.
+[Unit]
+Description=stream-jobs workers for every job type of {opts.app}
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=exec
+User=stream-jobs
+Group=stream-jobs
+WorkingDirectory={opts.install_dir}
+EnvironmentFile=/etc/stream-jobs/stream-jobs.env
+ExecStart={bin_dir}/stream-jobs worker {opts.app} --processes auto
+# SIGTERM to the supervisor drains every worker process (it forwards the signal and waits
+# up to 30 s); mixed: only the supervisor gets it, the rest get SIGKILL at the timeout.
+KillSignal=SIGTERM
+KillMode=mixed
 TimeoutStopSec={STOP_GRACE_S}
 Restart=on-failure
 RestartSec=5
@@ -250,6 +291,7 @@ def k8s_type(policy: JobTypePolicy, opts: Options) -> str:
     return f"""\
 # {GENERATED}.
 # Job type {policy.job_type}: its handlers (group {group}) and its delay relay.
+# One type per Deployment, so KEDA scales each type on its own lag (docs/deploying.md).
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -327,6 +369,7 @@ def render(types: Mapping[str, JobTypePolicy], opts: Options) -> dict[str, str]:
     files = {
         "compose.workers.yml": compose(ordered, opts),
         "systemd/stream-jobs-worker@.service": systemd_unit(opts),
+        "systemd/stream-jobs-workers.service": systemd_all_types_unit(opts),
         "systemd/stream-jobs.env": systemd_shared_env(opts),
         "k8s/config.yaml": k8s_config(opts),
     }

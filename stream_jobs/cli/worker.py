@@ -1,10 +1,10 @@
-"""`stream-jobs worker APP --type T` and `stream-jobs db migrate`."""
+"""`stream-jobs worker APP [--type T ...] [--processes N|auto]` and `stream-jobs db migrate`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
+import os
 from typing import TYPE_CHECKING
 
 import typer
@@ -14,8 +14,12 @@ from stream_jobs import logs
 from stream_jobs.app import App, load_app
 from stream_jobs.cli.common import app, run_fast, settings_of
 from stream_jobs.dedup.store import DedupStore
+from stream_jobs.errors import ConfigError
 
 if TYPE_CHECKING:
+    from stream_jobs.runtime.host import Counts
+    from stream_jobs.runtime.shadow import Shadow
+    from stream_jobs.runtime.supervisor import Child
     from stream_jobs.runtime.worker import Worker
 
 console = Console(stderr=True)
@@ -26,79 +30,127 @@ db_app = typer.Typer(help="The dedup database.", no_args_is_help=True)
 def worker(
     ctx: typer.Context,
     app_spec: str = typer.Argument(..., metavar="APP", help="MODULE:ATTR of a stream_jobs.App."),
-    job_type: str = typer.Option(..., "--type", "-t", help="The job type this worker runs."),
+    job_types: list[str] | None = typer.Option(
+        None, "--type", "-t", help="A job type to run; give it again for more. Default: "
+        "every type the app has a handler for."),
+    processes: str = typer.Option(
+        "1", "--processes", envvar="STREAM_JOBS_WORKER_PROCESSES",
+        help="Worker processes, each running every type: a number, or auto (one per CPU). "
+        "More than 1 forks them under a supervisor that restarts any that dies."),
     until_idle: bool = typer.Option(False, "--until-idle",
                                     help="Exit once lanes and tiers are drained."),
-    shadow: bool = typer.Option(False, "--shadow", help="Run nothing: read the lanes in "
-                                "group T.shadow and count what is there (see `stats`)."),
+    shadow: bool = typer.Option(False, "--shadow", help="Run nothing: read each type's lanes "
+                                "in group T.shadow and count what is there (see `stats`)."),
     log_level: str = typer.Option("INFO", "--log-level", envvar="STREAM_JOBS_LOG_LEVEL"),
     log_format: str | None = typer.Option(
         None, "--log-format", envvar="STREAM_JOBS_LOG_FORMAT",
         help="text (fields as key=value after the message) or json (one object a line)."),
     metrics_port: int | None = typer.Option(
         None, "--metrics-port", envvar="STREAM_JOBS_METRICS_PORT",
-        help="Serve Prometheus metrics on this port (0: off)."),
+        help="Serve Prometheus metrics on this port (0: off); with --processes N, worker "
+        "process i serves on this port + i - 1."),
 ) -> None:
-    """Run one type's handlers (group T.worker) and its delay relay (group T.relay).
+    """Run job types' handlers (group T.worker) and delay relays (group T.relay).
 
-    SIGTERM or SIGINT drains: no new jobs start, running ones get a grace period,
-    finished offsets are committed.
+    Each type keeps its own consumer groups, concurrency and rate limit; all of them run
+    in each worker process. SIGTERM or SIGINT drains: no new jobs start, running ones get
+    a grace period, finished offsets are committed.
     """
+    from stream_jobs.runtime.host import select_types, summary
+    from stream_jobs.runtime.supervisor import Supervisor, processes_of
+
     settings = settings_of(ctx, metrics_port=metrics_port, log_format=log_format)
+    count = processes_of(processes, _usable_cpus())
     logs.configure(log_format=settings.log_format, level=log_level)
     logging.getLogger("aiokafka").propagate = True  # a worker's log wants the driver's view
     job_app = load_app(app_spec)
     job_app.use_settings(settings)
-    if shadow:
-        _shadow(job_app, job_type, until_idle)
+    types = select_types(job_app.handlers, job_types or [], shadow=shadow)
+    for job_type in types:
+        job_app.job_type(job_type)  # a type without topics/T.toml: one sentence, now
+    if settings.metrics_port and settings.metrics_port + count - 1 > 65535:
+        raise ConfigError(f"--metrics-port {settings.metrics_port} leaves no room for "
+                          f"{count} processes (one port each, up to 65535).")
+    plan = _Plan(job_app, types, shadow=shadow, until_idle=until_idle)
+    if count == 1:
+        counts = run_fast(plan.run_process(None))
+        console.print(f"stopped: {summary(counts, shadow=shadow)}")
         return
+    console.print(f"supervisor of {count} worker processes for [bold]{', '.join(types)}[/]; "
+                  "Ctrl-C drains and stops")
+    result = Supervisor(count, plan.child_main, until_idle=until_idle).run()
+    for child, restarts in sorted(result.restarts.items()):
+        console.print(f"{child} was restarted {restarts} time{'s' if restarts > 1 else ''}")
+    if result.unreported:
+        console.print("not counted below (killed before they could report): "
+                      + ", ".join(result.unreported))
+    console.print(f"stopped: {summary(result.counts, shadow=shadow)}")
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
 
-    async def main() -> Worker:
-        # aiokafka's clients must be created on the running loop, so the worker is too.
-        runner = job_app.worker(job_type)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, runner.request_stop)
-        console.print(f"worker for [bold]{job_type}[/] on {settings.kafka_bootstrap} "
-                      f"(group {runner.group_id}); Ctrl-C drains and stops")
-        metrics = None
+
+def _usable_cpus() -> int:
+    # The CPUs this process may run on (taskset, cpusets), not all the machine has.
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class _Plan:
+    """What each worker process of the command runs: its types, as workers or shadows."""
+
+    def __init__(self, job_app: App, types: list[str], *, shadow: bool,
+                 until_idle: bool) -> None:
+        self.job_app = job_app
+        self.types = types
+        self.shadow = shadow
+        self.until_idle = until_idle
+
+    def child_main(self, child: Child) -> Counts:
+        """One child of the supervisor, after the fork: its own loop, clients and pools."""
+        settings = self.job_app.settings
         if settings.metrics_port:
-            from stream_jobs.runtime.metrics import serve_metrics, worker_registry
+            self.job_app.use_settings(settings.model_copy(
+                update={"metrics_port": settings.metrics_port + child.index - 1}))
+        counts = run_fast(self.run_process(child))
+        from stream_jobs.runtime.host import summary
 
-            metrics = await serve_metrics(worker_registry(runner), settings.metrics_host,
-                                          settings.metrics_port)
-        try:
-            await runner.run(until_idle=until_idle)
-        finally:
-            if metrics is not None:
-                metrics.close()
-        return runner
+        console.print(f"{child.name} stopped: {summary(counts, shadow=self.shadow)}")
+        return counts
 
-    runner = run_fast(main())
-    totals = ", ".join(f"{k} {v}" for k, v in sorted(runner.outcomes.items())) or "no jobs"
-    console.print(f"stopped: {totals}")
+    async def run_process(self, child: Child | None) -> Counts:
+        from stream_jobs.runtime.host import WorkerHost, process_services
+        from stream_jobs.runtime.worker import Worker
 
+        # aiokafka's clients must be created on the running loop, so the workers are too.
+        runners = [self._runner(t) for t in self.types]
+        workers = [r for r in runners if isinstance(r, Worker)]
+        settings = self.job_app.settings
+        host = WorkerHost(runners, until_idle=self.until_idle,
+                          services=process_services(settings, workers),
+                          lifeline=child.lifeline if child is not None else None)
+        groups = ", ".join(r.group_id for r in runners)
+        who = f"{child.name}: " if child is not None else ""
+        what = "shadow" if self.shadow else "worker"
+        how = ("counts, runs nothing; Ctrl-C stops" if self.shadow
+               else "Ctrl-C drains and stops")
+        metrics = (f", metrics on :{settings.metrics_port}"
+                   if settings.metrics_port and workers else "")
+        console.print(f"{who}{what} for [bold]{', '.join(self.types)}[/] on "
+                      f"{settings.kafka_bootstrap} (group{'s' if len(runners) > 1 else ''} "
+                      f"{groups}{metrics}); {how}")
+        await host.run(handle_signals=True)
+        return host.counts()
 
-def _shadow(job_app: App, job_type: str, until_idle: bool) -> None:
-    from stream_jobs.runtime.shadow import Shadow
+    def _runner(self, job_type: str) -> Worker | Shadow:
+        if not self.shadow:
+            return self.job_app.worker(job_type)
+        from stream_jobs.runtime.shadow import Shadow
 
-    policy = job_app.job_type(job_type)
-    # The model check needs the handler; an app without one still counts what decodes.
-    handler = job_app.handlers.get(job_type)
-
-    async def main() -> Shadow:
-        runner = Shadow(job_app.settings, policy, handler)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, runner.request_stop)
-        console.print(f"shadow for [bold]{job_type}[/] on {job_app.settings.kafka_bootstrap} "
-                      f"(group {runner.group_id}): counts, runs nothing; Ctrl-C stops")
-        await runner.run(until_idle=until_idle)
-        return runner
-
-    runner = run_fast(main())
-    report = runner.report()
-    console.print(f"stopped: {report.valid} valid, {report.undecodable} undecodable")
+        # The model check needs the handler; a type without one still counts what decodes.
+        return Shadow(self.job_app.settings, self.job_app.job_type(job_type),
+                      self.job_app.handlers.get(job_type))
 
 
 @db_app.command("migrate")

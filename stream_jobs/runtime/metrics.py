@@ -2,7 +2,7 @@
 
 Nothing here runs per job. A worker already counts its outcomes, dead-letter reasons and
 (with metrics on) handler durations in plain attributes; `WorkerCollector` reads them
-when Prometheus scrapes.
+when Prometheus scrapes, for every worker (job type) of the process at once.
 
 Worker metrics are served by `serve_metrics`, a small HTTP server on the worker's own
 event loop, so a scrape reads the counters between jobs, never while one is counted.
@@ -58,64 +58,78 @@ def histogram_buckets(durations: DurationHistogram) -> list[tuple[str, float]]:
 
 
 class WorkerCollector(Collector):
-    """One worker's counters, read at scrape time. Turns the worker's duration
-    histogram on (it is off, and free, while nothing collects)."""
+    """The counters of a process's workers (one per job type), read at scrape time: each
+    series once, with a sample per type. Turns each worker's duration histogram on (it
+    is off, and free, while nothing collects)."""
 
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        if worker.durations is None:
-            worker.durations = DurationHistogram()
+    def __init__(self, *workers: Worker) -> None:
+        self.workers = workers
+        for worker in workers:
+            if worker.durations is None:
+                worker.durations = DurationHistogram()
 
     def collect(self) -> Iterator[Metric]:
-        worker = self.worker
-        job_type = worker.policy.job_type
+        workers = self.workers
         jobs = CounterMetricFamily("stream_jobs_jobs", "Jobs this worker finished, by outcome.",
                                    labels=["type", "outcome"])
-        for outcome in Outcome:
-            jobs.add_metric([job_type, outcome], worker.outcomes.get(outcome, 0))
-        yield jobs
         dead = CounterMetricFamily("stream_jobs_dead_letters",
                                    "Jobs this worker dead-lettered, by reason.",
                                    labels=["type", "reason"])
-        for reason, n in sorted(worker.dead_letter_reasons.items()):
-            dead.add_metric([job_type, reason], n)
+        hist = HistogramMetricFamily("stream_jobs_handler_duration_seconds",
+                                     "How long handlers ran (a timeout counts its limit).",
+                                     labels=["type"])
+        for worker in workers:
+            job_type = worker.policy.job_type
+            for outcome in Outcome:
+                jobs.add_metric([job_type, outcome], worker.outcomes.get(outcome, 0))
+            for reason, n in sorted(worker.dead_letter_reasons.items()):
+                dead.add_metric([job_type, reason], n)
+            durations = worker.durations
+            if durations is not None:
+                hist.add_metric([job_type], histogram_buckets(durations), durations.sum_s)
+        yield jobs
         yield dead
-        durations = worker.durations
-        if durations is not None:
-            hist = HistogramMetricFamily("stream_jobs_handler_duration_seconds",
-                                         "How long handlers ran (a timeout counts its limit).",
-                                         labels=["type"])
-            hist.add_metric([job_type], histogram_buckets(durations), durations.sum_s)
+        if hist.samples:
             yield hist
         yield gauge("stream_jobs_worker_in_flight",
                      "Jobs this worker holds: running or buffered, not yet finished.",
-                     [([job_type], worker.in_flight())])
-        if worker.rate.per_s is not None:
+                     [([w.policy.job_type], w.in_flight()) for w in workers])
+        limits = [([w.policy.job_type, w.rate.source], w.rate.per_s) for w in workers
+                  if w.rate.per_s is not None]
+        if limits:
             yield gauge("stream_jobs_worker_rate_limit_per_second",
-                         "The type's rate limit this worker applies (jobs/s).",
-                         [([job_type, worker.rate.source], worker.rate.per_s)],
+                         "The type's rate limit this worker applies (jobs/s).", limits,
                          labels=["type", "source"])
-        if worker.rate_share_per_s is not None:
+        shares = [([w.policy.job_type], w.rate_share_per_s) for w in workers
+                  if w.rate_share_per_s is not None]
+        if shares:
             yield gauge("stream_jobs_worker_rate_share_per_second",
-                         "This worker's share of the type's rate limit (jobs/s).",
-                         [([job_type], worker.rate_share_per_s)])
-        lag = []
-        for tp, work in sorted(worker.partitions.items()):
-            high = worker.consumer.highwater(tp)
-            if high is None or work.tracker is None or work.revoked:
-                continue  # nothing fetched yet: the broker's end is not known here
-            lag.append(([job_type, tp.topic, str(tp.partition)],
-                        max(0, high - work.tracker.position)))
+                         "This worker's share of the type's rate limit (jobs/s).", shares)
         yield gauge("stream_jobs_worker_partition_lag",
                      "Records after this worker's lowest unfinished offset, per assigned "
-                     "lane partition (from the last fetch).", lag,
+                     "lane partition (from the last fetch).",
+                     [sample for w in workers for sample in _lag(w)],
                      labels=["type", "topic", "partition"])
-        if worker.relay is not None:
+        relays = [w for w in workers if w.relay is not None]
+        if relays:
             released = CounterMetricFamily("stream_jobs_relay_released",
                                            "Delay-tier records this worker's relay put back "
                                            "in their lanes.", labels=["type"])
-            released.add_metric([job_type], worker.relay.released)
+            for w in relays:
+                assert w.relay is not None
+                released.add_metric([w.policy.job_type], w.relay.released)
             yield released
+
+
+def _lag(worker: Worker) -> list[tuple[list[str], float]]:
+    found: list[tuple[list[str], float]] = []
+    for tp, work in sorted(worker.partitions.items()):
+        high = worker.consumer.highwater(tp)
+        if high is None or work.tracker is None or work.revoked:
+            continue  # nothing fetched yet: the broker's end is not known here
+        found.append(([worker.policy.job_type, tp.topic, str(tp.partition)],
+                      max(0, high - work.tracker.position)))
+    return found
 
 
 def gauge(name: str, documentation: str, samples: Sequence[tuple[Sequence[str], float]],
@@ -126,9 +140,10 @@ def gauge(name: str, documentation: str, samples: Sequence[tuple[Sequence[str], 
     return family
 
 
-def worker_registry(worker: Worker) -> CollectorRegistry:
+def worker_registry(*workers: Worker) -> CollectorRegistry:
+    """One registry for the workers of a process (`stream-jobs worker` serves it)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(WorkerCollector(worker))
+    registry.register(WorkerCollector(*workers))
     return registry
 
 

@@ -150,7 +150,9 @@ class Shadow(GroupMember):
         return ShadowReport(
             job_type=self.policy.job_type, worker_id=self.worker_id, at_ms=now_ms(),
             started_at_ms=self._started_at_ms, lanes=self.seen(),
-            undecodable_reasons=dict(self.undecodable_reasons), final=final,
+            # Plain strings: orjson refuses the Reason enum as a dict key.
+            undecodable_reasons={str(k): v for k, v in self.undecodable_reasons.items()},
+            final=final,
             interval_s=self.report_interval_s)
 
     async def _report_every(self) -> None:

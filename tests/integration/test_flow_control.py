@@ -36,6 +36,7 @@ from stream_jobs.job_types import load_job_types
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.naming import control_topic, stats_topic
 from stream_jobs.runtime.heartbeats import is_heartbeat
+from stream_jobs.runtime.host import WorkerHost, process_services
 from stream_jobs.runtime.reports import WorkerReport
 from stream_jobs.runtime.throttle import RateInForce, RateOverride, publish_rate
 from stream_jobs.runtime.worker import RATE_BUFFER_MIN, RATE_BUFFER_S, Worker
@@ -43,6 +44,7 @@ from stream_jobs.settings import Settings
 from stream_jobs.tools.stats import collect
 from stream_jobs.tools.type_stats import TypeStats
 from tests.integration.cli_env import settings_env
+from tests.integration.test_worker_host import free_port
 from tests.waiting import until
 
 from .conftest import Declare
@@ -553,10 +555,15 @@ async def test_heartbeats_pass_through_every_partition_of_every_lane(
 # -- 5. isolation ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("together", ["two-workers", "one-host"])
 async def test_a_slow_type_leaves_the_other_types_throughput_and_latency_alone(
-        app: App, declare: Declare, running: Callable[[Worker], asyncio.Task[None]]) -> None:
-    """Both workers share one process and one event loop, a harder case than two
-    processes on one machine: the slow type holds 64 jobs of 1 s each throughout."""
+        app: App, declare: Declare, running: Callable[[Worker], asyncio.Task[None]],
+        settings: Settings, together: str) -> None:
+    """Both types share one process and one event loop, a harder case than two
+    processes on one machine: the slow type holds 64 jobs of 1 s each throughout.
+    `two-workers` starts the slow type's worker beside the running fast one;
+    `one-host` runs both in one `WorkerHost`, as `stream-jobs worker APP` does (with its
+    metrics service), after measuring the fast type alone in a host of its own."""
     await declare("iso.fast", partitions=2, retry_tiers=["1s"])
     await declare("iso.slow", partitions=2, retry_tiers=["1s"])
     latencies: list[tuple[float, float]] = []  # (when it started, seconds since enqueue)
@@ -598,19 +605,43 @@ async def test_a_slow_type_leaves_the_other_types_throughput_and_latency_alone(
         await until(lambda: len(latencies) >= sent + jobs, "the backlog ran", within_s=30)
         return jobs / (latencies[-1][0] - begin)
 
-    async with app.client() as client:
-        await client.enqueue_many([Job("iso.slow", {"i": i}) for i in range(400)])
-        running(app.worker("iso.fast", relay=False))
-        await client.enqueue("iso.fast", {"n": -1})
-        await until(lambda: len(latencies) == 1, "the fast worker runs")
-        await steady(client, 100, 1.0)  # warm-up: connections, first fetches
+    hosts: list[tuple[WorkerHost, asyncio.Task[None]]] = []
 
-        alone = (*await steady(client, 100, 2.0), await backlog(client, 3000))
-        running(app.worker("iso.slow", relay=False))
-        await until(lambda: slow_running == 64, "the slow type fills its concurrency")
-        await steady(client, 100, 1.0)  # the same warm-up: the slow worker just started
-        beside = (*await steady(client, 100, 2.0), await backlog(client, 3000))
-        assert slow_running == 64  # still saturated: the comparison was under load
+    def host_of(*job_types: str) -> None:
+        workers = [app.worker(t, relay=False) for t in job_types]
+        host = WorkerHost(workers, services=process_services(
+            settings.model_copy(update={"metrics_port": free_port()}), workers))
+        hosts.append((host, asyncio.create_task(host.run())))
+
+    async def stop_hosts() -> None:
+        while hosts:
+            host, task = hosts.pop()
+            host.request_stop()
+            await task
+
+    try:
+        async with app.client() as client:
+            await client.enqueue_many([Job("iso.slow", {"i": i}) for i in range(400)])
+            if together == "one-host":
+                host_of("iso.fast")
+            else:
+                running(app.worker("iso.fast", relay=False))
+            await client.enqueue("iso.fast", {"n": -1})
+            await until(lambda: len(latencies) == 1, "the fast worker runs")
+            await steady(client, 100, 1.0)  # warm-up: connections, first fetches
+
+            alone = (*await steady(client, 100, 2.0), await backlog(client, 3000))
+            if together == "one-host":
+                await stop_hosts()
+                host_of("iso.fast", "iso.slow")
+            else:
+                running(app.worker("iso.slow", relay=False))
+            await until(lambda: slow_running == 64, "the slow type fills its concurrency")
+            await steady(client, 100, 1.0)  # the same warm-up: the slow worker just started
+            beside = (*await steady(client, 100, 2.0), await backlog(client, 3000))
+            assert slow_running == 64  # still saturated: the comparison was under load
+    finally:
+        await stop_hosts()
 
     (rate_alone, p95_alone, most_alone), (rate_beside, p95_beside, most_beside) = alone, beside
     assert rate_beside >= 0.9 * rate_alone, (alone, beside)  # keeps up with what is offered

@@ -87,8 +87,9 @@ class Workers:
         self.logs = logs
         self.started: list[WorkerProcess] = []
 
-    def start(self, name: str, *, until_idle: bool = False, **env: str) -> WorkerProcess:
-        args = [str(STREAM_JOBS), "worker", APP_SPEC, "--type", LEDGER]
+    def start(self, name: str, *, until_idle: bool = False, options: tuple[str, ...] = (),
+              **env: str) -> WorkerProcess:
+        args = [str(STREAM_JOBS), "worker", APP_SPEC, "--type", LEDGER, *options]
         if until_idle:
             args.append("--until-idle")
         s = self.settings
@@ -237,6 +238,33 @@ async def committed_offsets(settings: Settings) -> dict[int, int]:
             if tp.topic == topic and meta.offset >= 0}
 
 
+async def assert_commits_cover_what_finished(
+        db: Any, settings: Settings, partitions: int = 4
+) -> tuple[dict[str, tuple[int, int]], dict[int, int]]:
+    """After a drain of unkeyed jobs: the group committed exactly what finished. Returns
+    (job ID -> (partition, offset) of what finished, committed offset per partition)."""
+    finished = {r["job_id"]: (r["part"], r["pos"]) for r in await db.fetch(
+        "SELECT DISTINCT d.job_id, d.part, d.pos FROM effects e "
+        "JOIN deliveries d USING (job_id)")}
+    committed = await committed_offsets(settings)
+    done_at: dict[int, set[int]] = defaultdict(set)
+    for part, pos in finished.values():
+        done_at[part].add(pos)
+    for part in range(partitions):
+        prefix = 0
+        while prefix in done_at[part]:
+            prefix += 1
+        # The commit covers exactly the finished prefix: nothing unfinished below it (no
+        # loss), and no finished prefix left uncommitted (no needless redelivery).
+        assert committed.get(part, 0) == prefix, (
+            f"partition {part}: committed {committed.get(part)}, finished prefix {prefix}")
+    # Unkeyed jobs take the slots in offset order, and the drain finishes every job it
+    # started, so what finished is a prefix of each partition and the commit covers it all.
+    beyond = [job for job, (part, pos) in finished.items() if pos >= committed.get(part, 0)]
+    assert not beyond, f"{len(beyond)} finished jobs past the committed offsets: {beyond[:5]}"
+    return finished, committed
+
+
 # -- 1. kill -9 mid-run -----------------------------------------------------------------
 
 
@@ -333,26 +361,7 @@ async def test_sigterm_drains_and_commits_what_it_finished(
         f"{started_after} jobs started after the SIGTERM\n{first.tail()}")
     assert drain_s < GRACE_S, f"the drain took {drain_s:.1f} s\n{first.tail()}"
 
-    # What the stopped worker finished, where each job sits, and what the group committed.
-    finished = {r["job_id"]: (r["part"], r["pos"]) for r in await db.fetch(
-        "SELECT DISTINCT d.job_id, d.part, d.pos FROM effects e "
-        "JOIN deliveries d USING (job_id)")}
-    committed = await committed_offsets(settings)
-    done_at: dict[int, set[int]] = defaultdict(set)
-    for part, pos in finished.values():
-        done_at[part].add(pos)
-    for part in range(4):
-        prefix = 0
-        while prefix in done_at[part]:
-            prefix += 1
-        # The commit covers exactly the finished prefix: nothing unfinished below it (no
-        # loss), and no finished prefix left uncommitted (no needless redelivery).
-        assert committed.get(part, 0) == prefix, (
-            f"partition {part}: committed {committed.get(part)}, finished prefix {prefix}")
-    # Unkeyed jobs take the slots in offset order, and the drain finishes every job it
-    # started, so what finished is a prefix of each partition and the commit covers it all.
-    beyond = [job for job, (part, pos) in finished.items() if pos >= committed.get(part, 0)]
-    assert not beyond, f"{len(beyond)} finished jobs past the committed offsets: {beyond[:5]}"
+    finished, committed = await assert_commits_cover_what_finished(db, settings)
 
     second = workers.start("second", until_idle=True)
     assert await second.exited(120) == 0, second.tail()

@@ -136,3 +136,18 @@ def test_systemd_template_and_an_env_file_per_type() -> None:
     for job_type in per_type:
         env = unit_lines(DEPLOY / "systemd" / f"{job_type}.env")
         assert ":" in env["STREAM_JOBS_APP"][0]  # MODULE:APP
+
+
+def test_systemd_unit_for_every_type_on_all_cores() -> None:
+    from stream_jobs.runtime.supervisor import STOP_TIMEOUT_S
+
+    unit = unit_lines(DEPLOY / "systemd" / "stream-jobs-workers.service")
+    (exec_start,) = unit["ExecStart"]
+    words = exec_start.split()
+    assert words[1:] == ["worker", "consumers.demo:app", "--processes", "auto"]
+    assert "--type" not in words  # every type the app has a handler for
+    # Only the supervisor gets SIGTERM (it forwards it); systemd waits longer than it does.
+    assert unit["KillSignal"] == ["SIGTERM"]
+    assert unit["KillMode"] == ["mixed"]
+    assert int(unit["TimeoutStopSec"][0]) > STOP_TIMEOUT_S
+    assert unit["EnvironmentFile"] == ["/etc/stream-jobs/stream-jobs.env"]

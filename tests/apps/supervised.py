@@ -1,0 +1,76 @@
+"""A supervisor over children that need no services, for tests/unit/test_supervisor.py:
+
+    python -m tests.apps.supervised MODE PROCESSES
+
+The test runs it as a subprocess (the supervisor forks; a test process should not), sends
+it signals and reads what it prints. Each child prints `ready <name> <pid>` once it waits,
+then, by MODE:
+
+- `drain`: waits for SIGTERM (or for its supervisor to die), then returns its counts;
+- `crash`: exits with code 3 at once, every time;
+- `refuse`: raises a StreamJobsError at once, every time (the one-sentence path);
+- `stubborn`: ignores SIGTERM and waits for good (the supervisor has to kill it).
+
+The restart policy is fast (delays of 10 to 50 ms, three quick deaths to give up) and the
+stop bound short (1 s), so every case ends within seconds. The supervisor's result is
+the last line on stdout, as JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import select
+import signal
+import sys
+from collections.abc import Mapping
+
+import orjson
+
+from stream_jobs import logs
+from stream_jobs.errors import DatabaseUnavailable
+from stream_jobs.runtime.restarts import RestartPolicy
+from stream_jobs.runtime.supervisor import Child, Supervisor
+
+POLICY = RestartPolicy(first_delay_s=0.01, max_delay_s=0.05, stable_after_s=5.0,
+                       give_up_after=3)
+STOP_TIMEOUT_S = 1.0
+
+
+class Stop(Exception):
+    """SIGTERM reached a `drain` child."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Stop
+
+
+def child_main(mode: str, child: Child) -> Mapping[str, Mapping[str, int]]:
+    if mode == "crash":
+        raise SystemExit(3)
+    if mode == "refuse":
+        raise DatabaseUnavailable("The Postgres server did not answer.")
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "stubborn" else _on_sigterm)
+    print(f"ready {child.name} {os.getpid()}", flush=True)
+    try:
+        while True:
+            readable, _, _ = select.select([child.lifeline], [], [])
+            if readable and not os.read(child.lifeline, 1):
+                return {"t": {"orphaned": 1}}  # end of file: the supervisor is gone
+    except Stop:
+        return {"t": {"succeeded": child.index}}
+
+
+def main() -> None:
+    mode, processes = sys.argv[1], int(sys.argv[2])
+    logs.configure(level=logging.INFO)
+    supervisor = Supervisor(processes, lambda child: child_main(mode, child), policy=POLICY,
+                            stop_timeout_s=STOP_TIMEOUT_S)
+    result = supervisor.run()
+    print(orjson.dumps(dataclasses.asdict(result)).decode(), flush=True)
+    sys.exit(result.exit_code)
+
+
+if __name__ == "__main__":
+    main()
