@@ -14,6 +14,7 @@ from stream_jobs import logs
 from stream_jobs.app import App, load_app
 from stream_jobs.cli.common import app, run_fast, settings_of
 from stream_jobs.dedup.store import DedupStore
+from stream_jobs.outbox.relay import background_relay
 
 if TYPE_CHECKING:
     from stream_jobs.runtime.worker import Worker
@@ -68,7 +69,8 @@ def worker(
             metrics = await serve_metrics(worker_registry(runner), settings.metrics_host,
                                           settings.metrics_port)
         try:
-            await runner.run(until_idle=until_idle)
+            async with background_relay(settings):  # the outbox relay (STREAM_JOBS_OUTBOX_RELAY)
+                await runner.run(until_idle=until_idle)
         finally:
             if metrics is not None:
                 metrics.close()
