@@ -73,6 +73,7 @@ class OutboxRelay:
                      sql.delete_sql(self.schema), sql.retry_sql(self.schema))
         self.moved = 0
         self.rounds = 0
+        self.failures = 0  # rounds that failed (Kafka or Postgres away), waited out by `run`
 
     async def __aenter__(self) -> OutboxRelay:
         await self.connect()
@@ -141,6 +142,7 @@ class OutboxRelay:
                     self._wake.clear()
                     done = await self.relay_once()
                 except Exception as exc:
+                    self.failures += 1
                     if isinstance(exc, StreamJobsError):
                         log.warning("outbox relay: %s Trying again in %.1f s.", exc, backoff_s)
                     else:  # a fault of ours must not end the relay inside a worker
