@@ -351,3 +351,42 @@ async def test_one_keys_rows_reach_their_partition_in_order_across_relays(
     assert len(by_key) == 5
     for key, orders_seen in by_key.items():
         assert orders_seen == sorted(orders_seen), f"{key!r} out of order"
+
+
+async def test_stats_and_status_show_the_outbox(orders: App, settings: Settings) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import orjson
+
+    from stream_jobs.tools.stats import collect
+    from tests.integration.cli_env import settings_env
+
+    client = orders.client()
+    conn = await connect(settings)
+    try:
+        async with conn.transaction():
+            await client.enqueue_many([Job(TYPE, {"order": i}) for i in range(3)], conn=conn)
+    finally:
+        await conn.close()
+    shot = await collect(settings, orders.job_types())
+    assert shot.outbox is not None
+    assert (shot.outbox.depth, shot.outbox.retrying) == (3, 0)
+    assert shot.outbox.oldest_age_s is not None
+    assert shot.outbox.oldest_age_s >= 0
+    cli = str(Path(sys.executable).with_name("stream-jobs"))
+    env = settings_env(settings)
+    done = await asyncio.to_thread(subprocess.run, [cli, "stats", "--json"], env=env,
+                                   capture_output=True, check=True)
+    assert orjson.loads(done.stdout)["outbox"]["depth"] == 3
+    done = await asyncio.to_thread(subprocess.run, [cli, "outbox", "status"], env=env,
+                                   capture_output=True, text=True, check=True)
+    assert "3 rows waiting" in done.stdout
+    # A database without the table: the types' stats still show, the outbox as unknown.
+    elsewhere = settings.model_copy(update={"database_schema": "no_outbox_here"})
+    shot = await collect(elsewhere, orders.job_types())
+    assert shot.outbox is None
+    assert shot.outbox_problem is not None
+    assert "db migrate" in shot.outbox_problem
+    assert shot.types[0].job_type == TYPE
