@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
+from ops.bench import outbox as outbox_bench
+
 # (name, numerator figure, denominator figure)
 RATIOS: list[tuple[str, str, str]] = [
     ("raw aiokafka producer / Kafka ProducerPerformance", "raw.produce", "kafka.produce"),
@@ -45,6 +47,8 @@ RATIOS: list[tuple[str, str, str]] = [
     ("RSS draining the big backlog / the small one", "ours.rss_big", "ours.rss_small"),
     ("RSS draining the big backlog / the middle one", "ours.rss_big", "ours.rss_mid"),
     ("RSS draining the middle backlog / the small one", "ours.rss_mid", "ours.rss_small"),
+    ("outbox through to Kafka / direct enqueue_many (its section)", "outbox.through",
+     "outbox.direct"),
 ]
 
 RETRY_JITTER_MAX_MS = 500.0  # 10% of the 5 s tier (stream_jobs.retry.RetryPolicy)
@@ -102,6 +106,9 @@ GOALS: list[Goal] = [
     Goal("the same, warm worker (its producer has written to the tier before)", None,
          "ours.retry_warm_late_p99", "<=", RETRY_JITTER_MAX_MS + 1000.0, "ms late"),
 ]
+# The outbox's goals: in its own section (`BENCH_ONLY=outbox` replaces only that one).
+OUTBOX_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target, unit)
+                for text, num, den, op, target, unit in outbox_bench.GOALS]
 
 
 def _fmt(value: float, unit: str = "") -> str:
@@ -143,9 +150,10 @@ def _by_how_much(op: str, value: float, target: float, unit: str) -> str:
     return f"over by {amount} ({diff / target * 100:+.0f}%)"
 
 
-def goal_rows(figures: dict[str, FigureJSON]) -> list[list[str]]:
+def goal_rows(figures: dict[str, FigureJSON], goals: list[Goal] | None = None
+              ) -> list[list[str]]:
     rows = []
-    for goal in GOALS:
+    for goal in GOALS if goals is None else goals:
         names = list(goal.ratio) if goal.ratio else [goal.figure or ""]
         if any(n not in figures for n in names):
             rows.append([goal.text, "not measured", "", "NOT MEASURED", "", ""])
@@ -307,6 +315,7 @@ def render(data: dict[str, Any]) -> str:
         out.append("")
     if "scaling" in details:
         out += scaling_section(details["scaling"], data.get("errors", {}).get("scaling"))
+    out += outbox_bench.section(figures, goal_rows(figures, OUTBOX_GOALS), _table, _fmt)
     out += ["## Machine and versions", ""]
     rows = [[k, str(v)] for k, v in machine.items()]
     rows += [[k, str(v)] for k, v in meta.get("versions", {}).items()]
@@ -606,7 +615,7 @@ def scaling_section(scaling: dict[str, Any], error: str | None = None) -> list[s
 # Bench sections whose results appear only under their own `## heading` of RESULTS.md, so
 # a partial run can replace that heading and keep the rest of the file. The other
 # sections feed the shared Goals, Figures and Ratios tables.
-OWN_HEADINGS: dict[str, str] = {"scaling": SCALING_HEADING}
+OWN_HEADINGS: dict[str, str] = {"scaling": SCALING_HEADING, "outbox": outbox_bench.HEADING}
 
 
 def split_sections(text: str) -> list[tuple[str, str]]:

@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from ops.bench import kafka_tools, memory, ours, peers, profile, scaling
+from ops.bench import kafka_tools, memory, ours, outbox, peers, profile, scaling
 from ops.bench.common import (
     BENCH_DIR,
     CODE_DIR,
@@ -218,6 +218,7 @@ def _sections() -> list[Section]:
         ("profile", profile.profile),
         ("memory", memory.memory),
         ("scaling", scaling.scaling),
+        ("outbox", outbox.outbox),
     ]
 
 
