@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ APPLICATION_NAME = "stream-jobs outbox relay"
 # soon (the other one's commit sends no NOTIFY).
 HELD_RECHECK_S = 0.05
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 5.0
+_COMPLAIN_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class OutboxRelay:
         self.moved = 0
         self.rounds = 0
         self.failures = 0  # rounds that failed (Kafka or Postgres away), waited out by `run`
+        self._complained: tuple[str, float] | None = None  # the failure last logged, when
 
     async def __aenter__(self) -> OutboxRelay:
         await self.connect()
@@ -143,14 +146,16 @@ class OutboxRelay:
                     done = await self.relay_once()
                 except Exception as exc:
                     self.failures += 1
-                    if isinstance(exc, StreamJobsError):
-                        log.warning("outbox relay: %s Trying again in %.1f s.", exc, backoff_s)
-                    else:  # a fault of ours must not end the relay inside a worker
-                        log.exception("outbox relay: round failed; trying again in %.1f s",
-                                      backoff_s)
-                    await _wait(stop, None, backoff_s)
+                    self._complain(exc, backoff_s)
+                    # No table yet (never migrated): look again at the sweep's pace.
+                    wait_s = (self.sweep_interval_s if isinstance(exc, OutboxWriteError)
+                              else backoff_s)
+                    await _wait(stop, None, wait_s)
                     backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
                     continue
+                if self._complained is not None:
+                    log.info("outbox relay: working again")
+                    self._complained = None
                 backoff_s = _BACKOFF_FIRST_S
                 if done.full and done.sent:
                     continue
@@ -162,6 +167,22 @@ class OutboxRelay:
                     await _wait(stop, self._wake, self.sweep_interval_s)
         finally:
             await self.close()
+
+    def _complain(self, exc: Exception, backoff_s: float) -> None:
+        """Log a failure: at once when it is a new one, then once a minute while it lasts
+        (a worker whose Postgres is away for hours logs a line a minute, not one a round)."""
+        what = type(exc).__name__
+        now = time.monotonic()
+        if self._complained is not None and self._complained[0] == what \
+                and now - self._complained[1] < _COMPLAIN_EVERY_S:
+            log.debug("outbox relay: %s", exc)
+            return
+        self._complained = (what, now)
+        if isinstance(exc, StreamJobsError):
+            log.warning("outbox relay: %s Trying again in %.1f s.", exc, backoff_s)
+        else:  # a fault of ours must not end the relay inside a worker
+            log.error("outbox relay: a round failed; trying again in %.1f s", backoff_s,
+                      exc_info=exc)
 
     async def drain(self) -> int:
         """Rounds until one finds nothing to send; the rows moved."""
