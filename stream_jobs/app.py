@@ -102,6 +102,7 @@ class App:
     def worker(self, job_type: str, **options: Any) -> Worker:
         from stream_jobs.runtime.worker import Worker
 
+        options.setdefault("children", self.client())  # for ctx.enqueue(): every type's checks
         return Worker(self.settings, self.job_type(job_type), self.handler(job_type), **options)
 
 

@@ -4,6 +4,11 @@
 idempotent producer); it never waits on workers. Everything that can be checked (type
 declared, lane declared, payload JSON-able, within the size limit, fitting its model)
 is checked before anything is sent.
+
+With `conn=` (a connection of the caller's, inside a transaction) the job is written to
+the outbox table in that transaction instead, and exists if and only if it commits; a
+relay then moves it to Kafka (`stream_jobs.outbox`). The ID is returned at once, and no
+Kafka connection is needed: such a client need not be entered.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from stream_jobs.job_ids import MAX_JOB_ID_CHARS, new_job_id
 from stream_jobs.job_types import JobTypePolicy, get_job_type
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import lane_topic, tier_topic
+from stream_jobs.outbox.writer import write_async, write_sync
 from stream_jobs.payloads import encode_payload, validation_summary
 from stream_jobs.record import JobRecord
 from stream_jobs.retry import tier_for_delay
@@ -93,6 +99,7 @@ class JobClient:
         delay: Seconds | None = None,
         run_at: datetime | None = None,
         expires_in: Seconds | None = None,
+        conn: Any = None,
     ) -> str:
         """Write one job and return its ID once the broker has it.
 
@@ -100,19 +107,28 @@ class JobClient:
         `job_id` given by the caller is kept, so a retried enqueue is deduplicated by
         `ctx.once()`. `delay`/`run_at` hold the job in a delay tier until then.
         `expires_in` drops the job (counted as expired) if it has not run by then.
+        `conn` (asyncpg connection, SQLAlchemy AsyncConnection or AsyncSession, in a
+        transaction): write the job in that transaction instead; see the module's docstring.
         """
         topic, record = self.prepare(Job(job_type, payload, key, job_id, priority, delay,
                                          run_at, expires_in))
+        if conn is not None:
+            await write_async(conn, [(topic, record)], self.settings.database_schema)
+            return record.job_id
         await self._producer.send(topic, record)
         return record.job_id
 
-    async def enqueue_many(self, jobs: Iterable[Job]) -> list[str]:
+    async def enqueue_many(self, jobs: Iterable[Job], *, conn: Any = None) -> list[str]:
         """Write a batch pipelined (one round of acknowledgements); returns the IDs in order.
 
         Every job is checked before any is sent. If the broker fails part-way some jobs
         may be written: enqueue again with the same IDs and `ctx.once()` dedups them.
+        With `conn`, all of them are written in the caller's transaction (one statement).
         """
         prepared = [self.prepare(job) for job in jobs]
+        if conn is not None:
+            await write_async(conn, prepared, self.settings.database_schema)
+            return [record.job_id for _, record in prepared]
         await self._producer.send_many(prepared)
         return [record.job_id for _, record in prepared]
 
@@ -205,11 +221,23 @@ class SyncJobClient:
         finally:
             self._shutdown()
 
-    def enqueue(self, job_type: str, payload: BaseModel | Mapping[str, Any], **options: Any) -> str:
-        """As `JobClient.enqueue`, blocking until the broker acknowledged the job."""
+    def enqueue(self, job_type: str, payload: BaseModel | Mapping[str, Any], *, conn: Any = None,
+                **options: Any) -> str:
+        """As `JobClient.enqueue`, blocking until the broker acknowledged the job.
+
+        With `conn` (a SQLAlchemy Connection or Session, a DB-API connection such as
+        psycopg's, or Django's `django.db.connection`): written on the calling thread in
+        that connection's transaction, returning at once; the client need not be entered.
+        """
+        if conn is not None:
+            return self.enqueue_many([Job(job_type, payload, **options)], conn=conn)[0]
         return self._call(self._client.enqueue(job_type, payload, **options))
 
-    def enqueue_many(self, jobs: Iterable[Job]) -> list[str]:
+    def enqueue_many(self, jobs: Iterable[Job], *, conn: Any = None) -> list[str]:
+        if conn is not None:
+            prepared = [self._client.prepare(job) for job in jobs]
+            write_sync(conn, prepared, self._client.settings.database_schema)
+            return [record.job_id for _, record in prepared]
         return self._call(self._client.enqueue_many(list(jobs)))
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:

@@ -1,15 +1,24 @@
-"""What a handler gets besides its payload: the job's identity and `once()`."""
+"""What a handler gets besides its payload: the job's identity, `once()` and `enqueue()`."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from stream_jobs.client import Job, Seconds
 from stream_jobs.dedup.deferred import DeferredWrites
 from stream_jobs.dedup.store import DedupStore
+from stream_jobs.errors import ConfigError, NotInTransaction
+from stream_jobs.outbox.rows import child_job_id, insert_args, insert_sql
+from stream_jobs.outbox.writer import write_async
 from stream_jobs.record import JobRecord
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from stream_jobs.client import JobClient
 
 
 class JobContext:
@@ -19,11 +28,13 @@ class JobContext:
     on demand instead of copying a dozen of them per job.
     """
 
-    __slots__ = ("_dedup", "_job", "_lend_slot", "_offset", "_partition", "_topic")
+    __slots__ = ("_children", "_conn", "_dedup", "_enqueued", "_job", "_lend_slot", "_offset",
+                 "_partition", "_topic", "_writes")
 
     def __init__(self, job: JobRecord, *, topic: str, partition: int, offset: int,
                  dedup: DedupStore,
-                 lend_slot: Callable[[], AbstractContextManager[None]] | None = None) -> None:
+                 lend_slot: Callable[[], AbstractContextManager[None]] | None = None,
+                 children: JobClient | None = None) -> None:
         self._job = job
         self._topic = topic
         self._partition = partition
@@ -31,6 +42,11 @@ class JobContext:
         self._dedup = dedup
         # Given by the worker: wraps a wait for a group commit so the job lends its slot.
         self._lend_slot = lend_slot
+        # Child jobs: checked and made by `children`, written through the open block.
+        self._children = children
+        self._conn: Any = None
+        self._writes: DeferredWrites | None = None
+        self._enqueued = 0
 
     @property
     def job_id(self) -> str:
@@ -91,7 +107,11 @@ class JobContext:
         and the job is acknowledged as a duplicate.
         """
         async with self._dedup.once(self.job_id, self.job_type, self.attempt) as conn:
-            yield conn
+            self._conn = conn
+            try:
+                yield conn
+            finally:
+                self._conn = None
 
     def once_deferred(self) -> AbstractAsyncContextManager[DeferredWrites]:
         """Like `once()` for bodies that only write: `await writes.execute(sql, *args)`
@@ -102,8 +122,45 @@ class JobContext:
         While the job waits for its batch to commit it does not count against the type's
         `concurrency`: another job starts meanwhile, so the next batch fills.
         """
-        return self._dedup.once_deferred(self.job_id, self.job_type, self.attempt,
-                                         while_waiting=self._lend_slot)
+        block = self._dedup.once_deferred(self.job_id, self.job_type, self.attempt,
+                                          while_waiting=self._lend_slot)
+        self._writes = block.writes
+        return block
+
+    async def enqueue(self, job_type: str, payload: BaseModel | Mapping[str, Any], *,
+                      name: str | None = None, key: str | bytes | None = None,
+                      priority: str = "default", delay: Seconds | None = None,
+                      run_at: datetime | None = None, expires_in: Seconds | None = None,
+                      job_id: str | None = None) -> str:
+        """Enqueue a child job in this job's exactly-once transaction: call it inside
+        `async with ctx.once():` (or `ctx.once_deferred():`). The child exists if and
+        only if the parent's effects and dedup row commit, and the outbox relay sends it.
+
+        Its job ID is derived from this job's ID and `name` (default: the child's
+        position among this run's `enqueue` calls, "0", "1", ...), so a parent that runs
+        again makes the same children; give distinct names to children you enqueue
+        conditionally. The other options mean what `JobClient.enqueue`'s do, and every
+        check it makes happens here, before anything is written.
+        """
+        if self._children is None:
+            raise ConfigError("This worker has no client for child jobs: make it with "
+                              "app.worker(...) (or pass children=app.client()).")
+        position = self._enqueued
+        self._enqueued += 1
+        child_id = job_id or child_job_id(self.job_id, str(position) if name is None else name)
+        prepared = [self._children.prepare(Job(job_type, payload, key, child_id, priority, delay,
+                                               run_at, expires_in))]
+        schema = self._children.settings.database_schema
+        if self._conn is not None:
+            await write_async(self._conn, prepared, schema)
+        elif self._writes is not None and not self._writes.closed:
+            await self._writes.execute(insert_sql(schema, "asyncpg"),
+                                       *insert_args(prepared, schema))
+        else:
+            raise NotInTransaction(
+                "ctx.enqueue() writes child jobs in the job's exactly-once transaction: call "
+                "it inside `async with ctx.once():` or `async with ctx.once_deferred():`.")
+        return child_id
 
 
 def ms_to_datetime(ms: int) -> datetime:

@@ -116,3 +116,11 @@ class ReplayInterrupted(StreamJobsError):
 
 class GroupInUse(StreamJobsError):
     """A consumer group has active members, so its committed offsets cannot be moved."""
+
+
+class NotInTransaction(StreamJobsError):
+    """An enqueue meant for a transaction had none (autocommit, ctx.enqueue outside once())."""
+
+
+class OutboxWriteError(StreamJobsError):
+    """A job could not be written to the outbox in the caller's transaction (roll it back)."""

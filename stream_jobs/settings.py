@@ -66,6 +66,14 @@ class Settings(BaseSettings):
     dedup_batch_max: int = Field(default=500, gt=0)
     dedup_linger_ms: float = Field(default=3.0, ge=0)
 
+    # The transactional outbox (stream_jobs/outbox/): every worker runs a relay that moves
+    # committed rows of stream_jobs_outbox to Kafka (false: only `stream-jobs outbox relay`
+    # does); rows per claim; and how often a relay looks without being woken by a NOTIFY
+    # (rows a killed relay held, or ones whose retry is due).
+    outbox_relay: bool = True
+    outbox_batch_max: int = Field(default=500, gt=0, le=10_000)
+    outbox_sweep_interval_s: float = Field(default=5.0, gt=0)
+
     # The collector's young-generation threshold while a worker runs: CPython's 700 cost a
     # deferred exactly-once worker a quarter of its CPU; 0 leaves it.
     worker_gc_young_threshold: int = Field(default=YOUNG_THRESHOLD, ge=0)

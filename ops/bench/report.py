@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
+from ops.bench import outbox as outbox_bench
+
 # (name, numerator figure, denominator figure)
 RATIOS: list[tuple[str, str, str]] = [
     ("raw aiokafka producer / Kafka ProducerPerformance", "raw.produce", "kafka.produce"),
@@ -47,6 +49,8 @@ RATIOS: list[tuple[str, str, str]] = [
     ("RSS draining the middle backlog / the small one", "ours.rss_mid", "ours.rss_small"),
     ("no-op, `worker --processes 2` / `--processes 1`", "processes.p2", "processes.p1"),
     ("the same, jobs/s per worker core", "processes.p2_per_core", "processes.p1_per_core"),
+    ("outbox through to Kafka / direct enqueue_many (its section)", "outbox.through",
+     "outbox.direct"),
 ]
 
 RETRY_JITTER_MAX_MS = 500.0  # 10% of the 5 s tier (stream_jobs.retry.RetryPolicy)
@@ -104,6 +108,9 @@ GOALS: list[Goal] = [
     Goal("the same, warm worker (its producer has written to the tier before)", None,
          "ours.retry_warm_late_p99", "<=", RETRY_JITTER_MAX_MS + 1000.0, "ms late"),
 ]
+# The outbox's goals: in its own section (`BENCH_ONLY=outbox` replaces only that one).
+OUTBOX_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target, unit)
+                for text, num, den, op, target, unit in outbox_bench.GOALS]
 
 # `stream-jobs worker --processes 2` on this 2-core box (ops/bench/processes.py): the second
 # process must add most of a core's worth of jobs, and supervising must cost nothing per job.
@@ -327,6 +334,7 @@ def render(data: dict[str, Any]) -> str:
 
         out += processes_section(details["processes"], figures,
                                  data.get("errors", {}).get("processes"))
+    out += outbox_bench.section(figures, goal_rows(figures, OUTBOX_GOALS), table, fmt)
     out += ["## Machine and versions", ""]
     rows = [[k, str(v)] for k, v in machine.items()]
     rows += [[k, str(v)] for k, v in meta.get("versions", {}).items()]
@@ -627,7 +635,8 @@ def scaling_section(scaling: dict[str, Any], error: str | None = None) -> list[s
 # a partial run can replace that heading and keep the rest of the file. The other
 # sections feed the shared Goals, Figures and Ratios tables.
 PROCESSES_HEADING = "Worker processes"
-OWN_HEADINGS: dict[str, str] = {"scaling": SCALING_HEADING, "processes": PROCESSES_HEADING}
+OWN_HEADINGS: dict[str, str] = {"scaling": SCALING_HEADING, "processes": PROCESSES_HEADING,
+                               "outbox": outbox_bench.HEADING}
 
 
 def split_sections(text: str) -> list[tuple[str, str]]:

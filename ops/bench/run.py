@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from ops.bench import kafka_tools, memory, ours, peers, processes, profile, scaling
+from ops.bench import kafka_tools, memory, ours, outbox, peers, processes, profile, scaling
 from ops.bench.common import (
     BENCH_DIR,
     CODE_DIR,
@@ -220,6 +220,7 @@ def _sections() -> list[Section]:
         ("memory", memory.memory),
         ("scaling", scaling.scaling),
         ("processes", processes.processes),
+        ("outbox", outbox.outbox),
     ]
 
 

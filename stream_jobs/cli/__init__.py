@@ -19,6 +19,7 @@ from stream_jobs.cli import serve as _serve  # noqa: F401 - registers `serve`
 from stream_jobs.cli.common import app
 from stream_jobs.cli.dev import dev_app
 from stream_jobs.cli.dlq import dlq_app
+from stream_jobs.cli.outbox import outbox_app
 from stream_jobs.cli.replay import offsets_app, replay_command
 from stream_jobs.cli.stats import job, stats
 from stream_jobs.cli.topics import topics_app
@@ -29,6 +30,7 @@ app.add_typer(dev_app, name="dev")
 app.add_typer(topics_app, name="topics")
 app.add_typer(db_app, name="db")
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(outbox_app, name="outbox")
 app.add_typer(offsets_app, name="offsets")
 app.command("replay")(replay_command)
 app.command("stats")(stats)

@@ -23,6 +23,9 @@ from stream_jobs.tools.type_stats import DEFAULT_WINDOW_S, StatsSnapshot, TopicL
 console = Console()
 status_console = Console(stderr=True)
 
+# Rows normally wait milliseconds; ops/prometheus/alerts.yml fires past a minute too.
+OUTBOX_ALERT_AGE_S = 60.0
+
 _STATUS_STYLE = {"done": "green", "finished": "green", "pending": "cyan", "retrying": "yellow",
                  "dead_lettered": "red", "not_seen": "magenta"}
 
@@ -41,7 +44,8 @@ def stats(
                                    help="Seconds the rates are averaged over."),
 ) -> None:
     """Lag and oldest job per lane, delay-tier and DLQ depths, recent rates and live
-    workers per type. Reads Kafka only (worker reports in P._stats give the rates)."""
+    workers per type, from Kafka (worker reports in P._stats give the rates); and the
+    outbox's depth and oldest row, from Postgres."""
     settings, types = _load(ctx, job_type)
 
     async def snapshot() -> StatsSnapshot:
@@ -164,7 +168,7 @@ def render_stats(shot: StatsSnapshot, settings: Settings, partitions: bool) -> G
         if t.missing_topics:
             notes.append(f"{t.job_type}: {len(t.missing_topics)} topics missing "
                          f"({', '.join(t.missing_topics)}): run `stream-jobs topics apply`.")
-    parts: list[Any] = [waiting, rates]
+    parts: list[Any] = [waiting, rates, _outbox_line(shot)]
     shadowed = [t for t in shot.types if t.shadow is not None]
     if shadowed:
         parts.append(_shadow_table(shadowed, shot.window_s))
@@ -172,6 +176,18 @@ def render_stats(shot: StatsSnapshot, settings: Settings, partitions: bool) -> G
         parts.append(_partition_table(shot))
     parts.extend(f"[yellow]{note}[/]" for note in notes)
     return Group(*parts)
+
+
+def _outbox_line(shot: StatsSnapshot) -> str:
+    """The outbox's depth; red once its oldest row is older than the alert's minute."""
+    box = shot.outbox
+    if box is None:
+        return f"[yellow]outbox: unknown ({shot.outbox_problem})[/]"
+    age = _age(box.oldest_age_s)
+    stuck = box.oldest_age_s is not None and box.oldest_age_s > OUTBOX_ALERT_AGE_S
+    text = (f"outbox (schema {box.schema}): {box.depth:,} rows waiting, oldest {age}"
+            + (f", {box.retrying:,} retrying" if box.retrying else ""))
+    return f"[red]{text}[/]" if stuck else text
 
 
 def _shadow_table(types: list[TypeStats], window_s: float) -> Table:

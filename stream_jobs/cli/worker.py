@@ -155,7 +155,8 @@ class _Plan:
 
 @db_app.command("migrate")
 def migrate(ctx: typer.Context) -> None:
-    """Create the dedup table (stream_jobs_done) if it is missing; safe to re-run."""
+    """Create the dedup and outbox tables (stream_jobs_done, stream_jobs_outbox) if they
+    are missing; safe to re-run."""
     settings = settings_of(ctx)
 
     async def main() -> None:

@@ -46,13 +46,18 @@ class DeferredWrites:
     """What a `ctx.once_deferred()` body writes through: statements recorded in order,
     applied with the job's dedup row when its batch commits."""
 
-    __slots__ = ("statements",)
+    __slots__ = ("closed", "statements")
 
     def __init__(self) -> None:
         self.statements: list[Statement] = []
+        # Set when the block ends: a statement recorded later would never be applied.
+        self.closed = False
 
     async def execute(self, sql: str, *args: Any) -> None:
         """Record one statement (asyncpg placeholders `$1, $2, ...`)."""
+        if self.closed:
+            raise RuntimeError("this ctx.once_deferred() block has ended: a statement "
+                               "recorded now would never be applied")
         if not isinstance(sql, str) or not sql.strip():
             raise TypeError("a deferred statement is SQL text, e.g. 'INSERT ... VALUES ($1)'")
         self.statements.append((sql, args))

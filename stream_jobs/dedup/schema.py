@@ -1,11 +1,26 @@
-"""The dedup schema, owned by SQLAlchemy and rendered to DDL for `stream-jobs db migrate`.
+"""The database schema stream-jobs owns, held by SQLAlchemy and rendered to DDL for
+`stream-jobs db migrate`: the dedup table, and the transactional outbox's table.
 
 Kept apart from `dedup.py` so that importing the runtime does not import SQLAlchemy.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Column, DateTime, Index, Integer, MetaData, String, Table, func
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    func,
+    text,
+)
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import CreateIndex, CreateTable
 
@@ -24,10 +39,33 @@ done_table = Table(
 # `db prune --older-than` and per-type questions scan by time.
 _finished_index = Index("stream_jobs_done_finished_at", done_table.c.finished_at)
 
+# Records written in callers' transactions, waiting for a relay (stream_jobs/outbox/).
+# `id` orders them: an identity without a per-session cache, so a row written after
+# another's commit always has the larger id. A relay deletes a row once Kafka acked it.
+outbox_table = Table(
+    "stream_jobs_outbox",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("topic", String(249), nullable=False),
+    Column("key", LargeBinary, nullable=True),
+    Column("value", LargeBinary, nullable=False),
+    # [[name, value], ...] in the record's order: every header of ours is text.
+    Column("headers", postgresql.JSONB, nullable=False),
+    # When the row was written (not when its transaction began): what the age is from.
+    Column("created_at", DateTime(timezone=True), nullable=False,
+           server_default=func.clock_timestamp()),
+    # Set by a relay whose write of the row failed: it waits until retry_at.
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("retry_at", DateTime(timezone=True), nullable=True),
+    Column("last_error", Text, nullable=True),
+)
+
 
 def schema_ddl() -> list[str]:
-    """The statements that create the dedup schema, rendered by SQLAlchemy for Postgres."""
+    """The statements that create the schema, rendered by SQLAlchemy for Postgres."""
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
-    table = str(CreateTable(done_table, if_not_exists=True).compile(dialect=dialect))
-    index = str(CreateIndex(_finished_index, if_not_exists=True).compile(dialect=dialect))
-    return [table, index]
+    return [
+        str(CreateTable(done_table, if_not_exists=True).compile(dialect=dialect)),
+        str(CreateIndex(_finished_index, if_not_exists=True).compile(dialect=dialect)),
+        str(CreateTable(outbox_table, if_not_exists=True).compile(dialect=dialect)),
+    ]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import (
-    AbstractAsyncContextManager,
     AbstractContextManager,
     asynccontextmanager,
     nullcontext,
@@ -127,7 +126,7 @@ class DedupStore:
     def once_deferred(
             self, job_id: str, job_type: str, attempt: int, *,
             while_waiting: Callable[[], AbstractContextManager[None]] | None = None,
-    ) -> AbstractAsyncContextManager[DeferredWrites]:
+    ) -> _DeferredBlock:
         """A recording the body writes through; on a clean exit its statements and the
         job's dedup row are applied with other jobs' in one transaction, and this returns
         once that committed. Raises `AlreadyDone` (after the body) when the row existed:
@@ -240,11 +239,17 @@ class _DeferredBlock:
         self._waiting = while_waiting
         self._writes = DeferredWrites()
 
+    @property
+    def writes(self) -> DeferredWrites:
+        """What the body records into (`ctx.enqueue` records child jobs here too)."""
+        return self._writes
+
     async def __aenter__(self) -> DeferredWrites:
         return self._writes
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._writes.closed = True
         if exc_type is not None:
             return  # the body failed: nothing it recorded is applied
         store = self._store

@@ -3,7 +3,8 @@
 The gateway samples `stream_jobs.tools.stats` in the background and `StatsCollector`
 turns the latest snapshot into gauges: lag, oldest age, tier and DLQ depth, rates, live
 workers, the rate limit in force, and per-partition lag and committed offsets (what the
-"partition stuck" alert watches). Nothing here runs per job or per request.
+"partition stuck" alert watches), and the outbox's depth and oldest row. Nothing here
+runs per job or per request.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ GATEWAY_METRICS = frozenset({
     "stream_jobs_partition_committed_offset",
     "stream_jobs_partition_stuck",
     "stream_jobs_stats_sampled_timestamp_seconds",
+    "stream_jobs_outbox_depth",
+    "stream_jobs_outbox_oldest_age_seconds",
     "stream_jobs_gateway_enqueued_total",
     "stream_jobs_gateway_requests_total",
 })
@@ -102,6 +105,14 @@ class StatsCollector(Collector):
         yield gauge("stream_jobs_stats_sampled_timestamp_seconds",
                      "When the gateway last sampled these stats (Unix time).",
                      [([], snapshot.at_ms / 1000)], [])
+        box = snapshot.outbox
+        if box is not None:  # absent while Postgres does not answer
+            yield gauge("stream_jobs_outbox_depth", "Rows waiting in the transactional "
+                        "outbox for a relay.", [([box.schema], box.depth)], ["schema"])
+            yield gauge("stream_jobs_outbox_oldest_age_seconds",
+                        "Age of the oldest outbox row (absent when none waits).",
+                        [] if box.oldest_age_s is None else [([box.schema], box.oldest_age_s)],
+                        ["schema"])
 
 
 __all__ = ["EXPORTED_METRICS", "GATEWAY_METRICS", "StatsCollector"]

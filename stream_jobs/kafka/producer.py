@@ -13,7 +13,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
@@ -44,6 +44,19 @@ OWN_BATCH_MIN = 32
 BATCH_QUEUE_WAIT_S = 0.1
 # Headers and batch framing on top of the payload limit.
 _RECORD_OVERHEAD_BYTES = 64 * 1024
+
+
+class Outgoing(Protocol):
+    """What `send_many` writes: a `JobRecord`, or a record kept elsewhere until it is sent
+    (the outbox's rows), with its key, value and headers as they are."""
+
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def payload(self) -> bytes: ...
+
+    def headers(self) -> list[tuple[str, bytes]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +171,7 @@ class JobProducer:
                 await self._renew(producer)
             raise
 
-    async def send_many(self, items: Sequence[tuple[str, JobRecord]]) -> list[Written]:
+    async def send_many(self, items: Sequence[tuple[str, Outgoing]]) -> list[Written]:
         """Write many records, then wait for every acknowledgement.
 
         Each record's partition is computed here (Kafka's own key hashing, so a key lands
@@ -213,7 +226,7 @@ class JobProducer:
         return [where for where in placed if where is not None]
 
     async def _send_batches(self, topic: str, partition: int, indexes: list[int],
-                            items: Sequence[tuple[str, JobRecord]]
+                            items: Sequence[tuple[str, Outgoing]]
                             ) -> list[tuple[list[int], asyncio.Future[Any]]]:
         """`items[indexes]` as record batches of their own, in order; (indexes, future) each.
 

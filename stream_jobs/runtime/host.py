@@ -12,8 +12,8 @@ a process never runs on with a type silently gone.
 
 Per-process services run beside the workers, started before them and stopped after them
 (so a service sees every job the workers finished): `process_services` is the one place
-that makes them. The metrics server is one; the transactional outbox's relay is meant to
-be another.
+that makes them: the transactional outbox's relay (`stream_jobs.outbox.relay`, on unless
+`STREAM_JOBS_OUTBOX_RELAY=false`) and the metrics server.
 
 A stop (`request_stop`: SIGTERM, SIGINT, or the supervisor gone) drains every type the
 way one worker drains: no new jobs, running ones get their grace period, finished offsets
@@ -31,6 +31,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from stream_jobs.errors import ConfigError
+from stream_jobs.outbox.relay import background_relay
 from stream_jobs.runtime.shadow import Shadow
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
@@ -80,6 +81,22 @@ class MetricsService:
             await self._server.wait_closed()
 
 
+class OutboxRelayService:
+    """The outbox relay of the process: rows committed by `enqueue(conn=...)` and
+    `ctx.enqueue` reach Kafka from every worker process (`STREAM_JOBS_OUTBOX_RELAY`)."""
+
+    name = "outbox relay"
+
+    def __init__(self, settings: Settings) -> None:
+        self._running = background_relay(settings)
+
+    async def start(self) -> None:
+        await self._running.__aenter__()
+
+    async def stop(self) -> None:
+        await self._running.__aexit__(None, None, None)
+
+
 def process_services(settings: Settings, workers: Sequence[Worker]) -> list[ProcessService]:
     """The services of one worker process, in start order (stopped in reverse).
 
@@ -87,6 +104,8 @@ def process_services(settings: Settings, workers: Sequence[Worker]) -> list[Proc
     single one of `--processes 1` and each child of a supervisor alike.
     """
     services: list[ProcessService] = []
+    if settings.outbox_relay and workers:
+        services.append(OutboxRelayService(settings))
     if settings.metrics_port and workers:
         services.append(MetricsService(workers, settings.metrics_host, settings.metrics_port))
     return services

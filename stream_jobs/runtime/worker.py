@@ -24,6 +24,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
 from stream_jobs.context import JobContext
 from stream_jobs.dedup.store import DedupStore
@@ -96,7 +97,7 @@ class Worker(GroupMember):
                  grace_s: float = 10.0, commit_interval_s: float = 0.5,
                  max_buffered: int | None = None, relay: bool = True,
                  dedup: DedupStore | None = None, report_interval_s: float = 5.0,
-                 control: bool = True) -> None:
+                 control: bool = True, children: JobClient | None = None) -> None:
         prefix = settings.topic_prefix
         lanes = [lane_topic(prefix, policy.job_type, lane) for lane in policy.priorities]
         weights = [(lane_topic(prefix, policy.job_type, lane), weight)
@@ -114,6 +115,7 @@ class Worker(GroupMember):
                                         max_attempts=policy.max_attempts)
         self.dedup = dedup or DedupStore(settings)
         self._owns_dedup = dedup is None
+        self.children = children  # checks and makes the child jobs of ctx.enqueue()
         self.relay = Relay(settings, policy, self.producer, grace_s=grace_s) if relay else None
         self.outcomes: Counter[str] = Counter()
         self.dead_letter_reasons: Counter[str] = Counter()
@@ -377,7 +379,8 @@ class Worker(GroupMember):
             log.info("job %s (%s) retry: attempt %d starts", job.job_id, job.job_type,
                      job.attempt, extra=job_fields(job, record))
         ctx = JobContext(job, topic=record.topic, partition=record.partition,
-                         offset=record.offset, dedup=self.dedup, lend_slot=self.lend_slot)
+                         offset=record.offset, dedup=self.dedup, lend_slot=self.lend_slot,
+                         children=self.children)
         error = await self._call_handler(runner, payload, ctx)
         if error is None:
             return Outcome.SUCCEEDED

@@ -1,6 +1,8 @@
 """`stream-jobs stats`: one read of Kafka, turned into every chosen type's stats.
 
-Everything comes from Kafka, so stats need no database and join no consumer group.
+Everything about the types comes from Kafka, so they need no database and join no
+consumer group; the outbox's depth is one question to Postgres beside it (shown as
+unknown, with the reason, when Postgres does not answer).
 `read` asks the offsets (two offset requests for all topics, one committed-offsets
 request per group), reads one record per lagging lane partition for its timestamp, the
 `P._stats` reports of the window and the throttle's overrides; the arithmetic from that
@@ -9,16 +11,19 @@ reading to a type's stats is `stream_jobs.tools.type_stats`, pure.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 
 from stream_jobs import clock
+from stream_jobs.errors import StreamJobsError
 from stream_jobs.job_types import JobTypePolicy, get_job_type
 from stream_jobs.kafka import TopicPartition, scan
 from stream_jobs.kafka.admin import Admin, open_admin
 from stream_jobs.kafka.consumer import Consumer, open_reader
 from stream_jobs.naming import relay_group, shadow_group, stats_topic, worker_group
+from stream_jobs.outbox.depth import OutboxDepth, read_depth
 from stream_jobs.runtime.reports import ShadowReport, WorkerReport
 from stream_jobs.runtime.throttle import read_overrides
 from stream_jobs.settings import Settings
@@ -48,13 +53,22 @@ async def collect(settings: Settings, types: Mapping[str, JobTypePolicy], *,
     """
     chosen = ([get_job_type(types, job_type)] if job_type is not None
               else [types[name] for name in sorted(types)])
-    reading = await read(settings, chosen, lookback_s=window_s
-                         + (ALIVE_INTERVALS + 1) * report_interval_s)
+    reading, (outbox, problem) = await asyncio.gather(
+        read(settings, chosen, lookback_s=window_s + (ALIVE_INTERVALS + 1) * report_interval_s),
+        _outbox(settings))
     prefix = settings.topic_prefix
     return StatsSnapshot(reading.at_ms, prefix, window_s, tuple(
         type_stats(policy, reading, prefix=prefix, window_s=window_s,
                    report_interval_s=report_interval_s, per_partition=per_partition)
-        for policy in chosen))
+        for policy in chosen), outbox=outbox, outbox_problem=problem)
+
+
+async def _outbox(settings: Settings) -> tuple[OutboxDepth | None, str | None]:
+    """The outbox's depth, or why it is unknown: Kafka's stats still show without it."""
+    try:
+        return await read_depth(settings), None
+    except StreamJobsError as exc:
+        return None, str(exc)
 
 
 async def read(settings: Settings, chosen: Sequence[JobTypePolicy], *,

@@ -24,6 +24,7 @@ from typing import Any
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.naming import shadow_group
+from stream_jobs.outbox.depth import OutboxDepth
 from stream_jobs.outcomes import Outcome
 from stream_jobs.runtime.heartbeats import HeartbeatStats, heartbeat_stats
 from stream_jobs.runtime.reports import ShadowReport, WorkerReport
@@ -262,6 +263,9 @@ class StatsSnapshot:
     prefix: str
     window_s: float
     types: tuple[TypeStats, ...] = field(default_factory=tuple)
+    # The transactional outbox (from Postgres), or None with why it could not be read.
+    outbox: OutboxDepth | None = None
+    outbox_problem: str | None = None
 
     def to_dict(self, *, per_partition: bool = False) -> dict[str, Any]:
         """The `stats --json` document (its shape is in docs/operating/stats.md)."""
@@ -271,6 +275,8 @@ class StatsSnapshot:
             "prefix": self.prefix,
             "window_s": self.window_s,
             "types": {t.job_type: t.to_dict(per_partition=per_partition) for t in self.types},
+            "outbox": None if self.outbox is None else self.outbox.to_dict(),
+            "outbox_problem": self.outbox_problem,
         }
 
 

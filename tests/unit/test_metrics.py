@@ -23,6 +23,7 @@ from stream_jobs.gateway.metrics import EXPORTED_METRICS, GATEWAY_METRICS, Stats
 from stream_jobs.histogram import DurationHistogram
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.offsets import OffsetTracker
+from stream_jobs.outbox.depth import OutboxDepth
 from stream_jobs.runtime.heartbeats import HeartbeatStats, PartitionBeat
 from stream_jobs.runtime.metrics import WORKER_METRICS, WorkerCollector
 from stream_jobs.runtime.reports import WorkerReport
@@ -70,7 +71,8 @@ def _snapshot() -> StatsSnapshot:
     stats = TypeStats("t", (lane,), (TopicLag("5s", "jobs.t.retry-5s", True, 1, None),),
                       "jobs.t.dlq", 2, Rates(60.0, OutcomeCounts(done=60)), (report,),
                       rate=RateInForce(50.0, "throttle"), heartbeats=beats)
-    return StatsSnapshot(1_700_000_000_000, "jobs", 60.0, (stats,))
+    return StatsSnapshot(1_700_000_000_000, "jobs", 60.0, (stats,),
+                         outbox=OutboxDepth("public", 12, 75.5, 0))
 
 
 def test_worker_collector_exports_its_declared_names() -> None:
@@ -97,6 +99,7 @@ def test_stats_collector_exports_its_declared_names() -> None:
     text = generate_latest(registry).decode()
     assert 'stream_jobs_partition_stuck{partition="0",topic="jobs.t",type="t"} 1.0' in text
     assert 'stream_jobs_outcomes_per_second{outcome="done",type="t"} 1.0' in text
+    assert 'stream_jobs_outbox_oldest_age_seconds{schema="public"} 75.5' in text
 
 
 def _grafana_exprs() -> list[str]:
@@ -124,10 +127,13 @@ def test_alerts_cover_lag_age_dlq_and_stuck_partitions() -> None:
     assert config["rule_files"] == ["alerts.yml"]
     alerts = {rule["alert"]: rule for rule in _alerts()}
     for name in ("StreamJobsLagGrowing", "StreamJobsOldestJobTooOld", "StreamJobsDlqGrowing",
-                 "StreamJobsPartitionStuck"):
+                 "StreamJobsPartitionStuck", "StreamJobsOutboxStuck"):
         assert name in alerts
         assert alerts[name]["labels"]["severity"] in {"warning", "critical"}
         assert alerts[name]["annotations"]["summary"]
+    # The outbox's alert fires once its oldest row is older than a minute.
+    outbox = alerts["StreamJobsOutboxStuck"]["expr"]
+    assert outbox.endswith("(stream_jobs_outbox_oldest_age_seconds) > 60")
 
 
 def test_duration_histogram_buckets_are_cumulative() -> None:

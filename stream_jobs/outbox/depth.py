@@ -1,0 +1,103 @@
+"""How much waits in the outbox: rows, the age of the oldest, rows whose write failed.
+
+What `stream-jobs stats`, `stream-jobs outbox status` and the gateway's gauges show. A
+row normally lives for milliseconds (commit, NOTIFY, a relay's round); an old oldest row
+means no relay runs, or Kafka refuses what the rows are for (`last_error` says why).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from stream_jobs.errors import ConfigError, DatabaseUnavailable
+from stream_jobs.outbox.rows import decode_headers, table
+from stream_jobs.record import HEADER_JOB_ID
+from stream_jobs.settings import Settings, redact_url
+
+# Stats must not hang on a database that does not answer: Kafka's figures still show.
+CONNECT_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class OutboxDepth:
+    """The outbox of one schema at one moment (the database's clock)."""
+
+    schema: str
+    depth: int
+    oldest_age_s: float | None  # None when empty
+    retrying: int  # rows a relay failed to write at least once, waiting for their retry
+
+    def to_dict(self) -> dict[str, Any]:
+        age = None if self.oldest_age_s is None else round(self.oldest_age_s, 3)
+        return {"schema": self.schema, "depth": self.depth, "oldest_age_s": age,
+                "retrying": self.retrying}
+
+
+@dataclass(frozen=True)
+class FailingRow:
+    """A row whose write to Kafka failed: what `outbox status` lists."""
+
+    id: int
+    topic: str
+    job_id: str | None
+    attempts: int
+    created_at: datetime
+    retry_at: datetime | None
+    last_error: str | None
+
+
+def _depth_sql(schema: str) -> str:
+    t = table(schema)
+    # The smallest id is the row written first; the primary key finds it at once.
+    return (f"SELECT (SELECT count(*) FROM {t}) AS depth, "
+            f"(SELECT extract(epoch FROM clock_timestamp() - created_at) FROM {t} "
+            "ORDER BY id LIMIT 1)::float8 AS oldest_age_s, "
+            f"(SELECT count(*) FROM {t} WHERE attempts > 0) AS retrying")
+
+
+async def read_depth(settings: Settings) -> OutboxDepth:
+    """The outbox of the settings' schema. `DatabaseUnavailable` if Postgres does not
+    answer, `ConfigError` if the schema has no outbox table."""
+    row = await _fetch(settings, lambda conn: conn.fetchrow(_depth_sql(settings.database_schema)))
+    return OutboxDepth(settings.database_schema, int(row["depth"]), row["oldest_age_s"],
+                       int(row["retrying"]))
+
+
+async def failing_rows(settings: Settings, limit: int = 20) -> list[FailingRow]:
+    """Rows whose write failed, oldest first."""
+    sql = (f"SELECT id, topic, headers, attempts, created_at, retry_at, last_error "
+           f"FROM {table(settings.database_schema)} WHERE attempts > 0 ORDER BY id LIMIT $1")
+    found = await _fetch(settings, lambda conn: conn.fetch(sql, limit))
+    return [FailingRow(r["id"], r["topic"], _job_id(r["headers"]), r["attempts"],
+                       r["created_at"], r["retry_at"], r["last_error"]) for r in found]
+
+
+def _job_id(headers: str) -> str | None:
+    for name, value in decode_headers(headers):
+        if name == HEADER_JOB_ID:
+            return value.decode()
+    return None
+
+
+async def _fetch(settings: Settings, query: Any) -> Any:
+    try:
+        conn = await asyncpg.connect(settings.database_url, timeout=CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        raise DatabaseUnavailable(f"Postgres did not answer at "
+                                  f"{redact_url(settings.database_url)}: {exc}") from exc
+    try:
+        return await query(conn)
+    except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError) as exc:
+        raise ConfigError(f"There is no outbox table in schema {settings.database_schema!r}: "
+                          "run `stream-jobs db migrate`.") from exc
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise DatabaseUnavailable(f"Postgres failed a question about the outbox: {exc}") from exc
+    finally:
+        await conn.close()
+
+
+__all__ = ["FailingRow", "OutboxDepth", "failing_rows", "read_depth"]
