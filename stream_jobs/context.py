@@ -1,13 +1,15 @@
-"""What a handler gets besides its payload: the job's identity and `once()`."""
+"""What a handler gets besides its payload: the job's identity, `once()` and its
+fencing token."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 from stream_jobs.dedup.deferred import DeferredWrites
+from stream_jobs.dedup.fencing import FencingToken
 from stream_jobs.dedup.store import DedupStore
 from stream_jobs.record import JobRecord
 
@@ -19,7 +21,10 @@ class JobContext:
     on demand instead of copying a dozen of them per job.
     """
 
-    __slots__ = ("_dedup", "_job", "_lend_slot", "_offset", "_partition", "_topic")
+    # `_fencing` is left unset until `fencing_token` is first read: a handler that never
+    # reads it pays nothing for it, not even a store here.
+    __slots__ = ("_dedup", "_fencing", "_job", "_lend_slot", "_offset", "_partition",
+                 "_topic")
 
     def __init__(self, job: JobRecord, *, topic: str, partition: int, offset: int,
                  dedup: DedupStore,
@@ -71,6 +76,24 @@ class JobContext:
     @property
     def lane(self) -> str:
         return self._job.lane
+
+    @property
+    def fencing_token(self) -> Awaitable[int]:
+        """`token = await ctx.fencing_token`: a number above every token an earlier delivery
+        of this job was given (a retry, a requeue, a replay, a redelivery after a rebalance
+        or a restart), for a store outside Postgres that accepts a write only with a token
+        above the last one it stored (docs/fencing.md).
+
+        Taken from the dedup database on the first await (one round trip, shared with other
+        jobs asking at the same moment), then the same for the rest of this run. Await it
+        first, before reading what the write is computed from: a run is fenced off by the
+        runs that took their token after it.
+        """
+        try:
+            return self._fencing
+        except AttributeError:
+            self._fencing: FencingToken = FencingToken(self._dedup.fencing_token)
+            return self._fencing
 
     def __repr__(self) -> str:
         return (f"JobContext(job_id={self.job_id!r}, job_type={self.job_type!r}, "
