@@ -103,7 +103,8 @@ def _shadow(job_app: App, job_type: str, until_idle: bool) -> None:
 
 @db_app.command("migrate")
 def migrate(ctx: typer.Context) -> None:
-    """Create the dedup table (stream_jobs_done) if it is missing; safe to re-run."""
+    """Create the dedup table (stream_jobs_done) and the fencing token sequence
+    (stream_jobs_fencing_tokens) if they are missing; safe to re-run."""
     settings = settings_of(ctx)
 
     async def main() -> None:

@@ -163,6 +163,11 @@ class DedupStore:
             self._tokens = TokenIssuer(self._fetch_tokens)
         return self._tokens.request()
 
+    @property
+    def fencing_round_trips(self) -> int:
+        """Round trips made for fencing tokens so far (fewer than tokens under load)."""
+        return 0 if self._tokens is None else self._tokens.fetches
+
     async def _fetch_tokens(self, n: int) -> list[int]:
         pool = await self._get_pool()
         try:
