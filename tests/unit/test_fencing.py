@@ -3,8 +3,10 @@ handler reads, and that a handler which never reads it costs no request."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import itertools
+import re
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -253,3 +255,21 @@ def test_db_migrate_creates_the_sequence_with_no_cache() -> None:
     [sequence] = [s for s in schema_ddl() if "SEQUENCE" in s]
     assert sequence.startswith("CREATE SEQUENCE IF NOT EXISTS stream_jobs_fencing_tokens")
     assert "CACHE 1" in sequence
+
+
+# -- the manual's example -----------------------------------------------------------------
+
+
+def test_the_manuals_fenced_write_is_the_one_the_zombie_test_runs() -> None:
+    from pathlib import Path
+
+    from tests.apps import fenced
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "fencing.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```$", page, re.MULTILINE | re.DOTALL)
+    for block in blocks:
+        # Copyable: each block at least compiles (the first one is a line from a handler).
+        compile(block, "docs/fencing.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    shown: dict[str, Any] = {}
+    exec(blocks[1].split("\n\nclass ")[0], shown)  # its imports and FENCED_WRITE
+    assert " ".join(shown["FENCED_WRITE"].split()) == fenced.FENCED_WRITE
