@@ -79,15 +79,15 @@ class JobContext:
 
     @property
     def fencing_token(self) -> Awaitable[int]:
-        """`token = await ctx.fencing_token`: a number above every token an earlier delivery
-        of this job was given (a retry, a requeue, a replay, a redelivery after a rebalance
-        or a restart), for a store outside Postgres that accepts a write only with a token
-        above the last one it stored (docs/fencing.md).
+        """`token = await ctx.fencing_token`: a number above every token handed out before
+        it was asked for, so above the tokens of this job's earlier deliveries (a retry, a
+        requeue, a replay, a redelivery after a rebalance or a restart). For a store
+        outside Postgres that accepts a write only with a token not below the one it
+        holds, so a superseded run's late write is refused (docs/fencing.md).
 
-        Taken from the dedup database on the first await (one round trip, shared with other
-        jobs asking at the same moment), then the same for the rest of this run. Await it
-        first, before reading what the write is computed from: a run is fenced off by the
-        runs that took their token after it.
+        Taken from the dedup database on the first await (one round trip, shared with
+        other jobs asking at the same moment), then the same for the rest of this run; no
+        other run gets it. Await it first, before reading what the write is computed from.
         """
         try:
             return self._fencing

@@ -5,9 +5,10 @@ A token is a `nextval` of one Postgres sequence in the dedup database
 than every token handed out before it was asked for, whatever the delivery: a retry
 through the tiers, a DLQ requeue (attempts reset or not), a replay with the same job ID, a
 redelivery of the same offset after a rebalance or a restart. A store that keeps the
-highest token it accepted and refuses a write whose token is not above it never lets a
-superseded delivery's late write land. docs/fencing.md has the pattern, and why the
-token does not come from Kafka's group generation and offsets.
+highest token it accepted and refuses a write whose token is below it never lets a
+superseded delivery's late write land (equal is the same run: no two runs share a
+token). docs/fencing.md has the pattern, and why the token does not come from Kafka's
+group generation and offsets.
 
 `TokenIssuer` is the coordination, with no I/O of its own: a request that finds no fetch
 in flight starts one at once, and the requests that arrive meanwhile go together in the
