@@ -1,14 +1,16 @@
-"""What a handler gets besides its payload: the job's identity, `once()` and `enqueue()`."""
+"""What a handler gets besides its payload: the job's identity, `once()`, `enqueue()` and
+its fencing token."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from stream_jobs.client import Job, Seconds
 from stream_jobs.dedup.deferred import DeferredWrites
+from stream_jobs.dedup.fencing import FencingToken
 from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import ConfigError, NotInTransaction
 from stream_jobs.outbox.rows import child_job_id, insert_args, insert_sql
@@ -28,8 +30,10 @@ class JobContext:
     on demand instead of copying a dozen of them per job.
     """
 
-    __slots__ = ("_children", "_conn", "_dedup", "_enqueued", "_job", "_lend_slot", "_offset",
-                 "_partition", "_topic", "_writes")
+    # `_fencing` is left unset until `fencing_token` is first read: a handler that never
+    # reads it pays nothing for it, not even a store here.
+    __slots__ = ("_children", "_conn", "_dedup", "_enqueued", "_fencing", "_job", "_lend_slot",
+                 "_offset", "_partition", "_topic", "_writes")
 
     def __init__(self, job: JobRecord, *, topic: str, partition: int, offset: int,
                  dedup: DedupStore,
@@ -87,6 +91,24 @@ class JobContext:
     @property
     def lane(self) -> str:
         return self._job.lane
+
+    @property
+    def fencing_token(self) -> Awaitable[int]:
+        """`token = await ctx.fencing_token`: a number above every token handed out before
+        it was asked for, so above the tokens of this job's earlier deliveries (a retry, a
+        requeue, a replay, a redelivery after a rebalance or a restart). For a store
+        outside Postgres that accepts a write only with a token not below the one it
+        holds, so a superseded run's late write is refused (docs/fencing.md).
+
+        Taken from the dedup database on the first await (one round trip, shared with
+        other jobs asking at the same moment), then the same for the rest of this run; no
+        other run gets it. Await it first, before reading what the write is computed from.
+        """
+        try:
+            return self._fencing
+        except AttributeError:
+            self._fencing: FencingToken = FencingToken(self._dedup.fencing_token)
+            return self._fencing
 
     def __repr__(self) -> str:
         return (f"JobContext(job_id={self.job_id!r}, job_type={self.job_type!r}, "

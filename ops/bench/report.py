@@ -31,6 +31,12 @@ RATIOS: list[tuple[str, str, str]] = [
     ("exactly-once, live connection / raw consume loop", "ours.once", "raw.consume"),
     ("exactly-once, deferred / exactly-once, live connection", "ours.once_deferred",
      "ours.once"),
+    ("await ctx.fencing_token / no-op (fencing section)", "ours.fence_token",
+     "ours.fence_noop"),
+    ("fenced write outside ctx.once() / the same write through ctx.once()",
+     "ours.fence_write", "ours.fence_once"),
+    ("no-op, token never read (fencing section) / no-op, key (processing section)",
+     "ours.fence_noop", "ours.noop_key"),
     ("no-op, key (beside the peers) / Dramatiq no-op", "ours.noop_key_beside",
      "dramatiq.process"),
     ("no-op, key (beside the peers) / Celery no-op", "ours.noop_key_beside", "celery.process"),
@@ -97,6 +103,8 @@ GOALS: list[Goal] = [
          ("ours.once_deferred_256", "raw.consume"), None, ">=", 0.25, "x"),
     Goal("exactly-once (ctx.once, live connection) >= 0.25x raw consume loop",
          ("ours.once", "raw.consume"), None, ">=", 0.25, "x"),
+    Goal("a handler reading ctx.fencing_token >= 0.5x a no-op handler (fencing section)",
+         ("ours.fence_token", "ours.fence_noop"), None, ">=", 0.5, "x"),
     Goal("p99 end-to-end <= 50 ms at half capacity (end-to-end capacity, producer + worker)",
          None, "ours.e2e_p99", "<=", 50.0, "ms"),
     Goal("the same at half the worker-alone drain rate (the box near saturation)", None,
@@ -703,6 +711,15 @@ METHOD = [
     "more jobs wait for each commit, so batches are bigger); all three in every run, "
     "rotating which goes first. The tables are truncated between runs and the row count "
     "is checked to equal N.",
+    "- **Fencing tokens**: a quarter of the processing backlog, drained in every run by "
+    "four handlers in a rotated order: a no-op that never reads `ctx.fencing_token`, one "
+    "that awaits it and does nothing else (a `nextval` of the dedup database's sequence; "
+    "requests made while one is in flight share the next round trip), one that awaits it "
+    "and upserts one row per job through docs/fencing.md's fenced write on a pool of its "
+    "own (autocommit, so a commit per job: a store outside the dedup transaction), and the "
+    "same upsert through `ctx.once()` (group commit). Each drain checks that the sequence "
+    "moved by exactly N for the contenders that read the token (0 for the others) and "
+    "that the writing ones left N rows.",
     "- **End-to-end latency**: a worker runs (key ordering); a separate paced process "
     "offers a rate, every 2 ms sending the jobs due as one `enqueue_many` (the rate it "
     "achieved is reported); the handler records now - `ctx.enqueued_at` (stamped by "

@@ -38,7 +38,17 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from ops.bench import kafka_tools, memory, ours, outbox, peers, processes, profile, scaling
+from ops.bench import (
+    fencing,
+    kafka_tools,
+    memory,
+    ours,
+    outbox,
+    peers,
+    processes,
+    profile,
+    scaling,
+)
 from ops.bench.common import (
     BENCH_DIR,
     CODE_DIR,
@@ -213,6 +223,7 @@ def _sections() -> list[Section]:
         ("enqueue", ours.enqueue),
         ("processing", ours.processing),
         ("exactly-once", ours.exactly_once),
+        ("fencing", fencing.fencing),
         ("latency", ours.latency),
         ("retry", ours.retry),
         ("peers", peers.peers),

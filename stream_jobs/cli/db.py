@@ -4,6 +4,9 @@ A dedup row protects its job from running twice only while Kafka can still deliv
 job again (a redelivery, a replay, an offsets reset), that is for the lanes' retention.
 Rows older than that protect nothing, so the command refuses a cutoff inside the longest
 lane retention of the declared types unless `--force`.
+
+The fencing tokens (`ctx.fencing_token`) come from one sequence, a single number with no
+row per job, so there is nothing of theirs to prune.
 """
 
 from __future__ import annotations

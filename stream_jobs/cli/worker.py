@@ -155,8 +155,9 @@ class _Plan:
 
 @db_app.command("migrate")
 def migrate(ctx: typer.Context) -> None:
-    """Create the dedup and outbox tables (stream_jobs_done, stream_jobs_outbox) if they
-    are missing; safe to re-run."""
+    """Create the dedup and outbox tables (stream_jobs_done, stream_jobs_outbox) and the
+    fencing token sequence (stream_jobs_fencing_tokens) if they are missing; safe to
+    re-run."""
     settings = settings_of(ctx)
 
     async def main() -> None:

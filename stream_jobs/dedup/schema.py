@@ -1,5 +1,6 @@
 """The database schema stream-jobs owns, held by SQLAlchemy and rendered to DDL for
-`stream-jobs db migrate`: the dedup table, and the transactional outbox's table.
+`stream-jobs db migrate`: the dedup table, the transactional outbox's table, and the
+fencing token sequence.
 
 Kept apart from `dedup.py` so that importing the runtime does not import SQLAlchemy.
 """
@@ -15,6 +16,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    Sequence,
     String,
     Table,
     Text,
@@ -22,8 +24,9 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.schema import CreateIndex, CreateSequence, CreateTable
 
+from stream_jobs.dedup.fencing import FENCING_SEQUENCE
 from stream_jobs.job_ids import MAX_JOB_ID_CHARS
 
 metadata = MetaData()
@@ -60,6 +63,12 @@ outbox_table = Table(
     Column("last_error", Text, nullable=True),
 )
 
+# `ctx.fencing_token` (stream_jobs.dedup.fencing): one number for the whole database, no
+# row per job, so `db prune` has nothing to remove. CACHE 1 (Postgres' default, spelt out):
+# a session caching values would hand out numbers below ones other sessions already gave.
+fencing_sequence = Sequence(FENCING_SEQUENCE, metadata=metadata, start=1, cache=1,
+                            data_type=BigInteger)
+
 
 def schema_ddl() -> list[str]:
     """The statements that create the schema, rendered by SQLAlchemy for Postgres."""
@@ -68,4 +77,5 @@ def schema_ddl() -> list[str]:
         str(CreateTable(done_table, if_not_exists=True).compile(dialect=dialect)),
         str(CreateIndex(_finished_index, if_not_exists=True).compile(dialect=dialect)),
         str(CreateTable(outbox_table, if_not_exists=True).compile(dialect=dialect)),
+        str(CreateSequence(fencing_sequence, if_not_exists=True).compile(dialect=dialect)),
     ]

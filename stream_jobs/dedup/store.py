@@ -12,6 +12,7 @@ SQLAlchemy owns the schema (`stream_jobs.dedup.schema`); the hot path talks to a
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import (
     AbstractContextManager,
@@ -25,12 +26,15 @@ from typing import Any
 import asyncpg
 
 from stream_jobs.dedup.deferred import DeferredWrites, WriteBatcher
+from stream_jobs.dedup.fencing import FENCING_SEQUENCE, TokenIssuer
 from stream_jobs.dedup.group_commit import INSERT_DONE, GroupCommitter
 from stream_jobs.errors import AlreadyDone, ConfigError, DatabaseUnavailable
 from stream_jobs.settings import Settings, redact_url
 
 # Opening a connection failed: Postgres is down, refusing, or still starting.
 _UNREACHABLE = (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
+
+_FETCH_TOKENS = f"SELECT nextval('{FENCING_SEQUENCE}') FROM generate_series(1, $1)"
 
 
 class DedupStore:
@@ -42,6 +46,7 @@ class DedupStore:
         self._pool: asyncpg.Pool | None = None
         self._committer: GroupCommitter | None = None
         self._batcher: WriteBatcher | None = None
+        self._tokens: TokenIssuer | None = None
 
     async def _get_pool(self) -> asyncpg.Pool:
         if self._pool is None:
@@ -65,6 +70,9 @@ class DedupStore:
             f"(STREAM_JOBS_DATABASE_URL): {exc}")
 
     async def close(self) -> None:
+        if self._tokens is not None:
+            await self._tokens.close()
+            self._tokens = None
         if self._batcher is not None:
             await self._batcher.close()
             self._batcher = None
@@ -73,7 +81,8 @@ class DedupStore:
             self._pool = None
 
     async def migrate(self) -> None:
-        """Create the dedup table and index if missing (idempotent)."""
+        """Create the dedup table, its index and the fencing token sequence if missing
+        (idempotent)."""
         from stream_jobs.dedup.schema import schema_ddl  # SQLAlchemy is only needed here
 
         pool = await self._get_pool()
@@ -145,6 +154,32 @@ class DedupStore:
                 if self._settings.dedup_group_commit else 1,
                 parallel=1)
         return self._batcher
+
+    def fencing_token(self) -> asyncio.Future[int]:
+        """A fencing token taken after this call: above every token handed out before it
+        (stream_jobs.dedup.fencing). Concurrent requests share one round trip."""
+        if self._tokens is None:
+            self._tokens = TokenIssuer(self._fetch_tokens)
+        return self._tokens.request()
+
+    @property
+    def fencing_round_trips(self) -> int:
+        """Round trips made for fencing tokens so far (fewer than tokens under load)."""
+        return 0 if self._tokens is None else self._tokens.fetches
+
+    async def _fetch_tokens(self, n: int) -> list[int]:
+        pool = await self._get_pool()
+        try:
+            rows = await pool.fetch(_FETCH_TOKENS, n)
+        except asyncpg.UndefinedTableError as exc:
+            raise ConfigError(
+                f"There is no fencing token sequence ({FENCING_SEQUENCE}) in schema "
+                f"{self._settings.database_schema!r}: run `stream-jobs db migrate`.") from exc
+        except _UNREACHABLE as exc:
+            raise self._unavailable(exc) from exc
+        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise DatabaseUnavailable(f"Postgres gave no fencing token: {exc}") from exc
+        return [int(row[0]) for row in rows]
 
     async def finished(self, job_id: str) -> tuple[str, int, datetime] | None:
         """(job_type, attempt, finished_at) of a finished job, or None."""
