@@ -106,9 +106,27 @@ def settings_for(stack: TestStack, prefix: str, topics_dir: Path) -> Settings:
     )
 
 
+def toml_value(value: object) -> str:
+    """A TOML value: a string, bool, int, float or a list of them."""
+    if isinstance(value, str):
+        # TOML takes every character raw but quotes, backslashes and control characters;
+        # JSON's \ud83d\ude00 pairs for characters past U+FFFF are not TOML.
+        escaped = "".join(f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F
+                          else "\\" + c if c in '"\\' else c for c in value)
+        return f'"{escaped}"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    raise ConfigError(f"{value!r} cannot be written to a topics/*.toml file: use strings, "
+                      "numbers, booleans or lists of them.")
+
+
 def toml_lines(keys: Mapping[str, object]) -> str:
-    """`topics/T.toml` text for `keys`: JSON spells strings, numbers and lists as TOML does."""
-    return "".join(f"{name} = {json.dumps(value)}\n" for name, value in keys.items())
+    """`topics/T.toml` text for `keys`."""
+    return "".join(f"{name} = {toml_value(value)}\n" for name, value in keys.items())
 
 
 async def declare_type(settings: Settings, job_type: str, **keys: object) -> JobTypePolicy:
