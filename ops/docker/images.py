@@ -36,6 +36,7 @@ LABEL = "stream-jobs.inputs"
 # Bump when the way an image is made changes in a way its input files do not show.
 RECIPE = "1"
 PG_MAJOR = "15"
+LOCAL_CA_DIR = Path("/usr/local/share/ca-certificates")
 DEPLOY_TAG = "stream-jobs:latest"
 NAMES = ("base", "kafka", "postgres", "python", "deploy")
 
@@ -143,10 +144,22 @@ def base_tag(source: AptSource) -> str:
     return f"stream-jobs/debian:{source.release}"
 
 
+def local_ca_certificates() -> list[Path]:
+    """The CA certificates this machine's admin added to its trust store."""
+    return sorted(p for p in LOCAL_CA_DIR.glob("**/*.crt") if p.is_file())
+
+
 def build_base(source: AptSource, work: Path) -> str:
-    """Debian minbase from the machine's mirror, imported as an image; returns its tag."""
+    """Debian minbase from the machine's mirror, imported as an image; returns its tag.
+
+    It trusts what the machine trusts: the CA certificates added to the machine's store
+    are added to the image's, so builds on it reach package registries as the machine
+    does (through a TLS-inspecting proxy, say).
+    """
     tag = base_tag(source)
-    want = digest([RECIPE, source.mirror, source.release, "minbase"])
+    cas = local_ca_certificates()
+    want = digest([RECIPE, source.mirror, source.release, "minbase",
+                   *(p.read_bytes() for p in cas)])
     if label_of(tag) == want:
         return tag
     if shutil.which("debootstrap") is None:
@@ -159,12 +172,22 @@ def build_base(source: AptSource, work: Path) -> str:
     try:
         log = work / "debootstrap.log"
         with log.open("wb") as out:
-            done = subprocess.run(["debootstrap", "--variant=minbase", source.release,
+            done = subprocess.run(["debootstrap", "--variant=minbase",
+                                   "--include=ca-certificates", source.release,
                                    str(root), source.mirror],
                                   stdout=out, stderr=subprocess.STDOUT, check=False)
         if done.returncode != 0:
             raise BuildFailed(f"debootstrap {source.release} from {source.mirror} failed; "
                               f"see {log}.")
+        if cas:
+            target = root / "usr/local/share/ca-certificates"
+            for ca in cas:
+                shutil.copy2(ca, target / ca.name)
+            added = subprocess.run(["chroot", str(root), "update-ca-certificates"],
+                                   capture_output=True, text=True, check=False)
+            if added.returncode != 0:
+                raise BuildFailed("update-ca-certificates in the base image failed: "
+                                  f"{added.stderr.strip()[-400:]}")
         # What apt downloaded to install the base is no part of it.
         for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for path in (root / leftover).glob("*"):
