@@ -3,6 +3,7 @@
 # deploy image check.
 #
 #   ops/docker/engine.sh [start]   prints the DOCKER_HOST to use on stdout
+#   ops/docker/engine.sh env       prints that and testcontainers' settings, as NAME=VALUE
 #   ops/docker/engine.sh stop      stops the engine this script started (by pid file)
 #
 # `start` uses an engine that already answers (DOCKER_HOST, or the default socket). Else,
@@ -86,8 +87,26 @@ start() {
   exit 1
 }
 
+# testcontainers' settings for an engine on this machine: nothing pulls its clean-up
+# container (Ryuk; the fixtures stop their containers themselves), and the mapped ports
+# are reached on loopback (this machine looks like a container to it, which would make
+# it dial the bridge's gateway). A setting already made is kept.
+print_env() {
+  local host
+  host=$(start) || exit 1
+  echo "DOCKER_HOST=$host"
+  echo "TESTCONTAINERS_RYUK_DISABLED=${TESTCONTAINERS_RYUK_DISABLED:-true}"
+  case "$host" in
+    unix://*)
+      echo "TC_HOST=${TC_HOST:-127.0.0.1}"
+      echo "TESTCONTAINERS_CONNECTION_MODE=${TESTCONTAINERS_CONNECTION_MODE:-docker_host}"
+      ;;
+  esac
+}
+
 case "${1:-start}" in
   start) start ;;
+  env) print_env ;;
   stop) stop ;;
-  *) echo "usage: $0 [start|stop]" >&2; exit 2 ;;
+  *) echo "usage: $0 [start|env|stop]" >&2; exit 2 ;;
 esac

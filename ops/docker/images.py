@@ -212,7 +212,7 @@ def build(tag: str, context: Path, inputs: list[str | bytes], *,
     want = digest([RECIPE, *inputs])
     if label_of(tag) == want:
         return tag
-    argv = ["build", "--network", "host", "--label", f"{LABEL}={want}", "-t", tag]
+    argv = ["build", "--network", "host", "--force-rm", "--label", f"{LABEL}={want}", "-t", tag]
     if dockerfile is not None:
         argv += ["-f", str(dockerfile)]
     for arg in args:
@@ -248,8 +248,8 @@ def _same_fs(a: Path, b: Path) -> bool:
 def build_deploy() -> str:
     """stream-jobs:latest from ops/deploy/Dockerfile; Docker's layer cache decides what to
     rebuild, since its inputs are the repository's sources."""
-    docker("build", "--network", "host", "-q", "-f", str(REPO / "ops" / "deploy" / "Dockerfile"),
-           "-t", DEPLOY_TAG, str(REPO))
+    docker("build", "--network", "host", "--force-rm", "-q",
+           "-f", str(REPO / "ops" / "deploy" / "Dockerfile"), "-t", DEPLOY_TAG, str(REPO))
     return DEPLOY_TAG
 
 
