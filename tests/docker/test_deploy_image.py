@@ -70,6 +70,7 @@ async def test_the_image_runs_a_worker_that_does_the_jobs(
         state = docker("inspect", "-f", "{{.State.ExitCode}} {{.Config.User}}", name)
         logs = docker("logs", name)
         docker("rm", "-f", name)
+        print(f"the worker container's log:\n{logs.stdout[-3000:]}{logs.stderr[-3000:]}")
     exit_code, user = state.stdout.split()
     assert (exit_code, user) == ("0", "worker"), logs.stdout + logs.stderr
     assert f"succeeded {JOBS}" in logs.stdout + logs.stderr
