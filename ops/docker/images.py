@@ -170,29 +170,7 @@ def build_base(source: AptSource, work: Path) -> str:
     work.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="debootstrap-", dir=work))
     try:
-        log = work / "debootstrap.log"
-        with log.open("wb") as out:
-            done = subprocess.run(["debootstrap", "--variant=minbase",
-                                   "--include=ca-certificates", source.release,
-                                   str(root), source.mirror],
-                                  stdout=out, stderr=subprocess.STDOUT, check=False)
-        if done.returncode != 0:
-            raise BuildFailed(f"debootstrap {source.release} from {source.mirror} failed; "
-                              f"see {log}.")
-        if cas:
-            target = root / "usr/local/share/ca-certificates"
-            for ca in cas:
-                shutil.copy2(ca, target / ca.name)
-            added = subprocess.run(["chroot", str(root), "update-ca-certificates"],
-                                   capture_output=True, text=True, check=False)
-            if added.returncode != 0:
-                raise BuildFailed("update-ca-certificates in the base image failed: "
-                                  f"{added.stderr.strip()[-400:]}")
-        # What apt downloaded to install the base is no part of it.
-        for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
-            for path in (root / leftover).glob("*"):
-                if path.is_file():
-                    path.unlink()
+        debootstrap(source, root, cas, work / "debootstrap.log")
         tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(root), "-c", "."],
                                stdout=subprocess.PIPE)
         assert tar.stdout is not None
@@ -204,6 +182,31 @@ def build_base(source: AptSource, work: Path) -> str:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return tag
+
+
+def debootstrap(source: AptSource, root: Path, cas: Sequence[Path], log: Path) -> None:
+    """A minbase system in `root`, trusting `cas` too, without apt's downloads."""
+    with log.open("wb") as out:
+        done = subprocess.run(["debootstrap", "--variant=minbase", "--include=ca-certificates",
+                               source.release, str(root), source.mirror],
+                              stdout=out, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        raise BuildFailed(f"debootstrap {source.release} from {source.mirror} failed; "
+                          f"see {log}.")
+    if cas:
+        target = root / "usr/local/share/ca-certificates"
+        for ca in cas:
+            shutil.copy2(ca, target / ca.name)
+        added = subprocess.run(["chroot", str(root), "update-ca-certificates"],
+                               capture_output=True, text=True, check=False)
+        if added.returncode != 0:
+            raise BuildFailed("update-ca-certificates in the base image failed: "
+                              f"{added.stderr.strip()[-400:]}")
+    # What apt downloaded to install the base is no part of it.
+    for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        for path in (root / leftover).glob("*"):
+            if path.is_file():
+                path.unlink()
 
 
 def build(tag: str, context: Path, inputs: list[str | bytes], *,
