@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -109,13 +110,14 @@ def docker(*args: str, stdin: int | None = None) -> str:
 
 
 def label_of(tag: str) -> str | None:
-    """The inputs digest an existing image was built from, or None when there is none."""
-    result = subprocess.run(
-        ["docker", "image", "inspect", "-f", f'{{{{ index .Config.Labels "{LABEL}" }}}}', tag],
-        capture_output=True, text=True, check=False)
+    """The inputs digest the image `tag` was built from here; "" for an image made
+    elsewhere (an official one, pulled); None when the engine has no such image."""
+    result = subprocess.run(["docker", "image", "inspect", "-f", "{{json .Config.Labels}}", tag],
+                            capture_output=True, text=True, check=False)
     if result.returncode != 0:
         return None
-    return result.stdout.strip() or None
+    labels = json.loads(result.stdout or "null") or {}
+    return str(labels.get(LABEL, ""))
 
 
 def image_id(tag: str) -> str:
@@ -211,9 +213,15 @@ def debootstrap(source: AptSource, root: Path, cas: Sequence[Path], log: Path) -
 
 def build(tag: str, context: Path, inputs: list[str | bytes], *,
           dockerfile: Path | None = None, args: Sequence[str] = ()) -> str:
-    """`docker build --network host` of `context` unless `tag` was built from these inputs."""
+    """`docker build --network host` of `context` unless `tag` was built from these inputs,
+    or is an image made elsewhere: an official image someone pulled is used, never
+    replaced by a stand-in."""
     want = digest([RECIPE, *inputs])
-    if label_of(tag) == want:
+    found = label_of(tag)
+    if found == want:
+        return tag
+    if found == "":
+        print(f"{tag}: an image not built here is there; using it as it is", file=sys.stderr)
         return tag
     argv = ["build", "--network", "host", "--force-rm", "--label", f"{LABEL}={want}", "-t", tag]
     if dockerfile is not None:
