@@ -89,7 +89,8 @@ def docker_unavailable() -> str | None:
 
 
 def kafka_container(image: str) -> KafkaContainer:
-    """testcontainers' KafkaContainer for `image`, in KRaft mode, with our broker settings."""
+    """testcontainers' KafkaContainer for `image` (apache/kafka's, or a Confluent image),
+    in KRaft mode, with our broker settings."""
     from testcontainers.community.kafka import KafkaContainer
 
     class ApacheKafkaContainer(KafkaContainer):
@@ -112,7 +113,9 @@ def kafka_container(image: str) -> KafkaContainer:
                       "exec /etc/kafka/docker/run\n")
             self.create_file(script.encode(), KafkaContainer.TC_START_SCRIPT)
 
-    container = ApacheKafkaContainer(image).with_kraft()
+    # Confluent's images are the ones the module was written for: it runs them as it is.
+    kind = KafkaContainer if "confluentinc/" in image else ApacheKafkaContainer
+    container = kind(image).with_kraft()
     for name, value in KAFKA_ENV.items():
         container.with_env(name, value)
     return container
