@@ -38,6 +38,7 @@ DEFAULT_KAFKA_IMAGE = f"apache/kafka:{KAFKA_VERSION}"
 DEFAULT_POSTGRES_IMAGE = "postgres:15"
 DATABASE = "stream_jobs"
 START_TIMEOUT_S = 180
+RYUK = "testcontainers/ryuk"
 
 # What our local stack sets too: topics exist only when declared, room for a 1 MiB
 # payload, and a single node's replication. The heap stays small beside the tests.
@@ -128,6 +129,19 @@ def postgres_container(image: str) -> PostgresContainer:
                              dbname=DATABASE, driver=None)
 
 
+def start_failure(exc: BaseException, images: ContainerImages) -> str:
+    """The sentence for a container that did not start: what to set or get."""
+    if RYUK in str(exc):
+        return (f"testcontainers' clean-up container ({RYUK}) could not be started or pulled "
+                f"({exc}): set TESTCONTAINERS_RYUK_DISABLED=true, the fixtures remove their "
+                "containers themselves.")
+    if "images/create" in str(exc) or "not found" in str(exc).lower():
+        return (f"A test image is missing and could not be pulled ({exc}): pull or build "
+                f"{images.kafka} and {images.postgres}, or name others with "
+                f"{KAFKA_IMAGE_ENV} / {POSTGRES_IMAGE_ENV}.")
+    return f"The test containers ({images.kafka}, {images.postgres}) did not start: {exc}."
+
+
 @contextmanager
 def containers_stack(images: ContainerImages | None = None) -> Iterator[TestStack]:
     """Start Kafka and Postgres containers; the stack they make, until the block ends."""
@@ -148,13 +162,8 @@ def containers_stack(images: ContainerImages | None = None) -> Iterator[TestStac
             postgres.start()
             stack = TestStack(kafka.get_bootstrap_server(),
                               postgres.get_connection_url(driver=None), "testcontainers")
-        except docker.errors.ImageNotFound as exc:
-            raise StackError(f"A test image is missing and could not be pulled ({exc}): pull "
-                             f"or build it, or name another with {KAFKA_IMAGE_ENV} / "
-                             f"{POSTGRES_IMAGE_ENV}.") from exc
         except (docker.errors.DockerException, ContainerStartException, TimeoutError) as exc:
-            raise StackError(f"The test containers did not start ({exc}); images "
-                             f"{images.kafka} and {images.postgres}.") from exc
+            raise StackError(start_failure(exc, images)) from exc
         yield stack
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -47,31 +48,43 @@ from stream_jobs.testing.stack import (
 )
 
 Bind = Callable[..., App]
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
 def stream_jobs_stack() -> Iterator[TestStack]:
     """The test run's Kafka and Postgres (local, testcontainers or external)."""
-    try:
-        backend = choose_backend(os.environ)
-        if backend == "external":
-            yield external_stack(os.environ)
-        elif backend == "local":
-            yield local_stack()
-        else:
-            from stream_jobs.testing.containers import (
-                containers_stack,
-                docker_unavailable,
-                images_from,
-            )
+    backend = _or_fail(lambda: choose_backend(os.environ))
+    if backend == "testcontainers":
+        yield from _containers()
+    elif backend == "external":
+        yield _or_fail(lambda: external_stack(os.environ))
+    else:
+        yield _or_fail(local_stack)
 
-            reason = docker_unavailable()
-            if reason is not None:
-                pytest.skip(reason)
-            with containers_stack(images_from(os.environ)) as stack:
-                yield stack
+
+def _or_fail(make: Callable[[], T]) -> T:
+    """`make()`; a StreamJobsError fails the test with its sentence, without a traceback."""
+    try:
+        return make()
     except StreamJobsError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        failure = str(exc)
+    pytest.fail(failure, pytrace=False)
+
+
+def _containers() -> Iterator[TestStack]:
+    from stream_jobs.testing.containers import containers_stack, docker_unavailable, images_from
+
+    reason = docker_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        with containers_stack(images_from(os.environ)) as stack:
+            yield stack
+            return
+    except StreamJobsError as exc:
+        failure = str(exc)
+    pytest.fail(failure, pytrace=False)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from stream_jobs.testing.containers import (
     KAFKA_VERSION,
     ContainerImages,
     images_from,
+    start_failure,
 )
 from stream_jobs.testing.stack import choose_backend, toml_lines
 
@@ -79,3 +80,14 @@ def test_images_come_from_the_environment_or_the_defaults() -> None:
     assert images_from({"STREAM_JOBS_TEST_KAFKA_IMAGE": "apache/kafka:4.2.0",
                         "STREAM_JOBS_TEST_POSTGRES_IMAGE": ""}) == \
         ContainerImages("apache/kafka:4.2.0", DEFAULT_POSTGRES_IMAGE)
+
+
+@pytest.mark.parametrize(("error", "says"), [
+    ("500 Server Error for .../images/create?tag=0.8.1&fromImage=testcontainers%2Fryuk",
+     "set TESTCONTAINERS_RYUK_DISABLED=true"),
+    ("404 Client Error for .../images/create?fromImage=apache%2Fkafka: not found",
+     "name others with STREAM_JOBS_TEST_KAFKA_IMAGE"),
+    ("Container did not emit logs", "did not start: Container did not emit logs"),
+])
+def test_a_container_that_did_not_start_says_what_to_do(error: str, says: str) -> None:
+    assert says in start_failure(RuntimeError(error.replace("%2F", "/")), ContainerImages())
