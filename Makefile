@@ -7,7 +7,8 @@ SJ     := $(BIN)/stream-jobs
 # about this site.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
-.PHONY: setup system venv stack down status lint docs unit integration test demo bench clean chaos
+.PHONY: setup system venv stack down status lint docs unit integration test demo bench clean chaos \
+	docker-images docker-test compose-check
 
 setup: system venv
 
@@ -27,6 +28,7 @@ stack: setup
 
 down:
 	-$(SJ) dev down
+	-@bash ops/docker/engine.sh stop
 
 status:
 	$(SJ) dev status
@@ -51,8 +53,36 @@ unit: venv
 integration: stack
 	$(BIN)/pytest -q tests/integration
 
-# lint, then the unit tests (no services), then the integration tests on the real stack.
-test: setup lint unit integration
+# lint, then the unit tests (no services), then the integration tests on the real stack,
+# then the Docker checks (below).
+test: setup lint unit integration docker-test
+
+# Docker: ops/docker/engine.sh finds an engine, or (as root) installs Debian's docker.io and
+# starts one with its data in ~/.cache/stream-jobs/docker; it prints DOCKER_HOST and
+# testcontainers' settings. ops/docker/images.py builds the local stand-ins for the images
+# the project names (no registry is reachable here), once per machine.
+DOCKER_ENV = bash ops/docker/engine.sh env
+
+docker-images: venv
+	@env $$($(DOCKER_ENV)) $(BIN)/python -m ops.docker.images
+
+# docker-compose.yml for real: up, enqueue from the host, the jobs done, down (~1 min warm).
+compose-check: docker-images
+	@env $$($(DOCKER_ENV)) $(BIN)/python -m ops.docker.compose_check
+
+# The fixture tests on the testcontainers backend, the deploy image running a worker, and
+# the compose check. Without a Docker engine the tests skip, saying why (pytest exits 0).
+DOCKER_TESTS = tests/integration/test_stack_fixtures.py tests/docker
+docker-test: venv
+	@if dockerenv=$$($(DOCKER_ENV)); then \
+	  env $$dockerenv $(BIN)/python -m ops.docker.images && \
+	  env $$dockerenv STREAM_JOBS_TEST_BACKEND=testcontainers \
+	    $(BIN)/pytest -q -rs $(DOCKER_TESTS) && \
+	  env $$dockerenv $(BIN)/python -m ops.docker.compose_check; \
+	else \
+	  echo "no Docker engine (see above): the testcontainers tests skip, and the compose check does not run"; \
+	  STREAM_JOBS_TEST_BACKEND=testcontainers $(BIN)/pytest -q -rs $(DOCKER_TESTS); \
+	fi
 
 demo: stack
 	$(SJ) demo

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from stream_jobs import App, JobContext, PermanentError
+from stream_jobs.dedup.store import prepare_schema
 
 app = App()
 
@@ -133,3 +134,9 @@ def scenario(rng: random.Random) -> tuple[list[tuple[str, BaseModel, str | None,
     }
     return jobs, expected
 
+
+
+if __name__ == "__main__":
+    # `python -m consumers.demo`: the demo's effect tables and the dedup table, in the
+    # database the settings name (docker-compose.yml's setup service runs this).
+    asyncio.run(prepare_schema(app.settings, SCHEMA))

@@ -1,7 +1,8 @@
 """docker-compose.yml agrees with the code: ports, settings names, Kafka version, build files.
 
-We cannot run Docker here, so this is what keeps the file from drifting away from
-stream_jobs.settings and ops/ while nobody is looking.
+The file as compose reads it with no variables set (`${VAR:-default}` gives the default).
+`make compose-check` runs it for real where a Docker engine is; these checks run
+everywhere, so the file cannot drift away from stream_jobs.settings and ops/ unseen.
 """
 
 from __future__ import annotations
@@ -28,9 +29,16 @@ REPO = Path(__file__).resolve().parents[2]
 PREFIX = "STREAM_JOBS_"
 
 
+def interpolated(text: str, environ: dict[str, str] | None = None) -> str:
+    """`text` with `${VAR:-default}` replaced as compose does: VAR's value, else the default."""
+    given = environ or {}
+    return re.sub(r"\$\{([A-Z0-9_]+):-([^}]*)\}",
+                  lambda m: given.get(m.group(1)) or m.group(2), text)
+
+
 @pytest.fixture(scope="module")
 def services() -> dict[str, Any]:
-    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    compose = yaml.safe_load(interpolated((REPO / "docker-compose.yml").read_text()))
     found: dict[str, Any] = compose["services"]
     return found
 
@@ -81,6 +89,16 @@ def test_kafka_is_published_where_the_default_bootstrap_points(services: dict[st
     # A client on the host is sent back to the address it bootstrapped from.
     advertised = environment(services["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
     assert f"//{host}:{DEFAULT_KAFKA_PORT}" in advertised
+
+
+def test_a_moved_kafka_port_is_the_port_kafka_advertises() -> None:
+    text = (REPO / "docker-compose.yml").read_text()
+    moved = yaml.safe_load(interpolated(text, {"STREAM_JOBS_COMPOSE_KAFKA_PORT": "39092",
+                                               "STREAM_JOBS_COMPOSE_POSTGRES_PORT": "39432"}))
+    kafka, postgres = moved["services"]["kafka"], moved["services"]["postgres"]
+    assert ("127.0.0.1", 39092, DEFAULT_KAFKA_PORT) in published(kafka)
+    assert "HOST://127.0.0.1:39092" in environment(kafka)["KAFKA_ADVERTISED_LISTENERS"]
+    assert ("127.0.0.1", 39432, 5432) in published(postgres)
 
 
 def test_postgres_is_published_where_the_default_url_points(services: dict[str, Any]) -> None:
