@@ -115,3 +115,7 @@ class ReplayInterrupted(StreamJobsError):
 
 class GroupInUse(StreamJobsError):
     """A consumer group has active members, so its committed offsets cannot be moved."""
+
+
+class LeadershipLost(StreamJobsError):
+    """A scheduler's lock session ended or failed: it no longer leads its type's schedules."""

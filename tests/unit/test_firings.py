@@ -23,7 +23,8 @@ UUID7 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-
 def test_a_firing_has_one_job_id_whoever_computes_it() -> None:
     one = firing_job_id("jobs", "digest.send", "nightly", 1_774_745_400_000)
     assert one == firing_job_id("jobs", "digest.send", "nightly", 1_774_745_400_000)
-    assert UUID7.match(one) and len(one) == 36 <= MAX_JOB_ID_CHARS
+    assert UUID7.match(one)
+    assert len(one) == 36 <= MAX_JOB_ID_CHARS
     # The UUIDv7 time is the fire time: IDs sort by it and lookups narrow their scan by it.
     assert job_id_time_ms(one) == 1_774_745_400_000
 
@@ -79,13 +80,15 @@ def test_after_downtime_skip_runs_none_and_all_runs_each() -> None:
     skip = due_firings(every_minute("skip"), 10 * MINUTE, 15 * MINUTE + 40_000)
     assert (skip.fire_ms, skip.horizon_ms, skip.dropped) == ((), 15 * MINUTE, 5)
     every = due_firings(every_minute("all"), 10 * MINUTE, 15 * MINUTE + 40_000)
-    assert every.fire_ms == tuple(m * MINUTE for m in range(11, 16)) and every.dropped == 0
+    assert every.fire_ms == tuple(m * MINUTE for m in range(11, 16))
+    assert every.dropped == 0
 
 
 def test_all_is_capped_at_the_newest_hundred() -> None:
     due = due_firings(every_minute("all"), 0, 1000 * MINUTE)
     assert len(due.fire_ms) == MAX_CATCH_UP
-    assert due.fire_ms[0] == 901 * MINUTE and due.fire_ms[-1] == 1000 * MINUTE
+    assert due.fire_ms[0] == 901 * MINUTE
+    assert due.fire_ms[-1] == 1000 * MINUTE
     assert due.dropped == 900
 
 
@@ -94,7 +97,8 @@ def test_a_firing_up_to_thirty_seconds_late_is_late_not_missed() -> None:
     due = due_firings(spec, 0, 100_000 + LATE_MS)
     # At 130 s, the firings of 100 s ... 130 s are at most 30 s overdue: they run even
     # under skip; 10 s ... 90 s were missed.
-    assert due.fire_ms == (100_000, 110_000, 120_000, 130_000) and due.dropped == 9
+    assert due.fire_ms == (100_000, 110_000, 120_000, 130_000)
+    assert due.dropped == 9
 
 
 pass_gaps = st.lists(st.integers(1, LATE_MS), min_size=1, max_size=40)

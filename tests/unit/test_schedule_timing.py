@@ -3,6 +3,7 @@ and the properties every scheduler relies on (any start gives the same fire time
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -45,7 +46,8 @@ def test_on_the_spring_forward_day_an_hourly_schedule_fires_23_times() -> None:
     spec = ScheduleSpec("n", cron="0 * * * *", timezone="Europe/Berlin")
     fired = day_of(spec, "2026-03-29")
     assert len(fired) == 23
-    assert "2026-03-29T01:00:00+01:00" in fired and "2026-03-29T03:00:00+02:00" in fired
+    assert "2026-03-29T01:00:00+01:00" in fired
+    assert "2026-03-29T03:00:00+02:00" in fired
     assert not any("T02:" in t for t in fired)
 
 
@@ -91,7 +93,7 @@ def test_every_counts_elapsed_time_and_ignores_the_clock_change() -> None:
     start = ms("2026-03-29T00:00:00+01:00")
     times, total = fire_times(spec, start, start + 6 * 3_600_000, newest=100)
     assert total == 6
-    assert [b - a for a, b in zip(times, times[1:], strict=False)] == [3_600_000] * 5
+    assert [b - a for a, b in itertools.pairwise(times)] == [3_600_000] * 5
     assert all(t % 3_600_000 == 0 for t in times)
 
 
@@ -132,7 +134,8 @@ specs = st.one_of(cron_specs, every_specs)
 def test_the_next_firing_is_later_and_nothing_fires_in_between(spec: ScheduleSpec,
                                                                after: int) -> None:
     nxt = next_fire_ms(spec, after)
-    assert nxt is not None and nxt > after
+    assert nxt is not None
+    assert nxt > after
     assert fire_times(spec, after, nxt - 1, newest=5) == ([], 0)
     assert fire_times(spec, after, nxt, newest=5) == ([nxt], 1)
 
@@ -192,8 +195,8 @@ def stepped(spec: ScheduleSpec, after: int, until: int) -> list[int]:
 @given(st.sampled_from(["Europe/Berlin", "America/New_York", "Australia/Lord_Howe"]),
        st.sampled_from(["30 2 * * *", "30 1 * * *", "0 2 * * *", "15,45 1-2 * * *",
                         "0 * * * *", "*/20 * * * *"]),
-       st.sampled_from(CHANGES + [ms("2026-04-05T15:00:00+00:00"),
-                                  ms("2026-10-04T15:30:00+00:00")]),
+       st.sampled_from([*CHANGES, ms("2026-04-05T15:00:00+00:00"),
+                        ms("2026-10-04T15:30:00+00:00")]),
        st.integers(-3 * 3_600_000, 3 * 3_600_000), st.integers(1, 12 * 3_600_000))
 def test_spans_ending_inside_a_clock_change_hold_the_same_firings(
         zone: str, expr: str, change: int, offset: int, length: int) -> None:
