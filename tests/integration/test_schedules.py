@@ -5,11 +5,12 @@ the operator's commands (list, pause, resume, trigger)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 import orjson
@@ -42,6 +43,33 @@ async def declare(settings: Settings, toml: str = EVERY_SECOND,
     types = load_job_types(settings.topics_dir)
     await apply(settings, types)
     return types[job_type]
+
+
+class Runner(Protocol):
+    def request_stop(self) -> None: ...
+    async def run(self) -> None: ...
+
+
+Start = Callable[[Runner], "asyncio.Task[None]"]
+
+
+@pytest.fixture
+async def running(app: App) -> AsyncIterator[Start]:
+    """Start schedulers and workers as tasks; whatever a test leaves running is stopped
+    before its schema is dropped (a failed assertion would otherwise leave them at it)."""
+    started: list[tuple[Runner, asyncio.Task[None]]] = []
+
+    def start(runner: Runner) -> asyncio.Task[None]:
+        task = asyncio.create_task(runner.run())
+        started.append((runner, task))
+        return task
+
+    yield start
+    for runner, _ in started:
+        runner.request_stop()
+    for _, task in started:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 30)
 
 
 @pytest.fixture
@@ -94,11 +122,11 @@ async def stopped(runner: Scheduler, task: asyncio.Task[None]) -> None:
 
 
 async def test_two_schedulers_fire_each_firing_once_and_the_other_takes_over(
-        settings: Settings, app: App) -> None:
+        settings: Settings, app: App, running: Start) -> None:
     policy = await declare(settings)
     a = Scheduler(settings, policy, policy.schedules, holder="test scheduler a")
     b = Scheduler(settings, policy, policy.schedules, holder="test scheduler b")
-    tasks = {a: asyncio.create_task(a.run()), b: asyncio.create_task(b.run())}
+    tasks = {a: running(a), b: running(b)}
     await until(lambda: a.fired + b.fired >= 3, "three firings", within_s=30)
     assert a.is_leader != b.is_leader, "one leader, not two, not none"
     leader, other = (a, b) if a.is_leader else (b, a)
@@ -115,12 +143,12 @@ async def test_two_schedulers_fire_each_firing_once_and_the_other_takes_over(
 
 
 async def test_a_refired_firing_is_a_duplicate_not_a_second_run(
-        settings: Settings, app: App, db: Any) -> None:
+        settings: Settings, app: App, db: Any, running: Start) -> None:
     await declare(settings)
     with_effects(app)
     worker = app.worker(TICK)  # every worker of a type runs its scheduler
     assert worker.scheduler is not None
-    task = asyncio.create_task(worker.run())
+    task = running(worker)
 
     async def effects() -> int:
         return int(await db.fetchval("SELECT count(*) FROM tick_effects"))
@@ -132,7 +160,7 @@ async def test_a_refired_firing_is_a_duplicate_not_a_second_run(
     # behind: the next leader enqueues those firings again, under the same job IDs.
     await db.execute("UPDATE stream_jobs_schedules SET horizon_ms = horizon_ms - 2000")
     again = app.worker(TICK)
-    task = asyncio.create_task(again.run())
+    task = running(again)
     await until(lambda: again.outcomes["duplicate"] >= 2, "the refired firings are "
                 "duplicates", within_s=30)
     await until(lambda: again.outcomes["succeeded"] >= 1, "new firings run", within_s=30)
@@ -150,7 +178,7 @@ async def _at_least(count: Any, n: int) -> bool:
 
 
 async def test_a_payload_computed_at_fire_time_carries_the_fire_time(
-        settings: Settings, app: App) -> None:
+        settings: Settings, app: App, running: Start) -> None:
     policy = await declare(settings, toml="")
 
     @app.periodic(TICK, name="stamped", every="1s")
@@ -160,7 +188,7 @@ async def test_a_payload_computed_at_fire_time_carries_the_fire_time(
     runner = app.scheduler(TICK)
     assert runner is not None
     assert runner.specs[0].in_code
-    task = asyncio.create_task(runner.run())
+    task = running(runner)
     await until(lambda: runner.fired >= 2, "two firings", within_s=30)
     await stopped(runner, task)
     records = await read_topic(settings, lane_topic(settings.topic_prefix, TICK))
@@ -174,11 +202,11 @@ async def test_a_payload_computed_at_fire_time_carries_the_fire_time(
 
 
 async def test_a_killed_lock_session_hands_the_lead_to_the_other(
-        settings: Settings, app: App) -> None:
+        settings: Settings, app: App, running: Start) -> None:
     policy = await declare(settings)
     a = Scheduler(settings, policy, policy.schedules, holder="test scheduler a", lease_s=2)
     b = Scheduler(settings, policy, policy.schedules, holder="test scheduler b", lease_s=2)
-    tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]
+    tasks = [running(a), running(b)]
     await until(lambda: a.fired + b.fired >= 2, "two firings", within_s=30)
     leader = a if a.is_leader else b
     conn = await asyncpg.connect(settings.database_url)
@@ -200,10 +228,10 @@ async def test_a_killed_lock_session_hands_the_lead_to_the_other(
 
 
 async def test_pause_resume_trigger_and_list_from_the_cli(
-        settings: Settings, app: App) -> None:
+        settings: Settings, app: App, running: Start) -> None:
     policy = await declare(settings)
     runner = Scheduler(settings, policy, policy.schedules, holder="test scheduler")
-    task = asyncio.create_task(runner.run())
+    task = running(runner)
     await until(lambda: runner.fired >= 1, "a firing", within_s=30)
 
     code, out, err = await _run(settings, "schedules", "list")
