@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from ops.bench import kafka_tools, memory, ours, peers, profile, scaling
+from ops.bench import kafka_tools, memory, ours, peers, profile, scaling, schedules
 from ops.bench.common import (
     BENCH_DIR,
     CODE_DIR,
@@ -215,6 +215,7 @@ def _sections() -> list[Section]:
         ("latency", ours.latency),
         ("retry", ours.retry),
         ("peers", peers.peers),
+        ("schedules", schedules.schedules),
         ("profile", profile.profile),
         ("memory", memory.memory),
         ("scaling", scaling.scaling),

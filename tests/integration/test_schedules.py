@@ -280,3 +280,21 @@ async def test_the_cli_names_a_schedule_it_does_not_know(settings: Settings, app
     assert code == 1
     assert "No schedule 'nightly' is declared in topics/ or has run yet (known: " \
            f"{TICK}:beat)" in " ".join(err.split())
+
+
+async def test_the_dashboard_shows_the_schedules(settings: Settings, app: App,
+                                                 running: Start) -> None:
+    from stream_jobs.gateway import create_app
+
+    from .test_gateway import served
+
+    policy = await declare(settings)
+    runner = Scheduler(settings, policy, policy.schedules, holder="dashboard scheduler")
+    running(runner)
+    await until(lambda: runner.fired >= 1, "a firing", within_s=30)
+    async with served(create_app(settings)) as http:
+        page = (await http.get("/")).text
+    row = page.split(f'data-schedule="{TICK}:beat"', 1)[1].split("</tr>", 1)[0]
+    assert "every 1s" in row
+    assert "dashboard scheduler" in row
+    assert "UTC" in row  # next fire and last fired, as times
