@@ -10,6 +10,7 @@ dry run found. DLQ pages need the session that `/login` sets from the gateway's 
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote, urlencode
@@ -34,6 +35,7 @@ templates = Environment(loader=PackageLoader("stream_jobs.gateway", "templates")
 router = APIRouter(include_in_schema=False)
 GatewayDep = Annotated[Gateway, Depends(gateway_of)]
 _FORM_LIMIT = 64 * 1024
+SCHEDULES_WAIT_S = 3.0
 
 
 def _ago(seconds: float | None) -> str:
@@ -113,12 +115,15 @@ async def overview(gateway: GatewayDep) -> HTMLResponse:
 
 async def _schedules(gateway: Gateway) -> tuple[list[ScheduleView], str | None]:
     """The schedules, or why they could not be read (said only when some are declared:
-    a deployment without schedules may have no schedules table at all)."""
+    a deployment without schedules may have no schedules table at all). A Postgres that
+    does not answer costs the page at most SCHEDULES_WAIT_S."""
     try:
-        return await read_schedules(gateway.settings, gateway.types), None
-    except StreamJobsError as exc:
+        return await asyncio.wait_for(read_schedules(gateway.settings, gateway.types),
+                                      SCHEDULES_WAIT_S), None
+    except (StreamJobsError, TimeoutError) as exc:
         declared = any(p.schedules for p in gateway.types.values())
-        return [], str(exc) if declared else None
+        problem = str(exc) or f"Postgres did not answer within {SCHEDULES_WAIT_S:g} s"
+        return [], problem if declared else None
 
 
 @router.get("/login", response_class=HTMLResponse)
