@@ -5,16 +5,21 @@ app = App()
 
 @app.job("email.send", timeout=30, concurrency=64, ordering="key")
 async def send_email(job: SendEmail, ctx: JobContext) -> None: ...
+
+@app.periodic("digest.send", name="hourly", cron="0 * * * *", timezone="Europe/Berlin")
+def hourly_digest(fire_time: datetime) -> dict[str, str]: ...
 ```
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from stream_jobs.errors import ConfigError, UnknownJobType
 from stream_jobs.handlers import (
@@ -25,11 +30,15 @@ from stream_jobs.handlers import (
     new_handler,
 )
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
+from stream_jobs.naming import validate_job_type
+from stream_jobs.payloads import validation_summary
+from stream_jobs.periodic import MissedPolicy, ScheduleSpec, every_seconds
 from stream_jobs.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from stream_jobs.client import JobClient, SyncJobClient
     from stream_jobs.runtime.worker import Worker
+    from stream_jobs.schedules import PayloadFunc, Scheduler
 
 
 class App:
@@ -39,6 +48,8 @@ class App:
         self._settings = settings
         self._overrides = overrides
         self.handlers: dict[str, JobHandler] = {}
+        # Schedules declared in code: type -> name -> (spec, payload function).
+        self.periodic_jobs: dict[str, dict[str, tuple[ScheduleSpec, PayloadFunc]]] = {}
 
     @cached_property
     def settings(self) -> Settings:
@@ -70,6 +81,73 @@ class App:
             return func
 
         return register
+
+    def periodic(self, job_type: str, *, name: str, cron: str | None = None,
+                 every: str | float | timedelta | None = None, timezone: str = "UTC",
+                 missed: MissedPolicy = "latest") -> Callable[[PayloadFunc], PayloadFunc]:
+        """Register a schedule of `job_type` whose payload is computed at fire time.
+
+        `cron` (five fields, on `timezone`'s wall clock) or `every` ("5m", seconds, or a
+        timedelta), and `missed` mean what they mean in `[[schedules]]` of topics/T.toml.
+        The function gets the firing's scheduled time (aware, on the schedule's clock)
+        and returns the payload (a dict or a pydantic model), or an awaitable of it. It
+        may be called more than once for one firing (a retry, a failover); only one of
+        its results runs, under the firing's job ID, so it should compute, not act.
+        """
+        validate_job_type(job_type)
+        every_s = every.total_seconds() if isinstance(every, timedelta) else \
+            None if every is None else every_seconds(name, every)
+        spec = ScheduleSpec(name, cron=cron, every_s=every_s, timezone=timezone,
+                            missed=missed, in_code=True)
+
+        def register(func: PayloadFunc) -> PayloadFunc:
+            declared = self.periodic_jobs.setdefault(job_type, {})
+            if name in declared:
+                raise ConfigError(f"Job type {job_type!r} already has a schedule {name!r} "
+                                  "declared in code.")
+            where = f"@app.periodic on {func.__module__}.{func.__qualname__}"
+            declared[name] = (replace(spec, source=where), func)
+            return func
+
+        return register
+
+    def schedules(self, job_type: str) -> tuple[ScheduleSpec, ...]:
+        """The type's schedules: its `[[schedules]]`, then those declared in code."""
+        policy = self.job_type(job_type)
+        in_code = [spec for spec, _ in self.periodic_jobs.get(job_type, {}).values()]
+        for spec in in_code:
+            if any(s.name == spec.name for s in policy.schedules):
+                raise ConfigError(f"Schedule {spec.name!r} of {job_type!r} is declared in "
+                                  f"{policy.origin} and by {spec.source}; keep one.")
+        return (*policy.schedules, *in_code)
+
+    def scheduled_types(self) -> list[str]:
+        """The declared types that have schedules, in TOML or in code."""
+        types = self.job_types()
+        return sorted(t for t, p in types.items() if p.schedules or self.periodic_jobs.get(t))
+
+    def scheduler(self, job_type: str, **options: Any) -> Scheduler | None:
+        """The scheduler of `job_type` (None when it has no schedules). A TOML payload
+        that does not fit the handler's model is refused here, before anything fires."""
+        from stream_jobs.schedules import Scheduler
+
+        specs = self.schedules(job_type)
+        if not specs:
+            return None
+        policy = self.job_type(job_type)
+        models = self.models()
+        model = models.get(job_type)
+        for spec in specs:
+            if model is not None and not spec.in_code:
+                try:
+                    model.model_validate(spec.payload)
+                except ValidationError as exc:
+                    raise ConfigError(f"{policy.origin}: the payload of schedule {spec.name!r} "
+                                      f"does not fit {model.__name__}: "
+                                      f"{validation_summary(exc)}.") from exc
+        payloads = {name: func for name, (_, func) in self.periodic_jobs.get(job_type, {}).items()}
+        return Scheduler(self.settings, policy, specs, payloads=payloads, models=models,
+                         **options)
 
     def handler(self, job_type: str) -> JobHandler:
         try:
@@ -103,6 +181,8 @@ class App:
         from stream_jobs.runtime.worker import Worker
 
         options.setdefault("children", self.client())  # for ctx.enqueue(): every type's checks
+        # Every worker of a type runs its scheduler; one of them leads (docs/schedules.md).
+        options.setdefault("scheduler", self.scheduler(job_type))
         return Worker(self.settings, self.job_type(job_type), self.handler(job_type), **options)
 
 

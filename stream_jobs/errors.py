@@ -124,3 +124,7 @@ class NotInTransaction(StreamJobsError):
 
 class OutboxWriteError(StreamJobsError):
     """A job could not be written to the outbox in the caller's transaction (roll it back)."""
+
+
+class LeadershipLost(StreamJobsError):
+    """A scheduler's lock session ended or failed: it no longer leads its type's schedules."""

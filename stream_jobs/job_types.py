@@ -14,6 +14,10 @@ A file's stem names its type unless the file sets `type`. Every key is optional:
     heartbeat_interval = "5s"          # optional, heartbeats through every lane partition
     max_payload_bytes = 65536          # optional, below the global setting
 
+    [[schedules]]                      # optional, any number: periodic jobs of the type
+    name = "nightly"                   # (keys: stream_jobs.periodic)
+    cron = "0 3 * * *"
+
 `stream_jobs.topic_plan` compares a type's topics with what the broker reports, and
 `stream_jobs.kafka.topics` makes the broker match.
 """
@@ -40,6 +44,7 @@ from stream_jobs.naming import (
     validate_job_type,
 )
 from stream_jobs.naming import dlq_topic as _dlq_topic
+from stream_jobs.periodic import ScheduleSpec, parse_schedules
 from stream_jobs.settings import Settings
 
 # Every topic gets room for a 1 MiB payload plus key and headers, whatever the broker's default.
@@ -64,6 +69,7 @@ KNOWN_KEYS = (
     "rate_limit",
     "heartbeat_interval",
     "max_payload_bytes",
+    "schedules",
 )
 # Heartbeats more often than this would be traffic, not a signal.
 MIN_HEARTBEAT_INTERVAL_S = 0.1
@@ -101,6 +107,8 @@ class JobTypePolicy:
     rate_limit_per_s: float | None = None
     heartbeat_interval_s: float | None = None
     max_payload_bytes: int | None = None
+    # Periodic jobs declared in the file ([[schedules]]); `stream_jobs.schedules` fires them.
+    schedules: tuple[ScheduleSpec, ...] = ()
     # Where the policy was declared, for messages; not part of the policy itself.
     source: str | None = field(default=None, compare=False)
 
@@ -245,6 +253,8 @@ def _read_key(key: str, raw: object) -> dict[str, object]:
                                       for lane, w in raw.items())}
     if key == "heartbeat_interval":
         return {"heartbeat_interval_s": _duration(key, raw)}
+    if key == "schedules":
+        return {"schedules": parse_schedules(raw)}
     raise ConfigError(_unknown_key(key))
 
 

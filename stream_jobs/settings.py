@@ -90,6 +90,10 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=0, ge=0, lt=65536)
     metrics_host: str = "127.0.0.1"
 
+    # Periodic jobs (stream_jobs/schedules/): a scheduler that stops answering (paused,
+    # frozen, cut off) loses its type's leadership after this long, and another takes over.
+    scheduler_lease_s: float = Field(default=10.0, ge=1.0)
+
     # Log lines of the worker command: "text" (fields as key=value) or "json" (one object a
     # line); see stream_jobs/logs.py.
     log_format: Literal["text", "json"] = "text"

@@ -74,18 +74,20 @@ class Scale:
     scaling_noop_n: int
     scaling_once_n: int
     scaling_runs: int
+    # The schedules section: seconds each contender runs its two schedulers, per run.
+    schedule_window_s: float
 
 
 FULL = Scale(runs=3, kafka_tool_records=200_000, kafka_e2e_messages=1_500, produce_n=50_000,
              awaited_n=1_000, backlog_n=100_000, once_n=10_000, e2e_seconds=10.0,
              mem_small=10_000, mem_mid=100_000, mem_big=1_000_000, mem_big_runs=1,
              retry_n=200, peer_n=6_000, profile_n=30_000, scaling_noop_n=60_000,
-             scaling_once_n=8_000, scaling_runs=3)
+             scaling_once_n=8_000, scaling_runs=3, schedule_window_s=30.0)
 QUICK = Scale(runs=1, kafka_tool_records=50_000, kafka_e2e_messages=300, produce_n=5_000,
               awaited_n=100, backlog_n=5_000, once_n=1_000, e2e_seconds=4.0,
               mem_small=1_000, mem_mid=3_000, mem_big=10_000, mem_big_runs=1, retry_n=20,
               peer_n=1_000, profile_n=3_000, scaling_noop_n=20_000, scaling_once_n=3_000,
-              scaling_runs=1)
+              scaling_runs=1, schedule_window_s=8.0)
 
 
 # -- statistics -----------------------------------------------------------------------------

@@ -50,6 +50,10 @@ RATIOS: list[tuple[str, str, str]] = [
      "celery.process"),
     ("enqueue_many (its section) / Dramatiq enqueue", "ours.enqueue_many", "dramatiq.enqueue"),
     ("enqueue_many (its section) / Celery enqueue", "ours.enqueue_many", "celery.enqueue"),
+    ("two schedulers, runs per firing: Celery beat / ours", "celery.beat_runs_per_firing",
+     "ours.sched_runs_per_firing"),
+    ("interval jitter p99 of a 1 s schedule: ours / Celery beat", "ours.sched_jitter_p99",
+     "celery.beat_jitter_p99"),
     ("RSS draining the big backlog / the small one", "ours.rss_big", "ours.rss_small"),
     ("RSS draining the big backlog / the middle one", "ours.rss_big", "ours.rss_mid"),
     ("RSS draining the middle backlog / the small one", "ours.rss_mid", "ours.rss_small"),
@@ -115,6 +119,10 @@ GOALS: list[Goal] = [
          "ours.retry_late_p99", "<=", RETRY_JITTER_MAX_MS + 1000.0, "ms late"),
     Goal("the same, warm worker (its producer has written to the tier before)", None,
          "ours.retry_warm_late_p99", "<=", RETRY_JITTER_MAX_MS + 1000.0, "ms late"),
+    Goal("two schedulers on one schedule: each firing runs once (Celery beat: twice)", None,
+         "ours.sched_runs_per_firing", "<=", 1.0, "runs"),
+    Goal("a firing's handler starts within 1 s of its fire time at p99 (two schedulers)",
+         None, "ours.sched_late_p99", "<=", 1000.0, "ms"),
 ]
 # The outbox's goals: in its own section (`BENCH_ONLY=outbox` replaces only that one).
 OUTBOX_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target, unit)
@@ -747,6 +755,15 @@ METHOD = [
     "worker meets the N jobs as a backlog, so its first failures are its producer's first "
     "writes to the tier topic. Warm: the running worker has already retried one canary job "
     "when the N jobs are enqueued.",
+    "- **Schedules**: two `Scheduler`s of one type in the bench process (one leads by the "
+    "advisory lock) and a worker run a 1 s schedule (`every = \"1s\"`) for the window, the "
+    "handler stamping each run; beside them, in a rotated order, two `celery beat` "
+    "processes (each its own schedule file and pidfile, as a team running two for "
+    "failover would) and one solo worker run a 1 s beat entry on the bench's Redis. The "
+    "first 2 s are left out. Runs per firing: ours, handler runs over distinct firing IDs; "
+    "Celery, runs per second of the entry. Lateness: a run's start less its fire time "
+    "(from the firing's job ID; Celery's tasks carry no fire time). Jitter: per stream of "
+    "runs (ours: the firings; Celery: each beat's), |interval - 1 s| at p99.",
     "- **Celery / Dramatiq**: their own venv, Redis 127.0.0.1:6390 without persistence, "
     "N no-op tasks enqueued one by one (timed), then the workers started and timed from "
     "their first task to their last (counted in memory per process, flushed to Redis every "

@@ -48,6 +48,7 @@ from ops.bench import (
     processes,
     profile,
     scaling,
+    schedules,
 )
 from ops.bench.common import (
     BENCH_DIR,
@@ -227,6 +228,7 @@ def _sections() -> list[Section]:
         ("latency", ours.latency),
         ("retry", ours.retry),
         ("peers", peers.peers),
+        ("schedules", schedules.schedules),
         ("profile", profile.profile),
         ("memory", memory.memory),
         ("scaling", scaling.scaling),

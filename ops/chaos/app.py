@@ -1,4 +1,6 @@
-"""The app the chaos workers run: `stream-jobs worker ops.chaos.app:app --type chaos.work`.
+"""The app the chaos workers run: `stream-jobs worker ops.chaos.app:app --type chaos.work`,
+and the schedulers of the failover scenario: `stream-jobs scheduler ops.chaos.app:app
+--type chaos.tick` (see `ops/chaos/failover.py`).
 
 Each delivery is appended to a per-process log (`CHAOS_DELIVERIES_DIR/<pid>.log`, one
 line per handler call, written before anything else and outside any transaction), so
@@ -21,9 +23,13 @@ from pydantic import BaseModel
 
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
+from stream_jobs.job_ids import job_id_time_ms
 
 JOB_TYPE = "chaos.work"
 EFFECTS_TABLE = "chaos_effects"
+# The failover scenario's type: a 1 s schedule whose firings each write one row.
+TICK_TYPE = "chaos.tick"
+TICK_EFFECTS_TABLE = "chaos_tick_effects"
 DELIVERIES_DIR_ENV = "CHAOS_DELIVERIES_DIR"
 HOLD_MS_ENV = "CHAOS_HOLD_MS"
 TIMEOUT_S_ENV = "CHAOS_HANDLER_TIMEOUT_S"
@@ -80,3 +86,11 @@ async def work(job: Work, ctx: JobContext) -> None:
         if _HOLD_S:
             # Keep the transaction open a moment, so kills land while effects are uncommitted.
             await asyncio.sleep(_HOLD_S)
+
+
+@app.job(TICK_TYPE, concurrency=8, ordering="unordered")
+async def tick(job: dict[str, object], ctx: JobContext) -> None:
+    # No unique constraint: a firing whose effect happened twice shows as a second row.
+    async with ctx.once() as tx:
+        await tx.execute(f"INSERT INTO {TICK_EFFECTS_TABLE} (job_id, fire_ms) VALUES ($1, $2)",
+                         ctx.job_id, job_id_time_ms(ctx.job_id))

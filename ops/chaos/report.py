@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypedDict
 
+from ops.chaos import failover
+from ops.chaos.failover import FailoverResult
 from ops.chaos.scenarios import SCENARIOS
 from ops.chaos.trial import TrialResult
 
@@ -90,6 +92,78 @@ class RunJSON(TypedDict):
     faults: list[dict[str, Any]]
 
 
+class FailoverRowJSON(TypedDict):
+    """One run of the scheduler failover scenario, as results.json keeps it."""
+
+    run: int
+    started: float  # epoch seconds
+    seconds: float
+    window_s: float
+    lease_s: float
+    ok: bool
+    firings: int
+    missed: int
+    duplicate_effects: int
+    enqueued_twice: int
+    duplicate_outcomes: int
+    faults: list[str]
+    takeovers_s: list[float | None]
+    gaps_s: list[float]
+    late_ms: list[float | None]  # p50, p99, max
+    problems: list[str]
+
+
+def failover_row(result: FailoverResult) -> FailoverRowJSON:
+    v = result.verdict
+    return {"run": result.run, "started": result.started, "seconds": result.seconds,
+            "window_s": result.window_s, "lease_s": result.lease_s, "ok": v.ok,
+            "firings": v.firings, "missed": len(v.missed),
+            "duplicate_effects": v.duplicate_effects, "enqueued_twice": v.enqueued_twice,
+            "duplicate_outcomes": v.duplicate_outcomes,
+            "faults": [f.kind for f in result.faults], "takeovers_s": v.takeovers_s,
+            "gaps_s": v.gaps_s, "late_ms": [v.late(50), v.late(99), v.late(100)],
+            "problems": [*v.problems, *result.notes]}
+
+
+def _each(values: list[float | None], kinds: list[str], kind: str) -> str:
+    picked = [v for v, k in zip(values, kinds, strict=False) if k == kind]
+    return ", ".join(_fmt(v) if v is None else f"{v:.2f}" for v in picked) or "-"
+
+
+def failover_section(rows: list[FailoverRowJSON]) -> list[str]:
+    """The `## Scheduler failover` section: one line per run, and how it is judged."""
+    lines = ["## Scheduler failover", "", f"**{failover.SCENARIO}** ({failover.TITLE}): "
+             f"{failover.METHOD}", "",
+             "| run | when (UTC) | window s | firings | missed | dup effects | enqueued "
+             "twice / duplicate outcomes | takeover s after kill -9 | takeover s after "
+             "SIGSTOP (lease) | failover gap s after kill -9 | failover gap s after SIGSTOP | "
+             "firing late ms p50 / p99 / max | run s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        when = datetime.fromtimestamp(r["started"], UTC).strftime("%m-%d %H:%M")
+        gaps: list[float | None] = list(r["gaps_s"])
+        late = " / ".join(_fmt(v) for v in r["late_ms"])
+        lines.append(
+            f"| {r['run']} | {when} | {r['window_s']:.0f} | {r['firings']} | {r['missed']} | "
+            f"{r['duplicate_effects']} | {r['enqueued_twice']} / {r['duplicate_outcomes']} | "
+            f"{_each(r['takeovers_s'], r['faults'], 'kill -9')} | "
+            f"{_each(r['takeovers_s'], r['faults'], 'SIGSTOP')} ({r['lease_s']:.0f}) | "
+            f"{_each(gaps, r['faults'], 'kill -9')} | {_each(gaps, r['faults'], 'SIGSTOP')} | "
+            f"{late} | {r['seconds']:.0f} |")
+    problems = [(r["run"], p) for r in rows for p in r["problems"]]
+    if problems:
+        lines += ["", *[f"- {failover.SCENARIO} run {n}: {p}" for n, p in problems]]
+    lines += ["", "The failover gap is the time from a fault to the next firing any "
+              "scheduler enqueued; with a 1 s schedule it includes the wait for the next "
+              "fire time (up to 1 s). After kill -9 the lock is free as soon as Postgres "
+              "sees the socket close, and the waiting scheduler, blocked in "
+              "`pg_advisory_lock`, has it at once; after SIGSTOP the frozen leader's "
+              "socket stays open, so the lock is released when its session has been idle "
+              "for the lease (`idle_session_timeout`), and the firings due meanwhile run "
+              "late, not missed (a firing up to 30 s overdue always runs).", ""]
+    return lines
+
+
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
@@ -106,7 +180,8 @@ def _ok(r: RunJSON) -> bool:
                                   and r["verdict"]["duplicate_deliveries"])
 
 
-def render(rows: list[RunJSON], meta: MetaJSON) -> str:
+def render(rows: list[RunJSON], meta: MetaJSON,
+           failover_rows: list[FailoverRowJSON] | None = None) -> str:
     lines = [
         "# Fault injection results",
         "",
@@ -122,7 +197,7 @@ def render(rows: list[RunJSON], meta: MetaJSON) -> str:
     ]
     if meta.get("n_note"):
         lines += [meta["n_note"], ""]
-    ok = all(r["ok"] for r in rows)
+    ok = all(r["ok"] for r in rows) and all(r["ok"] for r in failover_rows or [])
     lines += [
         f"**Verdict: {'0 lost and 0 duplicate effects in every run' if ok else 'PROBLEMS FOUND'}"
         "**" + ("." if ok else " (see the problems below)."),
@@ -153,6 +228,8 @@ def render(rows: list[RunJSON], meta: MetaJSON) -> str:
     for name in dict.fromkeys(r["scenario"] for r in rows):
         s = SCENARIOS[name]
         lines.append(f"- **{name}** ({s.title}): {s.method}")
+    if failover_rows:
+        lines += ["", *failover_section(failover_rows)]
     lines += ["", METHOD]
     return "\n".join(lines) + "\n"
 
@@ -185,12 +262,24 @@ def merged(previous: Path, fresh: list[RunJSON]) -> list[RunJSON]:
     return sorted([*kept, *fresh], key=lambda r: (order.index(r["scenario"]), r["run"]))
 
 
-def write(path: Path, rows: list[RunJSON], meta: MetaJSON) -> None:
-    path.write_text(render(rows, meta))
+def merged_failover(previous: Path, fresh: list[FailoverRowJSON]) -> list[FailoverRowJSON]:
+    """This invocation's failover runs, or the previous invocation's when it ran none."""
+    if fresh or not previous.is_file():
+        return fresh
+    try:
+        kept: list[FailoverRowJSON] = json.loads(previous.read_text()).get("failover", [])
+    except ValueError:
+        return []
+    return kept
+
+
+def write(path: Path, rows: list[RunJSON], meta: MetaJSON,
+          failover_rows: list[FailoverRowJSON] | None = None) -> None:
+    path.write_text(render(rows, meta, failover_rows))
     out = path.parent / "out"
     out.mkdir(exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"meta": meta, "runs": rows}, indent=2)
-                                      + "\n")
+    (out / "results.json").write_text(json.dumps(
+        {"meta": meta, "runs": rows, "failover": failover_rows or []}, indent=2) + "\n")
 
 
 def today() -> str:

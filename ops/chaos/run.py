@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from ops.chaos import report
+from ops.chaos import failover, report
 from ops.chaos.scenarios import SCENARIOS, Scenario
 from ops.chaos.trial import Stack, TrialResult, run_trial
 from stream_jobs.settings import Settings
@@ -30,15 +30,17 @@ OUT_DIR = CHAOS_DIR / "out"
 log = logging.getLogger("ops.chaos")
 
 
-def chosen(only: str) -> list[Scenario]:
+def chosen(only: str) -> tuple[list[Scenario], bool]:
+    """The job scenarios CHAOS_ONLY names (all by default), and whether the scheduler
+    failover scenario is among them."""
     if not only.strip():
-        return list(SCENARIOS.values())
+        return list(SCENARIOS.values()), True
     names = [n.strip() for n in only.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SCENARIOS]
+    unknown = [n for n in names if n not in SCENARIOS and n != failover.SCENARIO]
     if unknown:
         raise SystemExit(f"CHAOS_ONLY names unknown scenarios {unknown}; "
-                         f"choose from {', '.join(SCENARIOS)}.")
-    return [SCENARIOS[n] for n in names]
+                         f"choose from {', '.join([*SCENARIOS, failover.SCENARIO])}.")
+    return [SCENARIOS[n] for n in names if n in SCENARIOS], failover.SCENARIO in names
 
 
 async def run_scenario(stack: Stack, scenario: Scenario, run: int, jobs: int) -> TrialResult:
@@ -62,7 +64,7 @@ async def main() -> int:
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     jobs = int(os.environ.get("CHAOS_JOBS", DEFAULT_JOBS))
     runs = int(os.environ.get("CHAOS_RUNS", "3"))
-    scenarios = chosen(os.environ.get("CHAOS_ONLY", ""))
+    scenarios, with_failover = chosen(os.environ.get("CHAOS_ONLY", ""))
     began = time.time()
     base = Settings()
     kafka = KafkaCluster(base, 1)
@@ -73,6 +75,7 @@ async def main() -> int:
     single = Stack(base.model_copy(update={"kafka_bootstrap": kafka.bootstrap,
                                            "database_url": postgres.dsn}), postgres)
     results: list[TrialResult] = []
+    failovers: list[report.FailoverRowJSON] = []
     meta: report.MetaJSON = {
         "date": report.today(), "jobs": jobs, "runs": runs, "minutes": 0.0,
         "machine": report.machine(),
@@ -90,7 +93,10 @@ async def main() -> int:
         for scenario in plain:
             for run in range(1, runs + 1):
                 results.append(await run_scenario(single, scenario, run, jobs))
-                _write(results, meta, began)
+                _write(results, meta, began, failovers)
+        for run in range(1, runs + 1 if with_failover else 1):
+            failovers.append(await run_failover_scenario(single, run))
+            _write(results, meta, began, failovers)
         if clustered:
             cluster = KafkaCluster(base, 3)
             log.info("starting the 3-node cluster on %s", cluster.bootstrap)
@@ -101,22 +107,35 @@ async def main() -> int:
                 for scenario in clustered:
                     for run in range(1, runs + 1):
                         results.append(await run_scenario(stack, scenario, run, jobs))
-                        _write(results, meta, began)
+                        _write(results, meta, began, failovers)
             finally:
                 await asyncio.to_thread(cluster.down)
     finally:
-        _write(results, meta, began)
-    bad = [r for r in results if not r.verdict.ok]
-    print(f"{len(results)} runs, {len(bad)} with problems; see {CHAOS_DIR / 'RESULTS.md'}")
+        _write(results, meta, began, failovers)
+    bad = [r for r in results if not r.verdict.ok] + [f for f in failovers if not f["ok"]]
+    total = len(results) + len(failovers)
+    print(f"{total} runs, {len(bad)} with problems; see {CHAOS_DIR / 'RESULTS.md'}")
     return 1 if bad else 0
 
 
-def _write(results: list[TrialResult], meta: report.MetaJSON, began: float) -> None:
-    if not results:
+async def run_failover_scenario(stack: Stack, run: int) -> report.FailoverRowJSON:
+    result = await failover.run_failover(stack.settings, OUT_DIR, run=run)
+    row = report.failover_row(result)
+    log.info("%s run %d: missed %d, dup effects %d, takeovers %s, gaps %s, %.0f s%s",
+             failover.SCENARIO, run, row["missed"], row["duplicate_effects"],
+             row["takeovers_s"], [round(g, 2) for g in row["gaps_s"]], row["seconds"],
+             "" if row["ok"] else f" PROBLEMS: {row['problems']}")
+    return row
+
+
+def _write(results: list[TrialResult], meta: report.MetaJSON, began: float,
+           failovers: list[report.FailoverRowJSON]) -> None:
+    if not results and not failovers:
         return
     meta["minutes"] = (time.time() - began) / 60
     rows = report.merged(OUT_DIR / "results.json", [report.row(r) for r in results])
-    report.write(CHAOS_DIR / "RESULTS.md", rows, meta)
+    report.write(CHAOS_DIR / "RESULTS.md", rows, meta,
+                 report.merged_failover(OUT_DIR / "results.json", failovers))
 
 
 if __name__ == "__main__":

@@ -61,6 +61,10 @@ class WorkerGroup:
     handler_timeout_s: float = 30.0
     members: list[WorkerProcess] = field(default_factory=list)
     killed: list[WorkerProcess] = field(default_factory=list)
+    # Another command than the chaos worker (the failover scenario runs schedulers), and
+    # environment variables of its own.
+    argv: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
     _count: int = 0
 
     @property
@@ -85,11 +89,12 @@ class WorkerGroup:
             DELIVERIES_DIR_ENV: str(self.deliveries_dir),
             HOLD_MS_ENV: str(self.hold_ms),
             TIMEOUT_S_ENV: str(self.handler_timeout_s),
+            **self.env,
         }
         log = self.folder / f"{name}.log"
         with log.open("wb") as out:
-            proc = subprocess.Popen([str(STREAM_JOBS), "worker", APP_SPEC, "--type", JOB_TYPE],
-                                    cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+            argv = list(self.argv) or [str(STREAM_JOBS), "worker", APP_SPEC, "--type", JOB_TYPE]
+            proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL)
         worker = WorkerProcess(name, proc, log, time.time())
         self.members.append(worker)

@@ -15,6 +15,7 @@ from stream_jobs.cli import db as _db  # noqa: F401 - registers `db prune`
 from stream_jobs.cli import demo as _demo  # noqa: F401 - registers `demo`
 from stream_jobs.cli import enqueue as _enqueue  # noqa: F401 - registers `enqueue`
 from stream_jobs.cli import flow as _flow  # noqa: F401 - registers `throttle`, `drain`
+from stream_jobs.cli import schedules as _schedules  # registers `scheduler`
 from stream_jobs.cli import serve as _serve  # noqa: F401 - registers `serve`
 from stream_jobs.cli.common import app
 from stream_jobs.cli.dev import dev_app
@@ -32,6 +33,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(outbox_app, name="outbox")
 app.add_typer(offsets_app, name="offsets")
+app.add_typer(_schedules.schedules_app, name="schedules")
 app.command("replay")(replay_command)
 app.command("stats")(stats)
 app.command("job")(job)

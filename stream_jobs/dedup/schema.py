@@ -3,12 +3,15 @@
 fencing token sequence.
 
 Kept apart from `dedup.py` so that importing the runtime does not import SQLAlchemy.
+`db migrate` also creates the schedules' state (`stream_jobs_schedules`, read and written
+by `stream_jobs.schedules.state`), so one command readies the database.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Identity,
@@ -20,6 +23,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
     func,
     text,
 )
@@ -69,6 +73,26 @@ outbox_table = Table(
 fencing_sequence = Sequence(FENCING_SEQUENCE, metadata=metadata, start=1, cache=1,
                             data_type=BigInteger)
 
+# One row per schedule: what its leader has handled (fire times up to `horizon_ms`, Unix
+# ms), what it fired last, and whether an operator paused it. Keyed by the topic prefix
+# too, since two deployments may share a schema but never a schedule.
+schedules_table = Table(
+    "stream_jobs_schedules",
+    metadata,
+    Column("topic_prefix", String(249), primary_key=True),
+    Column("job_type", String(249), primary_key=True),
+    Column("name", String(100), primary_key=True),
+    Column("spec", Text, nullable=False),  # how it fires, e.g. "cron 0 3 * * * (UTC)"
+    Column("paused", Boolean, nullable=False, server_default=false()),
+    Column("horizon_ms", BigInteger, nullable=False),
+    Column("next_fire_ms", BigInteger),
+    Column("last_fired_ms", BigInteger),
+    Column("last_job_id", String(MAX_JOB_ID_CHARS)),
+    Column("last_enqueued_at", DateTime(timezone=True)),
+    Column("missed_total", BigInteger, nullable=False, server_default="0"),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
 
 def schema_ddl() -> list[str]:
     """The statements that create the schema, rendered by SQLAlchemy for Postgres."""
@@ -77,5 +101,6 @@ def schema_ddl() -> list[str]:
         str(CreateTable(done_table, if_not_exists=True).compile(dialect=dialect)),
         str(CreateIndex(_finished_index, if_not_exists=True).compile(dialect=dialect)),
         str(CreateTable(outbox_table, if_not_exists=True).compile(dialect=dialect)),
+        str(CreateTable(schedules_table, if_not_exists=True).compile(dialect=dialect)),
         str(CreateSequence(fencing_sequence, if_not_exists=True).compile(dialect=dialect)),
     ]

@@ -1,14 +1,16 @@
 """The dashboard: server-rendered pages over the same tools as the JSON routes.
 
 `/` shows every type's lanes, tiers, DLQ depth, oldest job and live workers, with
-throughput and failure-rate charts over the last hour from the gateway's stats samples;
-it refreshes itself. `/ui/dlq/{type}` browses the DLQ (reason histogram, recent letters,
+throughput and failure-rate charts over the last hour from the gateway's stats samples,
+and the schedules (next fire, last firing, paused, leader) read from Postgres; it
+refreshes itself. `/ui/dlq/{type}` browses the DLQ (reason histogram, recent letters,
 a letter's details) and requeues, always through a confirmation page that shows what a
 dry run found. DLQ pages need the session that `/login` sets from the gateway's token.
 """
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote, urlencode
@@ -20,11 +22,12 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from stream_jobs import clock
 from stream_jobs.dlq.listing import list_letters, show_letter
 from stream_jobs.dlq.requeue import requeue
-from stream_jobs.errors import ConfigError, LetterNotFound
+from stream_jobs.errors import ConfigError, LetterNotFound, StreamJobsError
 from stream_jobs.gateway.api import RequeueIn, run_requeue
 from stream_jobs.gateway.charts import bar_chart, line_chart
 from stream_jobs.gateway.state import SESSION_COOKIE, Gateway, gateway_of
 from stream_jobs.job_types import get_job_type
+from stream_jobs.schedules.listing import ScheduleView, read_schedules
 
 templates = Environment(loader=PackageLoader("stream_jobs.gateway", "templates"),
                         autoescape=select_autoescape(default=True), trim_blocks=True,
@@ -32,6 +35,7 @@ templates = Environment(loader=PackageLoader("stream_jobs.gateway", "templates")
 router = APIRouter(include_in_schema=False)
 GatewayDep = Annotated[Gateway, Depends(gateway_of)]
 _FORM_LIMIT = 64 * 1024
+SCHEDULES_WAIT_S = 3.0
 
 
 def _ago(seconds: float | None) -> str:
@@ -102,9 +106,24 @@ async def overview(gateway: GatewayDep) -> HTMLResponse:
             "backlog": line_chart([(t, float(p.lag)) for t, p in series],
                                   title="lag", unit="jobs", end_ms=now_ms),
         })
+    schedules, schedules_problem = await _schedules(gateway)
     return _page("overview.html", cards=cards, snapshot=snapshot, problem=sampler.problem,
                  declared=sorted(gateway.types), refresh_s=max(2, round(sampler.interval_s)),
-                 window_s=sampler.window_s)
+                 window_s=sampler.window_s, schedules=schedules,
+                 schedules_problem=schedules_problem, now_ms=now_ms)
+
+
+async def _schedules(gateway: Gateway) -> tuple[list[ScheduleView], str | None]:
+    """The schedules, or why they could not be read (said only when some are declared:
+    a deployment without schedules may have no schedules table at all). A Postgres that
+    does not answer costs the page at most SCHEDULES_WAIT_S."""
+    try:
+        return await asyncio.wait_for(read_schedules(gateway.settings, gateway.types),
+                                      SCHEDULES_WAIT_S), None
+    except (StreamJobsError, TimeoutError) as exc:
+        declared = any(p.schedules for p in gateway.types.values())
+        problem = str(exc) or f"Postgres did not answer within {SCHEDULES_WAIT_S:g} s"
+        return [], problem if declared else None
 
 
 @router.get("/login", response_class=HTMLResponse)

@@ -61,6 +61,7 @@ from stream_jobs.runtime.member import Flow, GroupMember
 from stream_jobs.runtime.relay import Relay
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
 from stream_jobs.runtime.throttle import ControlFollower, RateOverride, rate_in_force
+from stream_jobs.schedules import Scheduler
 from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.worker")
@@ -97,7 +98,8 @@ class Worker(GroupMember):
                  grace_s: float = 10.0, commit_interval_s: float = 0.5,
                  max_buffered: int | None = None, relay: bool = True,
                  dedup: DedupStore | None = None, report_interval_s: float = 5.0,
-                 control: bool = True, children: JobClient | None = None) -> None:
+                 control: bool = True, children: JobClient | None = None,
+                 scheduler: Scheduler | None = None) -> None:
         prefix = settings.topic_prefix
         lanes = [lane_topic(prefix, policy.job_type, lane) for lane in policy.priorities]
         weights = [(lane_topic(prefix, policy.job_type, lane), weight)
@@ -132,6 +134,8 @@ class Worker(GroupMember):
         self.heartbeat_interval_s = policy.heartbeat_interval_s
         # Per lane partition: the write time (ms) of the newest heartbeat processed.
         self.heartbeats: dict[TopicPartition, int] = {}
+        # The type's schedules (`App.worker` passes them): fired by whichever worker leads.
+        self.scheduler = scheduler
 
     # -- running ----------------------------------------------------------------------------
 
@@ -156,6 +160,8 @@ class Worker(GroupMember):
                 background.append(asyncio.create_task(follower.follow()))
             if self.heartbeat_interval_s is not None:
                 background.append(asyncio.create_task(self._heartbeat_every()))
+            if self.scheduler is not None:
+                background.append(asyncio.create_task(self.scheduler.run()))
             try:
                 with worker_collector(self.settings.worker_gc_young_threshold):
                     await self._loop(until_idle)

@@ -1,0 +1,235 @@
+"""The scheduler failover scenario: two `stream-jobs scheduler` processes on a 1 s
+schedule, the leader SIGKILLed (and restarted) several times, then frozen with SIGSTOP
+past its lease once; every firing of the window must run exactly once.
+
+A run gets a fresh prefix and schema. The firings are run by a worker in this process
+(it takes no part in scheduling), whose handler writes one row per firing through
+`ctx.once()` into a table without a unique key. Faults are spread over the window; after
+each one the runner samples `pg_locks` until another scheduler holds the type's lock
+(takeover). At the end the schedulers get SIGTERM, the worker drains, and
+`failover_verdict.judge` decides from the lane's records and the effect rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncpg
+
+from ops.chaos.app import TICK_EFFECTS_TABLE, TICK_TYPE
+from ops.chaos.app import app as chaos_app
+from ops.chaos.collect import read_topic
+from ops.chaos.failover_verdict import FailoverEvidence, FailoverVerdict, LeaderFault, judge
+from ops.chaos.workers import APP_SPEC, STREAM_JOBS, WorkerGroup, WorkerProcess
+from stream_jobs.dedup.store import prepare_schema
+from stream_jobs.job_types import JobTypePolicy, load_job_types
+from stream_jobs.kafka.admin import admin_client
+from stream_jobs.kafka.topics import apply
+from stream_jobs.naming import lane_topic
+from stream_jobs.record import HEADER_JOB_ID
+from stream_jobs.runtime.worker import Worker
+from stream_jobs.schedules.leader import leaders
+from stream_jobs.settings import Settings
+
+log = logging.getLogger("ops.chaos")
+
+SCENARIO = "scheduler-failover"
+TITLE = "kill -9 the scheduler leader 3 times in 60 s, then SIGSTOP it past its lease"
+METHOD = (
+    "Two `stream-jobs scheduler ops.chaos.app:app --type chaos.tick` processes share a "
+    "1 s schedule (`every = \"1s\"`, missed = latest). Over a 60 s window the leader "
+    "(the process holding the type's advisory lock, read from `pg_locks`) is SIGKILLed "
+    "3 times, a replacement starting at once, and then SIGSTOPped for its lease + 5 s "
+    "(lease 10 s) and resumed. A worker in the runner runs the firings, each writing one "
+    "row through `ctx.once()` into a table without a unique key. Goal: every fire time "
+    "from the first firing to the last has exactly one effect; a firing enqueued twice "
+    "(a leader that froze after its enqueue) is a `duplicate` outcome. The failover gap "
+    "is the time from a fault to the next firing enqueued by anyone; takeover is the "
+    "time until another scheduler held the lock.")
+SCHEMA_SQL = (f"CREATE TABLE {TICK_EFFECTS_TABLE} (job_id text NOT NULL, fire_ms bigint, "
+              "at timestamptz NOT NULL DEFAULT clock_timestamp())")
+TOML = 'partitions = 2\nreplication_factor = 1\n[[schedules]]\nname = "tick"\nevery = "1s"\n'
+SCHEDULE = "tick"
+# How often the runner asks Postgres who holds the lock after a fault.
+LOCK_POLL_S = 0.05
+
+
+@dataclass
+class FailoverResult:
+    run: int
+    verdict: FailoverVerdict
+    seconds: float
+    started: float  # epoch seconds
+    window_s: float
+    lease_s: float
+    faults: list[LeaderFault]
+    notes: list[str] = field(default_factory=list)
+
+
+class FailoverError(Exception):
+    """The run could not be carried out (no leader appeared, a process would not start)."""
+
+
+async def run_failover(base: Settings, out_dir: Path, *, run: int = 1, window_s: float = 60.0,
+                       kills: int = 3, pause: bool = True,
+                       lease_s: float = 10.0) -> FailoverResult:
+    """One run: `kills` SIGKILLs of the leader and (with `pause`) one SIGSTOP of lease + 5 s,
+    spread over `window_s` seconds of a 1 s schedule."""
+    began = time.time()
+    prefix = f"chaos{uuid.uuid4().hex[:10]}"
+    folder = out_dir / f"{SCENARIO}-{run}-{prefix}"
+    topics_dir = folder / "topics"
+    topics_dir.mkdir(parents=True)
+    (topics_dir / f"{TICK_TYPE}.toml").write_text(TOML)
+    settings = base.model_copy(update={"topic_prefix": prefix, "database_schema": prefix,
+                                       "topics_dir": topics_dir, "scheduler_lease_s": lease_s})
+    policy = load_job_types(topics_dir)[TICK_TYPE]
+    await prepare_schema(settings, [SCHEMA_SQL])
+    await apply(settings, {TICK_TYPE: policy})
+    group = WorkerGroup(settings, folder,
+                        argv=(str(STREAM_JOBS), "scheduler", APP_SPEC, "--type", TICK_TYPE),
+                        env={"STREAM_JOBS_SCHEDULER_LEASE_S": str(lease_s)})
+    worker = Worker(settings, policy, chaos_app.handler(TICK_TYPE), scheduler=None)
+    working = asyncio.create_task(worker.run())
+    faults: list[LeaderFault] = []
+    notes: list[str] = []
+    try:
+        group.start()
+        group.start()
+        await _until(lambda: _effects(settings, at_least=1), 120, "a first firing ran", group)
+        window_began = time.time()
+        steps = kills + (1 if pause else 0)
+        for i in range(steps):
+            due = window_began + window_s * (i + 1) / (steps + 1)
+            await asyncio.sleep(max(0.0, due - time.time()))  # the fault's moment
+            if i < kills:
+                faults.append(await _kill_leader(settings, group))
+            else:
+                faults.append(await _freeze_leader(settings, group, lease_s + 5.0))
+        await asyncio.sleep(max(0.0, window_began + window_s - time.time()))  # window's end
+        for member in group.live():
+            group.terminate(member)
+        for member in group.members:
+            rc = await asyncio.to_thread(group.stopped, member)
+            if rc not in (0, -9) and member not in group.killed:
+                notes.append(f"{member.name} exited with {rc} after SIGTERM")
+        worker.request_stop()
+        await asyncio.wait_for(working, 60)
+        drained = Worker(settings, policy, chaos_app.handler(TICK_TYPE), scheduler=None)
+        await asyncio.wait_for(drained.run(until_idle=True), 120)
+        evidence = await _evidence(settings, policy, faults,
+                                   worker.outcomes["duplicate"] + drained.outcomes["duplicate"])
+    finally:
+        if not working.done():
+            worker.request_stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(working, 30)
+        group.close()
+    verdict = judge(evidence)
+    if verdict.problems:
+        (folder / "problems.txt").write_text("\n".join(verdict.problems) + "\n")
+    else:
+        await _drop(settings, policy)
+    return FailoverResult(run, verdict, time.time() - began, began, window_s, lease_s, faults,
+                          notes)
+
+
+async def _leader(settings: Settings, group: WorkerGroup,
+                  other_than: str | None = None) -> tuple[str, WorkerProcess | None]:
+    """(holder's application name, its process) once someone other than `other_than`
+    holds the lock."""
+    while True:
+        holder = (await leaders(settings, [TICK_TYPE])).get(TICK_TYPE)
+        if holder is not None and holder != other_than:
+            pid = int(holder.rsplit(" ", 1)[-1]) if holder.rsplit(" ", 2)[-2] == "pid" else -1
+            return holder, next((m for m in group.members if m.pid == pid), None)
+        await asyncio.sleep(LOCK_POLL_S)  # a sampling period
+
+
+async def _kill_leader(settings: Settings, group: WorkerGroup) -> LeaderFault:
+    holder, victim = await asyncio.wait_for(_leader(settings, group), 30)
+    if victim is None:
+        raise FailoverError(f"the lock holder {holder!r} is none of the runner's schedulers")
+    at = time.time()
+    group.kill(victim)
+    log.info("%s: kill -9 the leader %s", SCENARIO, victim.name)
+    group.start()
+    healed = time.time()
+    await asyncio.wait_for(_leader(settings, group, other_than=holder), 60)
+    return LeaderFault("kill -9", at, healed, time.time() - at)
+
+
+async def _freeze_leader(settings: Settings, group: WorkerGroup,
+                         pause_s: float) -> LeaderFault:
+    holder, victim = await asyncio.wait_for(_leader(settings, group), 30)
+    if victim is None:
+        raise FailoverError(f"the lock holder {holder!r} is none of the runner's schedulers")
+    at = time.time()
+    group.pause(victim)
+    log.info("%s: SIGSTOP the leader %s for %.0f s", SCENARIO, victim.name, pause_s)
+    takeover: float | None = None
+    try:
+        await asyncio.wait_for(_leader(settings, group, other_than=holder), pause_s)
+        takeover = time.time() - at
+    except TimeoutError:
+        pass
+    await asyncio.sleep(max(0.0, at + pause_s - time.time()))  # the freeze itself
+    group.resume(victim)
+    return LeaderFault("SIGSTOP", at, time.time(), takeover)
+
+
+async def _effects(settings: Settings, at_least: int) -> bool:
+    conn = await asyncpg.connect(settings.database_url, timeout=5,
+                                 server_settings={"search_path": settings.database_schema})
+    try:
+        return int(await conn.fetchval(f"SELECT count(*) FROM {TICK_EFFECTS_TABLE}")) >= at_least
+    finally:
+        await conn.close()
+
+
+async def _until(check: Callable[[], Awaitable[bool]], within_s: float, what: str,
+                 group: WorkerGroup) -> None:
+    deadline = time.monotonic() + within_s
+    while True:
+        with contextlib.suppress(Exception):  # a probe failing meanwhile is a "not yet"
+            if await check():
+                return
+        if time.monotonic() > deadline:
+            raise FailoverError(f"timed out after {within_s:.0f} s waiting for {what}\n"
+                                + group.tails())
+        await asyncio.sleep(0.1)
+
+
+async def _evidence(settings: Settings, policy: JobTypePolicy, faults: list[LeaderFault],
+                    duplicate_outcomes: int) -> FailoverEvidence:
+    records = await read_topic(settings, lane_topic(settings.topic_prefix, TICK_TYPE))
+    enqueued = [(dict(r.headers)[HEADER_JOB_ID].decode(), r.timestamp / 1000) for r in records]
+    conn = await asyncpg.connect(settings.database_url,
+                                 server_settings={"search_path": settings.database_schema})
+    try:
+        effects = [row["job_id"] for row in
+                   await conn.fetch(f"SELECT job_id FROM {TICK_EFFECTS_TABLE}")]
+    finally:
+        await conn.close()
+    return FailoverEvidence(settings.topic_prefix, TICK_TYPE, SCHEDULE, enqueued, effects,
+                            faults, duplicate_outcomes)
+
+
+async def _drop(settings: Settings, policy: JobTypePolicy) -> None:
+    """A clean run leaves nothing behind (a failed one keeps its topics and schema)."""
+    with contextlib.suppress(Exception):
+        async with admin_client(settings) as admin:
+            await admin.delete_topics([s.name for s in policy.all_topics(settings.topic_prefix)])
+    with contextlib.suppress(Exception):
+        conn = await asyncpg.connect(settings.database_url)
+        try:
+            await conn.execute(f'DROP SCHEMA "{settings.database_schema}" CASCADE')
+        finally:
+            await conn.close()

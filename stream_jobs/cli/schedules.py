@@ -1,0 +1,195 @@
+"""`stream-jobs scheduler APP` and `stream-jobs schedules list|pause|resume|trigger`.
+
+The scheduler command runs the schedulers of an app's types on their own (every worker
+of a type also runs its scheduler; one of all of them leads each type). The `schedules`
+commands read and change the state in Postgres, and `trigger` enqueues a firing now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from stream_jobs import clock, logs
+from stream_jobs.app import load_app
+from stream_jobs.cli.common import app, run_fast, settings_of
+from stream_jobs.client import JobClient
+from stream_jobs.errors import ConfigError
+from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
+from stream_jobs.schedules import Scheduler
+from stream_jobs.schedules.listing import ScheduleView, find_schedule, read_schedules
+from stream_jobs.schedules.scheduler import Payload
+from stream_jobs.schedules.state import declare_paused, set_paused
+from stream_jobs.schedules.timing import local_time
+from stream_jobs.settings import Settings
+
+console = Console()
+status = Console(stderr=True)
+schedules_app = typer.Typer(help="Periodic jobs: list, pause, resume, trigger.",
+                            no_args_is_help=True)
+
+
+@app.command("scheduler")
+def scheduler(
+    ctx: typer.Context,
+    app_spec: str = typer.Argument(..., metavar="APP", help="MODULE:ATTR of a stream_jobs.App."),
+    job_types: list[str] = typer.Option(
+        [], "--type", "-t", help="A type whose schedules to run (repeatable; default: every "
+        "type with schedules)."),
+    log_level: str = typer.Option("INFO", "--log-level", envvar="STREAM_JOBS_LOG_LEVEL"),
+    log_format: str | None = typer.Option(
+        None, "--log-format", envvar="STREAM_JOBS_LOG_FORMAT",
+        help="text (fields as key=value after the message) or json (one object a line)."),
+) -> None:
+    """Run the schedulers of APP's types alone: each waits for its type's lock and, while
+    it holds it, enqueues every due firing. SIGTERM or SIGINT stops it (the lock goes to
+    another scheduler at once)."""
+    settings = settings_of(ctx, log_format=log_format)
+    logs.configure(log_format=settings.log_format, level=log_level)
+    job_app = load_app(app_spec)
+    job_app.use_settings(settings)
+    chosen = job_types or job_app.scheduled_types()
+    if not chosen:
+        raise ConfigError(f"No type of {app_spec} has schedules: declare [[schedules]] in "
+                          f"{settings.topics_dir}/<type>.toml or use @app.periodic.")
+
+    async def main() -> list[Scheduler]:
+        runners = []
+        for job_type in chosen:
+            runner = job_app.scheduler(job_type)
+            if runner is None:
+                raise ConfigError(f"Job type {job_type!r} has no schedules.")
+            runners.append(runner)
+        def stop() -> None:
+            for runner in runners:
+                runner.request_stop()
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop)
+        status.print(f"scheduler for [bold]{', '.join(chosen)}[/] on "
+                     f"{settings.kafka_bootstrap}; Ctrl-C stops")
+        await asyncio.gather(*(r.run() for r in runners))
+        return runners
+
+    runners = run_fast(main())
+    fired = ", ".join(f"{r.job_type} {r.fired}" for r in runners)
+    status.print(f"stopped: firings enqueued: {fired}")
+
+
+def _views(settings: Settings) -> tuple[dict[str, JobTypePolicy], list[ScheduleView]]:
+    try:
+        types = load_job_types(settings.topics_dir)
+    except ConfigError:
+        types = {}  # schedules declared in code are still listed from their rows
+    return types, asyncio.run(read_schedules(settings, types))
+
+
+@schedules_app.command("list")
+def list_schedules(
+    ctx: typer.Context,
+    job_type: str | None = typer.Option(None, "--type", "-t", help="Only this type's."),
+) -> None:
+    """Every schedule: how it fires, its next fire time, its last firing, whether it is
+    paused, firings left out by its missed policy, and the scheduler leading its type."""
+    settings = settings_of(ctx)
+    _, views = _views(settings)
+    views = [v for v in views if job_type in (None, v.job_type)]
+    if not views:
+        status.print("no schedules: declare [[schedules]] in topics/<type>.toml, or run a "
+                     "scheduler for an app that uses @app.periodic")
+        return
+    table = Table("type", "schedule", "fires", "next fire", "last fired", "last job ID",
+                  "paused", "missed", "leader")
+    now = clock.now_ms()
+    for v in views:
+        nxt = "paused" if v.paused else v.when(v.next_fire_ms)
+        if v.overdue and v.next_fire_ms is not None:
+            nxt = f"[red]overdue {(now - v.next_fire_ms) / 1000:.0f} s: {nxt}[/]"
+        table.add_row(v.job_type, v.name, v.fires, nxt, v.when(v.last_fired_ms),
+                      v.last_job_id or "—", "yes" if v.paused else "no", str(v.missed_total),
+                      v.leader or "[yellow]none[/]")
+    console.print(table)
+
+
+def _toggle(ctx: typer.Context, name: str, job_type: str | None, paused: bool) -> None:
+    settings = settings_of(ctx)
+    _, views = _views(settings)
+    view = find_schedule(views, name, job_type)
+    done = asyncio.run(set_paused(settings, settings.topic_prefix, view.job_type, name, paused))
+    if not done:
+        if not paused or view.spec is None:
+            status.print(f"{view.job_type}:{name} was not paused")
+            return
+        asyncio.run(declare_paused(settings, settings.topic_prefix, view.job_type, view.spec,
+                                   clock.now_ms()))
+    what = ("paused: no firing starts until `resume`" if paused
+            else "resumed: firings due while it was paused are not caught up")
+    status.print(f"{view.job_type}:{name} {what}")
+
+
+@schedules_app.command("pause")
+def pause(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME"),
+          job_type: str | None = typer.Option(None, "--type", "-t",
+                                              help="The type, if NAME is in several.")) -> None:
+    """Stop NAME from firing (returns once a firing in progress has committed)."""
+    _toggle(ctx, name, job_type, True)
+
+
+@schedules_app.command("resume")
+def resume(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME"),
+           job_type: str | None = typer.Option(None, "--type", "-t",
+                                               help="The type, if NAME is in several.")) -> None:
+    """Let NAME fire again from its next fire time on."""
+    _toggle(ctx, name, job_type, False)
+
+
+@schedules_app.command("trigger")
+def trigger(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., metavar="NAME"),
+    job_type: str | None = typer.Option(None, "--type", "-t",
+                                        help="The type, if NAME is in several."),
+    app_spec: str | None = typer.Option(None, "--app", metavar="APP",
+                                        help="MODULE:ATTR of the App, for a schedule whose "
+                                             "payload is computed in code."),
+) -> None:
+    """Enqueue one run of NAME now, with a new job ID (not one of its firings: it is
+    not deduplicated against them), and print that ID."""
+    settings = settings_of(ctx)
+    types, views = _views(settings)
+    view = find_schedule(views, name, job_type)
+    policy = get_job_type(types, view.job_type)
+    job_app = None
+    if app_spec is not None:
+        job_app = load_app(app_spec)
+        job_app.use_settings(settings)
+    payload: Payload
+    if view.spec is not None and not view.spec.in_code:
+        payload = view.spec.payload
+    else:
+        if job_app is None:
+            raise ConfigError(f"Schedule {name!r} computes its payload in code "
+                              "(@app.periodic): give --app MODULE:APP.")
+        declared = job_app.periodic_jobs.get(view.job_type, {}).get(name)
+        if declared is None:
+            raise ConfigError(f"{app_spec} declares no schedule {name!r} of "
+                              f"{view.job_type!r}.")
+        runner = job_app.scheduler(view.job_type)
+        assert runner is not None
+        payload = asyncio.run(runner.payload_for(declared[0], clock.now_ms()))
+    models = job_app.models() if job_app is not None else {}
+
+    async def main() -> str:
+        async with JobClient(settings, {policy.job_type: policy}, models=models) as client:
+            return await client.enqueue(policy.job_type, payload)
+
+    job_id = asyncio.run(main())
+    print(job_id)
+    status.print(f"{view.job_type}:{name} triggered at "
+                 f"{local_time(view.spec, clock.now_ms()).isoformat() if view.spec else 'now'}")
+
