@@ -1,8 +1,9 @@
 """The worker: runs one job type's handlers on its lanes, plus that type's delay relay.
 
-`stream-jobs worker MODULE:app --type T` is one deployable unit per type: the consumer
-group `P.T.worker` on T's lanes and the relay (`P.T.relay`) on T's delay tiers, sharing
-one producer. Each job ends in exactly one outcome (see `Outcome`); its offset is marked
+A `Worker` is everything one type needs in a process: the consumer group `P.T.worker` on
+T's lanes and the relay (`P.T.relay`) on T's delay tiers, sharing one producer, and the
+type's scheduler when it has schedules. `stream-jobs worker APP` runs a `Worker` per type
+in one process (`stream_jobs.runtime.host`), or in each of `--processes N`. Each job ends in exactly one outcome (see `Outcome`); its offset is marked
 finished only once that outcome is durable (a retry or dead letter acknowledged by the
 broker), so no path drops a job.
 
