@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
+from stream_jobs.durations import parse_duration
 from stream_jobs.errors import ConfigError, UnknownJobType
 from stream_jobs.handlers import (
     HandlerFunc,
@@ -63,18 +64,22 @@ class App:
         self.__dict__["settings"] = settings
 
     def job(self, job_type: str, *, timeout: float = 30, concurrency: int = 64,
-            ordering: Ordering = "key") -> Callable[[HandlerFunc], HandlerFunc]:
+            ordering: Ordering = "key", keep_result: str | float | timedelta | None = None
+            ) -> Callable[[HandlerFunc], HandlerFunc]:
         """Register an async handler for `job_type`.
 
         `timeout` (seconds): a run past it has failed. `concurrency`: handlers of this type
         running at once in one worker. `ordering`: "key" runs one key's jobs in order and
         different keys in parallel; "partition" one at a time; "unordered" all in parallel.
+        `keep_result` ("1d", seconds or a timedelta): keep what the handler returns, for
+        that long, committed with the job's dedup row (`client.result`, docs/results.md).
         """
         check_declaration(job_type, timeout=timeout, concurrency=concurrency, ordering=ordering)
+        keep_s = _keep_seconds(job_type, keep_result)
 
         def register(func: HandlerFunc) -> HandlerFunc:
             handler = new_handler(job_type, func, timeout=timeout, concurrency=concurrency,
-                                  ordering=ordering)
+                                  ordering=ordering, keep_result_s=keep_s)
             if job_type in self.handlers:
                 raise ConfigError(f"Job type {job_type!r} already has a handler.")
             self.handlers[job_type] = handler
@@ -167,15 +172,22 @@ class App:
     def models(self) -> dict[str, type[BaseModel]]:
         return {t: h.model for t, h in self.handlers.items() if h.model is not None}
 
+    def kept_results(self) -> dict[str, float]:
+        """Seconds each type with `keep_result` keeps its results."""
+        return {t: h.keep_result_s for t, h in self.handlers.items()
+                if h.keep_result_s is not None}
+
     def client(self) -> JobClient:
         from stream_jobs.client import JobClient
 
-        return JobClient(self.settings, self.job_types(), models=self.models())
+        return JobClient(self.settings, self.job_types(), models=self.models(),
+                         kept=self.kept_results())
 
     def sync_client(self) -> SyncJobClient:
         from stream_jobs.client import SyncJobClient
 
-        return SyncJobClient(self.settings, self.job_types(), models=self.models())
+        return SyncJobClient(self.settings, self.job_types(), models=self.models(),
+                             kept=self.kept_results())
 
     def worker(self, job_type: str, **options: Any) -> Worker:
         from stream_jobs.runtime.worker import Worker
@@ -184,6 +196,15 @@ class App:
         # Every worker of a type runs its scheduler; one of them leads (docs/schedules.md).
         options.setdefault("scheduler", self.scheduler(job_type))
         return Worker(self.settings, self.job_type(job_type), self.handler(job_type), **options)
+
+
+def _keep_seconds(job_type: str, keep: str | float | timedelta | None) -> float | None:
+    if keep is None:
+        return None
+    seconds = keep.total_seconds() if isinstance(keep, timedelta) else parse_duration(keep)
+    if seconds <= 0:
+        raise ConfigError(f"keep_result of {job_type!r} must be longer than 0 (e.g. '1d').")
+    return seconds
 
 
 def load_app(spec: str) -> App:

@@ -9,6 +9,10 @@ With `conn=` (a connection of the caller's, inside a transaction) the job is wri
 the outbox table in that transaction instead, and exists if and only if it commits; a
 relay then moves it to Kafka (`stream_jobs.outbox`). The ID is returned at once, and no
 Kafka connection is needed: such a client need not be entered.
+
+`result` waits for a kept result (docs/results.md), `status` says where a job is, and
+`chain` / `batch` make workflows whose next steps and callbacks are written exactly once
+(docs/workflows.md).
 """
 
 from __future__ import annotations
@@ -24,18 +28,35 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from stream_jobs import clock
-from stream_jobs.errors import ConfigError, PayloadError, PayloadTooLarge
+from stream_jobs.dedup.results import ResultReader
+from stream_jobs.errors import (
+    ConfigError,
+    PayloadError,
+    PayloadTooLarge,
+    ResultNotKept,
+    ResultTimeout,
+)
 from stream_jobs.job_ids import MAX_JOB_ID_CHARS, new_job_id
 from stream_jobs.job_types import JobTypePolicy, get_job_type
 from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.lookup import JobLocation, locate_job
 from stream_jobs.naming import lane_topic, tier_topic
 from stream_jobs.outbox.writer import write_async, write_sync
 from stream_jobs.payloads import encode_payload, validation_summary
 from stream_jobs.record import JobRecord
 from stream_jobs.retry import tier_for_delay
 from stream_jobs.settings import Settings
+from stream_jobs.workflows.create import (
+    Plan,
+    batch_plan,
+    chain_plan,
+    write_plan,
+    write_plan_alone,
+)
+from stream_jobs.workflows.progress import Progress, read_progress
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 Seconds = float | int | timedelta
 
 
@@ -64,11 +85,14 @@ class JobClient:
     """Async enqueueing; use as `async with app.client() as client:`."""
 
     def __init__(self, settings: Settings, job_types: Mapping[str, JobTypePolicy], *,
-                 models: Mapping[str, type[BaseModel]] | None = None) -> None:
+                 models: Mapping[str, type[BaseModel]] | None = None,
+                 kept: Mapping[str, float] | None = None) -> None:
         self.settings = settings
         self._types = dict(job_types)
         self._models = dict(models or {})
+        self._kept = dict(kept or {})  # types with keep_result: seconds kept
         self._producer_or_none: JobProducer | None = None
+        self._results: ResultReader | None = None
 
     @property
     def _producer(self) -> JobProducer:
@@ -84,6 +108,9 @@ class JobClient:
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
+        if self._results is not None:
+            await self._results.close()
+            self._results = None
         if self._producer_or_none is not None:
             await self._producer_or_none.stop()
             self._producer_or_none = None
@@ -131,6 +158,76 @@ class JobClient:
             return [record.job_id for _, record in prepared]
         await self._producer.send_many(prepared)
         return [record.job_id for _, record in prepared]
+
+    # -- results and status ------------------------------------------------------------------
+
+    # `timeout` is the contract's name (DESIGN.md): a wait bounded by the call itself.
+    async def result(self, job_id: str, *, timeout: float = 30.0,  # noqa: ASYNC109
+                     model: type[M] | None = None) -> Any:
+        """The job's kept result, waiting up to `timeout` seconds for it (woken by the
+        worker's commit, not by polling); validated by `model` if given.
+
+        Raises `JobFailed` (dead-lettered), `JobCancelled` or `JobExpired` with the
+        reason; `ResultTimeout` when the job has not finished in time; `ResultNotKept`
+        when it finished but no result of it is kept (no `keep_result`, or pruned).
+        """
+        if self._results is None:
+            self._results = ResultReader(self.settings)
+        found = await self._results.wait(job_id, timeout)
+        if found is None:
+            raise await self._no_result(job_id, timeout)
+        if not found.succeeded:
+            raise found.failure()
+        return found.parsed(model) if model is not None else found.value()
+
+    async def _no_result(self, job_id: str, waited_s: float) -> Exception:
+        assert self._results is not None
+        job_type = await self._results.finished_type(job_id)
+        if job_type is not None:
+            why = ("its type keeps no results: declare it with @app.job(..., keep_result="
+                   "'1d')" if job_type not in self._kept else "its result was pruned")
+            return ResultNotKept(f"Job {job_id} ({job_type}) finished, but no result of it "
+                                 f"is kept: {why}.")
+        return ResultTimeout(f"Job {job_id} has no result after {waited_s:g} s: it has not "
+                             f"finished yet (`stream-jobs job {job_id}` says where it is).")
+
+    async def status(self, job_id: str, *, job_type: str | None = None) -> JobLocation:
+        """Where the job is: what `stream-jobs job ID` shows (the dedup and results rows,
+        then a bounded scan of the type's topics)."""
+        return await locate_job(self.settings, self._types, job_id, job_type=job_type)
+
+    # -- chains and batches --------------------------------------------------------------
+
+    async def chain(self, *jobs: Job, chain_id: str | None = None, conn: Any = None) -> str:
+        """Run `jobs` one after another: each is enqueued when the one before succeeded,
+        with that one's result in `ctx.parent_result`; a step that is dead-lettered stops
+        the chain. Returns the chain's ID (`stream-jobs batch ID` shows where it is).
+        Written in one transaction (the caller's asyncpg `conn`, or the client's own)."""
+        plan = chain_plan(self.settings.database_schema, chain_id or new_job_id(), jobs,
+                          self.prepare)
+        return await self._write(plan, conn)
+
+    async def batch(self, jobs: Iterable[Job], *, on_success: Job | None = None,
+                    on_complete: Job | None = None, batch_id: str | None = None,
+                    conn: Any = None) -> str:
+        """Enqueue `jobs` as a batch: `on_success` runs once when every member succeeded,
+        `on_complete` once when every member finished (dead letters included), however
+        often members were retried or delivered again. A callback's payload gets the
+        counts under `"batch"` (`BatchSummary`). Returns the batch's ID."""
+        plan = batch_plan(self.settings.database_schema, batch_id or new_job_id(), list(jobs),
+                          self.prepare, on_success=on_success, on_complete=on_complete)
+        return await self._write(plan, conn)
+
+    async def progress(self, workflow_id: str) -> Progress:
+        """Where a batch or chain stands (`UnknownWorkflow` if there is none)."""
+        return await read_progress(self.settings, workflow_id)
+
+    async def _write(self, plan: Plan, conn: Any) -> str:
+        if conn is not None:
+            await write_plan(conn, plan)
+        else:
+            await write_plan_alone(self.settings, plan)
+        return plan.workflow_id
 
     def prepare(self, job: Job, *, now_ms: int | None = None) -> tuple[str, JobRecord]:
         """The topic and record for `job`, or the error that keeps it from being sent."""
@@ -199,8 +296,9 @@ class SyncJobClient:
     """
 
     def __init__(self, settings: Settings, job_types: Mapping[str, JobTypePolicy], *,
-                 models: Mapping[str, type[BaseModel]] | None = None) -> None:
-        self._client = JobClient(settings, job_types, models=models)
+                 models: Mapping[str, type[BaseModel]] | None = None,
+                 kept: Mapping[str, float] | None = None) -> None:
+        self._client = JobClient(settings, job_types, models=models, kept=kept)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="stream-jobs-client",
                                         daemon=True)
@@ -239,6 +337,25 @@ class SyncJobClient:
             write_sync(conn, prepared, self._client.settings.database_schema)
             return [record.job_id for _, record in prepared]
         return self._call(self._client.enqueue_many(list(jobs)))
+
+    def result(self, job_id: str, *, timeout: float = 30.0,
+               model: type[M] | None = None) -> Any:
+        """As `JobClient.result`, blocking until the result is there (or the timeout)."""
+        return self._call(self._client.result(job_id, timeout=timeout, model=model))
+
+    def status(self, job_id: str, *, job_type: str | None = None) -> JobLocation:
+        return self._call(self._client.status(job_id, job_type=job_type))
+
+    def chain(self, *jobs: Job, chain_id: str | None = None) -> str:
+        return self._call(self._client.chain(*jobs, chain_id=chain_id))
+
+    def batch(self, jobs: Iterable[Job], *, on_success: Job | None = None,
+              on_complete: Job | None = None, batch_id: str | None = None) -> str:
+        return self._call(self._client.batch(list(jobs), on_success=on_success,
+                                             on_complete=on_complete, batch_id=batch_id))
+
+    def progress(self, workflow_id: str) -> Progress:
+        return self._call(self._client.progress(workflow_id))
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

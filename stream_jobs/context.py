@@ -1,9 +1,9 @@
-"""What a handler gets besides its payload: the job's identity, `once()`, `enqueue()` and
-its fencing token."""
+"""What a handler gets besides its payload: the job's identity, `once()`, `enqueue()`,
+`batch()` / `chain()`, its fencing token, and a chain step's `parent_result`."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -16,6 +16,9 @@ from stream_jobs.errors import ConfigError, NotInTransaction
 from stream_jobs.outbox.rows import child_job_id, insert_args, insert_sql
 from stream_jobs.outbox.writer import write_async
 from stream_jobs.record import JobRecord
+from stream_jobs.workflows.create import Plan, batch_plan, chain_plan, record_plan, write_plan
+from stream_jobs.workflows.finish import Finish
+from stream_jobs.workflows.members import workflow_id_for
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -32,13 +35,13 @@ class JobContext:
 
     # `_fencing` is left unset until `fencing_token` is first read: a handler that never
     # reads it pays nothing for it, not even a store here.
-    __slots__ = ("_children", "_conn", "_dedup", "_enqueued", "_fencing", "_job", "_lend_slot",
-                 "_offset", "_partition", "_topic", "_writes")
+    __slots__ = ("_children", "_conn", "_dedup", "_enqueued", "_fencing", "_finish", "_job",
+                 "_lend_slot", "_offset", "_partition", "_topic", "_writes", "returned")
 
     def __init__(self, job: JobRecord, *, topic: str, partition: int, offset: int,
                  dedup: DedupStore,
                  lend_slot: Callable[[], AbstractContextManager[None]] | None = None,
-                 children: JobClient | None = None) -> None:
+                 children: JobClient | None = None, finish: Finish | None = None) -> None:
         self._job = job
         self._topic = topic
         self._partition = partition
@@ -51,6 +54,9 @@ class JobContext:
         self._conn: Any = None
         self._writes: DeferredWrites | None = None
         self._enqueued = 0
+        # The job's finish transaction (keep_result, batch member, chain step), else None.
+        self._finish = finish
+        self.returned: object = None  # what the handler returned (set by the worker)
 
     @property
     def job_id(self) -> str:
@@ -120,14 +126,30 @@ class JobContext:
         """When the job was first enqueued (UTC)."""
         return ms_to_datetime(self.enqueued_at_ms)
 
+    @property
+    def parent_result(self) -> Any:
+        """In a chain's step: the result the step before it returned (None in a first
+        step, or outside a chain)."""
+        return self._finish.parent_result if self._finish is not None else None
+
     @asynccontextmanager
     async def once(self) -> AsyncIterator[Any]:
         """An asyncpg connection inside an open transaction that holds this job's dedup row.
 
         Write the job's effects through it: they commit together with the row, so they
         happen once per job ID. If an earlier run already committed, the body does not run
-        and the job is acknowledged as a duplicate.
+        and the job is acknowledged as a duplicate. For a type with `keep_result`, a
+        batch member or a chain step, the transaction stays open until the handler
+        returns and commits with its result (docs/results.md).
         """
+        if self._finish is not None:
+            async with self._finish.once() as conn:
+                self._conn = conn
+                try:
+                    yield conn
+                finally:
+                    self._conn = None
+            return
         async with self._dedup.once(self.job_id, self.job_type, self.attempt) as conn:
             self._conn = conn
             try:
@@ -144,6 +166,10 @@ class JobContext:
         While the job waits for its batch to commit it does not count against the type's
         `concurrency`: another job starts meanwhile, so the next batch fills.
         """
+        if self._finish is not None:  # kept, and applied with the result when it returns
+            kept = self._finish.deferred()
+            self._writes = kept.writes
+            return kept
         block = self._dedup.once_deferred(self.job_id, self.job_type, self.attempt,
                                           while_waiting=self._lend_slot)
         self._writes = block.writes
@@ -164,15 +190,12 @@ class JobContext:
         conditionally. The other options mean what `JobClient.enqueue`'s do, and every
         check it makes happens here, before anything is written.
         """
-        if self._children is None:
-            raise ConfigError("This worker has no client for child jobs: make it with "
-                              "app.worker(...) (or pass children=app.client()).")
-        position = self._enqueued
-        self._enqueued += 1
-        child_id = job_id or child_job_id(self.job_id, str(position) if name is None else name)
-        prepared = [self._children.prepare(Job(job_type, payload, key, child_id, priority, delay,
-                                               run_at, expires_in))]
-        schema = self._children.settings.database_schema
+        children = self._client_for_children()
+        name = self._next_name(name)
+        child_id = job_id or child_job_id(self.job_id, name)
+        prepared = [children.prepare(Job(job_type, payload, key, child_id, priority, delay,
+                                         run_at, expires_in))]
+        schema = children.settings.database_schema
         if self._conn is not None:
             await write_async(self._conn, prepared, schema)
         elif self._writes is not None and not self._writes.closed:
@@ -183,6 +206,50 @@ class JobContext:
                 "ctx.enqueue() writes child jobs in the job's exactly-once transaction: call "
                 "it inside `async with ctx.once():` or `async with ctx.once_deferred():`.")
         return child_id
+
+    async def batch(self, jobs: Sequence[Job], *, on_success: Job | None = None,
+                    on_complete: Job | None = None, name: str | None = None) -> str:
+        """Start a batch in this job's exactly-once transaction (inside `ctx.once()` or
+        `ctx.once_deferred()`), as `JobClient.batch` does: it exists, with its members,
+        if and only if this job's effects commit. Its ID is derived from this job's ID
+        and `name` (default: the position among this run's enqueue/batch/chain calls),
+        so a callback that starts a batch starts the same one however often it runs."""
+        children = self._client_for_children()
+        workflow_id = workflow_id_for(self.job_id, self._next_name(name))
+        plan = batch_plan(children.settings.database_schema, workflow_id, list(jobs),
+                          children.prepare, on_success=on_success, on_complete=on_complete,
+                          parent_job_id=self.job_id)
+        return await self._write_plan(plan, "ctx.batch()")
+
+    async def chain(self, *jobs: Job, name: str | None = None) -> str:
+        """Start a chain in this job's exactly-once transaction (see `batch`)."""
+        children = self._client_for_children()
+        workflow_id = workflow_id_for(self.job_id, self._next_name(name))
+        plan = chain_plan(children.settings.database_schema, workflow_id, jobs,
+                          children.prepare, parent_job_id=self.job_id)
+        return await self._write_plan(plan, "ctx.chain()")
+
+    def _client_for_children(self) -> JobClient:
+        if self._children is None:
+            raise ConfigError("This worker has no client for child jobs: make it with "
+                              "app.worker(...) (or pass children=app.client()).")
+        return self._children
+
+    def _next_name(self, name: str | None) -> str:
+        position = self._enqueued
+        self._enqueued += 1
+        return str(position) if name is None else name
+
+    async def _write_plan(self, plan: Plan, what: str) -> str:
+        if self._conn is not None:
+            await write_plan(self._conn, plan)
+        elif self._writes is not None and not self._writes.closed:
+            await record_plan(self._writes, plan)
+        else:
+            raise NotInTransaction(
+                f"{what} writes in the job's exactly-once transaction: call it inside "
+                "`async with ctx.once():` or `async with ctx.once_deferred():`.")
+        return plan.workflow_id
 
 
 def ms_to_datetime(ms: int) -> datetime:

@@ -128,3 +128,54 @@ class OutboxWriteError(StreamJobsError):
 
 class LeadershipLost(StreamJobsError):
     """A scheduler's lock session ended or failed: it no longer leads its type's schedules."""
+
+
+class ResultError(StreamJobsError):
+    """A handler's return value cannot be kept as its result (not JSON, or too large)."""
+
+
+class ResultTooLarge(ResultError):
+    """A handler returned a result over the result size limit (max_result_bytes)."""
+
+
+class ResultTimeout(StreamJobsError):
+    """`client.result` waited its timeout and the job has no result yet."""
+
+
+class ResultNotKept(StreamJobsError):
+    """A job finished, but no result of it is kept (its type has no keep_result, or pruned)."""
+
+
+class JobNotSucceeded(StreamJobsError):
+    """`client.result` of a job that ended without a result: dead-lettered, cancelled, expired."""
+
+    def __init__(self, message: str, *, job_id: str = "", state: str = "failed",
+                 reason: str | None = None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.state = state  # "failed", "cancelled", "expired", "superseded"
+        self.reason = reason  # what the dead letter or the cancellation said
+
+    def __reduce__(self) -> tuple[type[JobNotSucceeded], tuple[str], dict[str, object]]:
+        return (type(self), (str(self),), {"job_id": self.job_id, "state": self.state,
+                                           "reason": self.reason})
+
+
+class JobFailed(JobNotSucceeded):
+    """The job was dead-lettered: retries ran out, or it failed for good."""
+
+
+class JobCancelled(JobNotSucceeded):
+    """The job was cancelled (or superseded by a newer one) before it succeeded."""
+
+
+class JobExpired(JobNotSucceeded):
+    """The job passed its expiry before it ran."""
+
+
+class UnknownWorkflow(StreamJobsError):
+    """No batch or chain has the ID that was asked for."""
+
+
+class FinishFailed(StreamJobsError):
+    """A job's finish transaction (dedup row, effects, result, counters) did not commit."""

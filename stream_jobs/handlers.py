@@ -37,6 +37,8 @@ class JobHandler:
     timeout_s: float
     concurrency: int
     ordering: Ordering
+    # `keep_result`: seconds the handler's return value is kept (docs/results.md); None: not.
+    keep_result_s: float | None = None
 
     def parse_payload(self, raw: bytes) -> Any:
         """The handler's first argument from the record value; BadRecord when it does not fit."""
@@ -72,13 +74,13 @@ def check_declaration(job_type: str, *, timeout: float, concurrency: int,
 
 
 def new_handler(job_type: str, func: HandlerFunc, *, timeout: float, concurrency: int,
-                ordering: Ordering) -> JobHandler:
+                ordering: Ordering, keep_result_s: float | None = None) -> JobHandler:
     """A handler as `@app.job` registers it; `ConfigError` for a declaration that cannot run."""
     check_declaration(job_type, timeout=timeout, concurrency=concurrency, ordering=ordering)
     if not inspect.iscoroutinefunction(func):
         raise ConfigError(f"Handler {func.__qualname__} must be `async def`.")
     return JobHandler(job_type, func, _payload_model(func), float(timeout), concurrency,
-                      ordering)
+                      ordering, keep_result_s=keep_result_s)
 
 
 def _payload_model(func: HandlerFunc) -> type[BaseModel] | None:

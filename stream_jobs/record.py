@@ -38,6 +38,8 @@ HEADER_ERROR = "sj-error"
 HEADER_REQUEUES = "sj-requeues"
 HEADER_RERUN_OF = "sj-rerun-of"
 HEADER_TRACEPARENT = "traceparent"
+# The batch or chain a job belongs to (stream_jobs/workflows/): "batch:ID" or "chain:STEP:ID".
+HEADER_WORKFLOW = "sj-workflow"
 
 _KNOWN_HEADERS = frozenset(
     {
@@ -53,6 +55,7 @@ _KNOWN_HEADERS = frozenset(
         HEADER_REQUEUES,
         HEADER_RERUN_OF,
         HEADER_TRACEPARENT,
+        HEADER_WORKFLOW,
     }
 )
 # Integers travel as plain ASCII digits; bounding the length keeps them within Kafka's
@@ -90,6 +93,7 @@ class _Changes(TypedDict, total=False):
     requeues: int
     rerun_of: str | None
     traceparent: str | None
+    workflow: str | None
 
 
 _T = TypeVar("_T")
@@ -126,6 +130,7 @@ class JobRecord:
     requeues: int = 0
     rerun_of: str | None = None
     traceparent: str | None = None
+    workflow: str | None = None
 
     def headers(self) -> list[tuple[str, bytes]]:
         """Kafka headers for this record; fields that are None are left out."""
@@ -149,6 +154,8 @@ class JobRecord:
             out.append((HEADER_RERUN_OF, self.rerun_of.encode()))
         if self.traceparent is not None:
             out.append((HEADER_TRACEPARENT, self.traceparent.encode()))
+        if self.workflow is not None:
+            out.append((HEADER_WORKFLOW, self.workflow.encode()))
         return out
 
     def with_(self, **changes: Unpack[_Changes]) -> JobRecord:
@@ -231,6 +238,7 @@ def _from_headers(found: dict[str, bytes | None], payload: bytes, key: bytes | N
         rerun_of=_text(found, HEADER_RERUN_OF) if HEADER_RERUN_OF in found else None,
         failure=parse_failure(found.get(HEADER_ERROR)),
         traceparent=_traceparent(found.get(HEADER_TRACEPARENT)),
+        workflow=_text(found, HEADER_WORKFLOW) if HEADER_WORKFLOW in found else None,
     )
 
 

@@ -74,6 +74,12 @@ class Settings(BaseSettings):
     outbox_batch_max: int = Field(default=500, gt=0, le=10_000)
     outbox_sweep_interval_s: float = Field(default=5.0, gt=0)
 
+    # Results (docs/results.md): a handler's return value kept by `keep_result` is refused
+    # over this size (the job fails; nothing is truncated). Batch members' and chain steps'
+    # rows, which their batch's counters rest on, are kept at least workflow_keep_s.
+    max_result_bytes: int = Field(default=1_048_576, gt=0)
+    workflow_keep_s: float = Field(default=7 * 86_400.0, gt=0)
+
     # The collector's young-generation threshold while a worker runs: CPython's 700 cost a
     # deferred exactly-once worker a quarter of its CPU; 0 leaves it.
     worker_gc_young_threshold: int = Field(default=YOUNG_THRESHOLD, ge=0)

@@ -15,8 +15,8 @@ from rich.table import Table
 
 from stream_jobs.cli.common import settings_of
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
+from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, JobLocation, locate_job
 from stream_jobs.settings import Settings
-from stream_jobs.tools.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, JobLocation, locate_job
 from stream_jobs.tools.stats import collect
 from stream_jobs.tools.type_stats import DEFAULT_WINDOW_S, StatsSnapshot, TopicLag, TypeStats
 

@@ -1,6 +1,6 @@
 """The database schema stream-jobs owns, held by SQLAlchemy and rendered to DDL for
-`stream-jobs db migrate`: the dedup table, the transactional outbox's table, and the
-fencing token sequence.
+`stream-jobs db migrate`: the dedup table, the transactional outbox's table, the
+fencing token sequence, the kept results, and the batches' and chains' rows.
 
 Kept apart from `dedup.py` so that importing the runtime does not import SQLAlchemy.
 `db migrate` also creates the schedules' state (`stream_jobs_schedules`, read and written
@@ -94,6 +94,68 @@ schedules_table = Table(
 )
 
 
+# How each job that needs one ended (stream_jobs/results.py): kept results of types with
+# `keep_result`, and the state of every batch member and chain step, which is what makes
+# their batch's counters exact (a member counts once; a dead letter requeued that then
+# succeeds moves from failed to succeeded). Written in the job's dedup transaction; `db
+# prune` deletes rows past `expires_at`.
+results_table = Table(
+    "stream_jobs_results",
+    metadata,
+    Column("job_id", String(MAX_JOB_ID_CHARS), primary_key=True),
+    Column("job_type", String(249), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("result", postgresql.JSONB, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("attempt", Integer, nullable=False),
+    Column("finished_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+)
+_results_expiry_index = Index("stream_jobs_results_expires_at", results_table.c.expires_at)
+
+# Batches and chains (stream_jobs/workflows/): one row each, its counters moved in the
+# same transaction as each member's dedup row (or terminal result row).
+workflows_table = Table(
+    "stream_jobs_workflows",
+    metadata,
+    Column("workflow_id", String(MAX_JOB_ID_CHARS), primary_key=True),
+    Column("kind", String(8), nullable=False),  # "batch" | "chain"
+    Column("total", Integer, nullable=False),
+    Column("succeeded", Integer, nullable=False, server_default=text("0")),
+    Column("failed", Integer, nullable=False, server_default=text("0")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Batch: its last member finished. Chain: its last step succeeded, or a step failed.
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+    # Chain: the step that was dead-lettered (0-based) and why; NULL while it runs.
+    Column("failed_step", Integer, nullable=True),
+    Column("failure", Text, nullable=True),
+    # The job whose handler started it (ctx.batch / ctx.chain), if any.
+    Column("parent_job_id", String(MAX_JOB_ID_CHARS), nullable=True),
+)
+# The dashboard lists open ones; `db prune` scans finished ones by time.
+_open_workflows_index = Index("stream_jobs_workflows_open", workflows_table.c.created_at,
+                              postgresql_where=text("finished_at IS NULL"))
+_finished_workflows_index = Index("stream_jobs_workflows_finished_at",
+                                  workflows_table.c.finished_at)
+
+# The jobs a batch or chain writes when their turn comes: a batch's callbacks (slot
+# "on_success", "on_complete") and a chain's steps after the first (slot "1", "2", ...).
+# Each is a whole record, ready for the outbox, but for its times (stamped when written).
+workflow_jobs_table = Table(
+    "stream_jobs_workflow_jobs",
+    metadata,
+    Column("workflow_id", String(MAX_JOB_ID_CHARS), primary_key=True),
+    Column("slot", String(16), primary_key=True),
+    Column("job_id", String(MAX_JOB_ID_CHARS), nullable=False),
+    Column("job_type", String(249), nullable=False),
+    Column("topic", String(249), nullable=False),
+    Column("key", LargeBinary, nullable=True),
+    Column("value", LargeBinary, nullable=False),
+    Column("headers", postgresql.JSONB, nullable=False),
+    Column("expires_in_ms", BigInteger, nullable=True),
+)
+
+
 def schema_ddl() -> list[str]:
     """The statements that create the schema, rendered by SQLAlchemy for Postgres."""
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
@@ -103,4 +165,8 @@ def schema_ddl() -> list[str]:
         str(CreateTable(outbox_table, if_not_exists=True).compile(dialect=dialect)),
         str(CreateTable(schedules_table, if_not_exists=True).compile(dialect=dialect)),
         str(CreateSequence(fencing_sequence, if_not_exists=True).compile(dialect=dialect)),
+        *(str(CreateTable(t, if_not_exists=True).compile(dialect=dialect))
+          for t in (results_table, workflows_table, workflow_jobs_table)),
+        *(str(CreateIndex(i, if_not_exists=True).compile(dialect=dialect))
+          for i in (_results_expiry_index, _open_workflows_index, _finished_workflows_index)),
     ]

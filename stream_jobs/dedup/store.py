@@ -28,7 +28,10 @@ import asyncpg
 from stream_jobs.dedup.deferred import DeferredWrites, WriteBatcher
 from stream_jobs.dedup.fencing import FENCING_SEQUENCE, TokenIssuer
 from stream_jobs.dedup.group_commit import INSERT_DONE, GroupCommitter
+from stream_jobs.dedup.held import DRIVER_ERRORS, HeldTransaction, ours
+from stream_jobs.dedup.results import select_result_sql, stored
 from stream_jobs.errors import AlreadyDone, ConfigError, DatabaseUnavailable
+from stream_jobs.results import StoredResult
 from stream_jobs.settings import Settings, redact_url
 
 # Opening a connection failed: Postgres is down, refusing, or still starting.
@@ -47,6 +50,9 @@ class DedupStore:
         self._committer: GroupCommitter | None = None
         self._batcher: WriteBatcher | None = None
         self._tokens: TokenIssuer | None = None
+        # Held transactions (stream_jobs.dedup.held) wait for their handler to return: a
+        # pool of their own, so they never starve group commit of connections.
+        self._held_pool: asyncpg.Pool | None = None
 
     async def _get_pool(self) -> asyncpg.Pool:
         if self._pool is None:
@@ -70,6 +76,9 @@ class DedupStore:
             f"(STREAM_JOBS_DATABASE_URL): {exc}")
 
     async def close(self) -> None:
+        if self._held_pool is not None:
+            await self._held_pool.close()
+            self._held_pool = None
         if self._tokens is not None:
             await self._tokens.close()
             self._tokens = None
@@ -154,6 +163,52 @@ class DedupStore:
                 if self._settings.dedup_group_commit else 1,
                 parallel=1)
         return self._batcher
+
+    async def hold(self, job_id: str, job_type: str, attempt: int) -> HeldTransaction:
+        """A transaction of the job's own holding its claimed dedup row, left open for the
+        caller to commit (`AlreadyDone` if the row exists). See `stream_jobs.dedup.held`."""
+        if self._held_pool is None:
+            try:
+                self._held_pool = await asyncpg.create_pool(
+                    self._settings.database_url, min_size=0,
+                    max_size=self._settings.database_pool_size, timeout=10,
+                    server_settings={"search_path": self._settings.database_schema})
+            except (OSError, asyncpg.PostgresError) as exc:
+                raise self._unavailable(exc) from exc
+        return await HeldTransaction.begin(self._held_pool, job_id, job_type, attempt)
+
+    async def apply_deferred(self, job_id: str, job_type: str, attempt: int,
+                             statements: list[tuple[str, tuple[Any, ...]]],
+                             while_waiting: Callable[[], AbstractContextManager[None]] | None
+                             = None) -> bool:
+        """Claim the job and apply `statements` with the next deferred batch: True once
+        committed, False when the row existed (nothing was applied)."""
+        try:
+            batcher = await self._deferred_batcher()
+            with while_waiting() if while_waiting is not None else nullcontext():
+                return await batcher.apply(job_id, job_type, attempt, statements)
+        except _UNREACHABLE as exc:
+            raise self._unavailable(exc) from exc
+        except DRIVER_ERRORS as exc:
+            raise ours(exc, f"the finish of job {job_id}") from exc
+
+    async def execute(self, sql: str, *args: Any) -> None:
+        """One statement in a transaction of its own (a job's terminal result row);
+        driver errors as ours."""
+        try:
+            pool = await self._get_pool()
+            await pool.execute(sql, *args)
+        except DRIVER_ERRORS as exc:
+            raise ours(exc, "a job's result row") from exc
+
+    async def result_of(self, job_id: str) -> StoredResult | None:
+        """The job's row of `stream_jobs_results` (a chain step's parent result), or None."""
+        try:
+            pool = await self._get_pool()
+            row = await pool.fetchrow(select_result_sql(self._settings.database_schema), job_id)
+        except DRIVER_ERRORS as exc:
+            raise ours(exc, f"the result of job {job_id} was read") from exc
+        return None if row is None else stored(row)
 
     def fencing_token(self) -> asyncio.Future[int]:
         """A fencing token taken after this call: above every token handed out before it

@@ -26,7 +26,7 @@ from stream_jobs.errors import PayloadTooLarge, PublishError
 from stream_jobs.gateway.auth import Authorized
 from stream_jobs.gateway.state import Gateway, gateway_of
 from stream_jobs.job_types import get_job_type
-from stream_jobs.tools.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, locate_job
+from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, locate_job
 from stream_jobs.tools.stats import collect
 
 MAX_DELAY_S = 366 * 86_400.0  # a year and a day: longer is a mistake, not a schedule

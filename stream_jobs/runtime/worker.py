@@ -3,9 +3,10 @@
 A `Worker` is everything one type needs in a process: the consumer group `P.T.worker` on
 T's lanes and the relay (`P.T.relay`) on T's delay tiers, sharing one producer, and the
 type's scheduler when it has schedules. `stream-jobs worker APP` runs a `Worker` per type
-in one process (`stream_jobs.runtime.host`), or in each of `--processes N`. Each job ends in exactly one outcome (see `Outcome`); its offset is marked
-finished only once that outcome is durable (a retry or dead letter acknowledged by the
-broker), so no path drops a job.
+in one process (`stream_jobs.runtime.host`), or in each of `--processes N`. Each job ends
+in exactly one outcome (see `Outcome`); its offset is marked finished only once that
+outcome is durable (a retry or dead letter acknowledged by the broker), so no path drops
+a job.
 
 Flow control (docs/flow-control.md): lanes are served by their weights; the type's
 rate limit (TOML, or `stream-jobs throttle` through `P._control`) is split across the
@@ -48,6 +49,7 @@ from stream_jobs.outcomes import Outcome, Reason
 from stream_jobs.ratelimit import partition_share
 from stream_jobs.record import (
     HEADER_EXPIRES_AT,
+    HEADER_WORKFLOW,
     JobRecord,
     Record,
     dead_letter_origin,
@@ -64,6 +66,7 @@ from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, pu
 from stream_jobs.runtime.throttle import ControlFollower, RateOverride, rate_in_force
 from stream_jobs.schedules import Scheduler
 from stream_jobs.settings import Settings
+from stream_jobs.workflows.finish import Finish, Finisher, record_ending
 
 log = logging.getLogger("stream_jobs.worker")
 
@@ -119,6 +122,8 @@ class Worker(GroupMember):
         self.dedup = dedup or DedupStore(settings)
         self._owns_dedup = dedup is None
         self.children = children  # checks and makes the child jobs of ctx.enqueue()
+        # Results, batch members, chain steps: what a job that needs it commits at its end.
+        self.finisher = Finisher.of(self.dedup, settings, policy.job_type, handler.keep_result_s)
         self.relay = Relay(settings, policy, self.producer, grace_s=grace_s) if relay else None
         self.outcomes: Counter[str] = Counter()
         self.dead_letter_reasons: Counter[str] = Counter()
@@ -270,10 +275,16 @@ class Worker(GroupMember):
             return True
         if self.rate_share_per_s is not None:
             expires_at = _expires_at_ms(record.headers)
-            if expires_at is not None and now_ms() >= expires_at:
+            if expires_at is not None and now_ms() >= expires_at and not self._ends_recorded(
+                    record.headers):
                 self.outcomes[Outcome.EXPIRED] += 1
                 return True
         return False
+
+    def _ends_recorded(self, headers: Sequence[tuple[str, bytes]]) -> bool:
+        """Whether a record's job gets a row when it ends (so it is not screened out)."""
+        return self.finisher.keep_s is not None or any(
+            name == HEADER_WORKFLOW for name, _ in headers)
 
     def _beat(self, tp: TopicPartition, written_ms: int) -> None:
         if written_ms > self.heartbeats.get(tp, -1):
@@ -370,6 +381,8 @@ class Worker(GroupMember):
             return Outcome.DEAD_LETTERED
         now = now_ms()
         if job.expires_at_ms is not None and now >= job.expires_at_ms:
+            await record_ending(self.finisher, job, "expired", "expired before it ran",
+                                self.stopping)
             return Outcome.EXPIRED
         try:
             payload = self.handler.parse_payload(job.payload)
@@ -377,6 +390,8 @@ class Worker(GroupMember):
             failure = FailureInfo.from_exception(bad, bad.reason, now)
             await self.write(dlq_topic(self.settings.topic_prefix, job.job_type),
                              self._with_failure(job, record, failure))
+            await record_ending(self.finisher, job, "failed", _reason_text(failure),
+                                self.stopping)
             self.dead_letter_reasons[bad.reason] += 1
             log.warning("job %s (%s) dead-lettered without a run: %s", job.job_id,
                         job.job_type, bad.reason,
@@ -385,10 +400,14 @@ class Worker(GroupMember):
         if job.attempt > 1:
             log.info("job %s (%s) retry: attempt %d starts", job.job_id, job.job_type,
                      job.attempt, extra=job_fields(job, record))
+        finish = self.finisher.finish_for(job)
         ctx = JobContext(job, topic=record.topic, partition=record.partition,
                          offset=record.offset, dedup=self.dedup, lend_slot=self.lend_slot,
-                         children=self.children)
-        error = await self._call_handler(runner, payload, ctx)
+                         children=self.children, finish=finish)
+        if finish is None:
+            error = await self._call_handler(runner, payload, ctx)
+        else:
+            error = await self._call_finished(finish, runner, payload, ctx)
         if error is None:
             return Outcome.SUCCEEDED
         if isinstance(error, AlreadyDone):
@@ -402,6 +421,19 @@ class Worker(GroupMember):
             reason = Reason.PERMANENT if isinstance(error, PermanentError) else Reason.HANDLER_ERROR
         return await self._failed(job, record, error, reason)
 
+    async def _call_finished(self, finish: Finish, runner: Runner, payload: Any,
+                             ctx: JobContext) -> Exception | None:
+        """The handler of a job with a finish transaction (stream_jobs.workflows.finish):
+        its result, dedup row, effects and counters commit when it returns."""
+        error: Exception | None = await finish.before()
+        if error is None:
+            try:
+                error = await self._call_handler(runner, payload, ctx)
+            except BaseException:
+                await finish.abandon()  # revoked or torn down: nothing of it commits
+                raise
+        return await finish.after(error, ctx.returned, self.lend_slot)
+
     async def _call_handler(self, runner: Runner, payload: Any,
                             ctx: JobContext) -> Exception | None:
         """Run the handler within its timeout: None, or the exception it ended with (a
@@ -411,7 +443,7 @@ class Worker(GroupMember):
         durations = self.durations
         started = time.perf_counter() if durations is not None else 0.0
         try:
-            await self.handler.func(payload, ctx)
+            ctx.returned = await self.handler.func(payload, ctx)
         except asyncio.CancelledError:
             if not runner.expired:
                 raise  # revoked past the grace period, or the worker is being torn down
@@ -443,6 +475,8 @@ class Worker(GroupMember):
             failure = FailureInfo.from_exception(exc, decision.reason, now)
             await self.write(dlq_topic(prefix, job.job_type),
                              self._with_failure(job, record, failure))
+            await record_ending(self.finisher, job, "failed", _reason_text(failure),
+                                self.stopping)
             self.dead_letter_reasons[decision.reason] += 1
             log.warning("job %s (%s) dead-lettered after attempt %d: %s", job.job_id,
                         job.job_type, job.attempt, type(exc).__name__,
@@ -461,4 +495,9 @@ class Worker(GroupMember):
     def _with_failure(self, job: JobRecord, record: Record, failure: FailureInfo) -> JobRecord:
         origin = job.origin or dead_letter_origin(record.topic, record.partition, record.offset)
         return replace(job, failure=failure, origin=origin)
+
+
+def _reason_text(failure: FailureInfo) -> str:
+    """A dead letter's reason as a kept result's `error` says it."""
+    return f"{failure.reason}: {failure.error_class}: {failure.message}"
 

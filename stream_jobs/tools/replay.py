@@ -104,15 +104,17 @@ def replayed(job: JobRecord, *, job_type: str, lane: str, rerun: bool, now_ms: i
     """The record a replay writes for `job`: a first attempt, due now, with no last error.
 
     Without `rerun` the job ID (hence its dedup row) is kept. With `rerun` the job is a
-    new one: new ID, `rerun_of` = the replayed ID, enqueued now, no origin yet.
+    new one: new ID, `rerun_of` = the replayed ID, enqueued now, no origin yet, and no
+    batch or chain membership.
     The key, payload, expiry, trace context and requeue count are kept.
     """
     fresh = job.with_(job_type=job_type, lane=lane, attempt=1, not_before_ms=None,
                       failure=None)
     if not rerun:
         return fresh
+    # A new job is no member of the old one's batch or chain: it would count twice there.
     return fresh.with_(job_id=new_id(), rerun_of=job.job_id, enqueued_at_ms=now_ms,
-                       origin=None)
+                       origin=None, workflow=None)
 
 
 class Pace:

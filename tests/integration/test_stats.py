@@ -27,10 +27,10 @@ from stream_jobs.job_ids import new_job_id
 from stream_jobs.job_types import load_job_types
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.lookup import locate_job
 from stream_jobs.naming import dlq_topic, relay_group, tier_topic, worker_group
 from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
-from stream_jobs.tools.lookup import locate_job
 from stream_jobs.tools.stats import collect
 from stream_jobs.tools.type_stats import StatsSnapshot, TypeStats
 from tests.integration.cli_env import settings_env

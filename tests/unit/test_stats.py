@@ -13,9 +13,9 @@ from rich.console import Console
 from stream_jobs.cli.stats import render_stats
 from stream_jobs.failures import FailureInfo
 from stream_jobs.kafka.scan import PartitionRange
+from stream_jobs.lookup import Sighting, capped, judge, sighting_of
 from stream_jobs.runtime.reports import WorkerReport
 from stream_jobs.settings import Settings
-from stream_jobs.tools.lookup import Sighting, capped, judge, sighting_of
 from stream_jobs.tools.type_stats import (
     OutcomeCounts,
     PartitionLag,

@@ -1,0 +1,186 @@
+"""Reading kept results: one row of `stream_jobs_results`, or a wait for it.
+
+A worker writes a job's row in the transaction that commits the job (its dedup row and
+effects), and with it a `NOTIFY` on the schema's results channel carrying the job ID,
+delivered at commit. `ResultReader.wait` listens on that channel before it first looks,
+so a result committed at any moment after the wait began wakes it: no polling. A lost
+listening connection wakes every waiter, which looks again and listens anew.
+
+The statements that write rows are the finish transaction's (`stream_jobs.workflows.sql`);
+`db prune` removes rows past their `expires_at` (`prune_expired`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from typing import Any
+
+import asyncpg
+
+from stream_jobs.errors import ConfigError, DatabaseUnavailable
+from stream_jobs.results import StoredResult
+from stream_jobs.settings import Settings, redact_url
+
+TABLE = "stream_jobs_results"
+_CHANNEL_MAX = 63  # Postgres keeps 63 bytes of an identifier; a channel is one
+CONNECT_TIMEOUT_S = 10.0
+_DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
+
+
+def results_table(schema: str) -> str:
+    """The results table, qualified: callers' connections may have any search_path."""
+    return f'"{schema}".{TABLE}'
+
+
+def results_channel(schema: str) -> str:
+    """The NOTIFY channel a finished job's ID is sent on, for `client.result` waiters."""
+    name = f"stream_jobs_results.{schema}"
+    if len(name.encode()) <= _CHANNEL_MAX:
+        return name
+    return "stream_jobs_results." + hashlib.sha256(schema.encode()).hexdigest()[:32]
+
+
+def select_result_sql(schema: str) -> str:
+    """$1 job ID: its row, unless past its expiry (pruning may lag behind)."""
+    return ("SELECT job_id, job_type, state, result::text AS result, error, attempt, "
+            f"finished_at, expires_at FROM {results_table(schema)} "
+            "WHERE job_id = $1 AND expires_at > now()")
+
+
+def stored(row: Any) -> StoredResult:
+    return StoredResult(row["job_id"], row["job_type"], row["state"], row["result"],
+                        row["error"], row["attempt"], row["finished_at"], row["expires_at"])
+
+
+class ResultReader:
+    """Reads and waits for results; opened lazily, closed with `close()`.
+
+    One listening connection and a small pool for the reads, shared by every wait."""
+
+    def __init__(self, settings: Settings, *, pool_size: int = 4) -> None:
+        self._settings = settings
+        self._schema = settings.database_schema
+        self._pool_size = pool_size
+        self._pool: asyncpg.Pool | None = None
+        self._listener: Any = None
+        self._opening = asyncio.Lock()
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._select = select_result_sql(self._schema)
+
+    async def fetch(self, job_id: str) -> StoredResult | None:
+        """The job's row, or None (not finished yet, no row kept, or past its expiry)."""
+        pool = await self._get_pool()
+        try:
+            row = await pool.fetchrow(self._select, job_id)
+        except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError) as exc:
+            raise ConfigError(f"There is no results table in schema {self._schema!r}: run "
+                              "`stream-jobs db migrate` (it creates stream_jobs_results).") \
+                from exc
+        except _DRIVER_ERRORS as exc:
+            raise self._unavailable(exc) from exc
+        return None if row is None else stored(row)
+
+    async def finished_type(self, job_id: str) -> str | None:
+        """The type of the job if it has a dedup row (it finished), else None."""
+        pool = await self._get_pool()
+        try:
+            return await pool.fetchval(  # type: ignore[no-any-return]
+                f'SELECT job_type FROM "{self._schema}".stream_jobs_done WHERE job_id = $1',
+                job_id)
+        except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError) as exc:
+            raise ConfigError(f"There is no dedup table in schema {self._schema!r}: run "
+                              "`stream-jobs db migrate`.") from exc
+        except _DRIVER_ERRORS as exc:
+            raise self._unavailable(exc) from exc
+
+    async def wait(self, job_id: str, timeout_s: float) -> StoredResult | None:
+        """The job's row once it exists, or None when `timeout_s` passed without one."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout_s)
+        woken = asyncio.Event()
+        self._waiters.setdefault(job_id, set()).add(woken)
+        try:
+            while True:
+                if timeout_s > 0:
+                    await self._listen()
+                # Cleared before the read: a commit after the read's snapshot sets it again.
+                woken.clear()
+                found = await self.fetch(job_id)
+                remaining = deadline - loop.time()
+                if found is not None or remaining <= 0:
+                    return found
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), remaining)
+        finally:
+            waiting = self._waiters.get(job_id)
+            if waiting is not None:
+                waiting.discard(woken)
+                if not waiting:
+                    del self._waiters[job_id]
+
+    async def close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(Exception):
+                await listener.close(timeout=5)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            with contextlib.suppress(Exception):
+                await pool.close()
+
+    async def _get_pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            async with self._opening:
+                if self._pool is None:
+                    try:
+                        self._pool = await asyncpg.create_pool(
+                            self._settings.database_url, min_size=0, max_size=self._pool_size,
+                            timeout=CONNECT_TIMEOUT_S)
+                    except _DRIVER_ERRORS as exc:
+                        raise self._unavailable(exc) from exc
+        return self._pool
+
+    async def _listen(self) -> None:
+        if self._listener is not None and not self._listener.is_closed():
+            return
+        async with self._opening:
+            if self._listener is not None and not self._listener.is_closed():
+                return
+            try:
+                listener = await asyncpg.connect(self._settings.database_url,
+                                                 timeout=CONNECT_TIMEOUT_S)
+                await listener.add_listener(results_channel(self._schema), self._notified)
+            except _DRIVER_ERRORS as exc:
+                raise self._unavailable(exc) from exc
+            listener.add_termination_listener(self._lost)
+            self._listener = listener
+
+    def _notified(self, _conn: object, _pid: int, _channel: str, job_id: str) -> None:
+        for woken in self._waiters.get(job_id, ()):
+            woken.set()
+
+    def _lost(self, *_: object) -> None:
+        # Whatever was sent meanwhile is unheard: every waiter looks again, and listens anew.
+        self._listener = None
+        for waiting in self._waiters.values():
+            for woken in waiting:
+                woken.set()
+
+    def _unavailable(self, exc: BaseException) -> DatabaseUnavailable:
+        return DatabaseUnavailable(
+            f"Postgres did not answer at {redact_url(self._settings.database_url)} "
+            f"(STREAM_JOBS_DATABASE_URL) for a job's result: {exc}")
+
+
+async def prune_expired(conn: Any, schema: str, batch: int) -> int:
+    """Delete up to `batch` result rows past their expiry; how many were deleted."""
+    status = await conn.execute(
+        f"DELETE FROM {results_table(schema)} WHERE job_id IN (SELECT job_id FROM "
+        f"{results_table(schema)} WHERE expires_at <= now() LIMIT $1)", batch)
+    return int(status.rsplit(" ", 1)[-1])
+
+
+__all__ = ["ResultReader", "prune_expired", "results_channel", "results_table",
+           "select_result_sql", "stored"]

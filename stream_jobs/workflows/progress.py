@@ -1,0 +1,172 @@
+"""Where a batch or a chain stands: `stream-jobs batch ID`, `GET /batches/{id}`, the
+dashboard's open batches and `client.progress`.
+
+Read from the workflow's row, whose counters move in each member's finish transaction:
+so what it says is exact as of the read. A batch: members succeeded, failed (dead-lettered,
+expired, cancelled) and pending, and which callbacks have been written. A chain: steps
+done, the step running now, or the step that was dead-lettered and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from stream_jobs.errors import ConfigError, DatabaseUnavailable, UnknownWorkflow
+from stream_jobs.settings import Settings, redact_url
+from stream_jobs.workflows.members import step_job_id
+from stream_jobs.workflows.sql import workflow_jobs_table, workflows_table
+
+CONNECT_TIMEOUT_S = 3.0
+_COLUMNS = ("workflow_id, kind, total, succeeded, failed, created_at, finished_at, "
+            "failed_step, failure, parent_job_id")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One batch or chain as its row says."""
+
+    workflow_id: str
+    kind: str  # "batch" | "chain"
+    total: int
+    succeeded: int
+    failed: int
+    created_at: datetime
+    finished_at: datetime | None
+    failed_step: int | None = None
+    failure: str | None = None
+    parent_job_id: str | None = None
+    callbacks: tuple[tuple[str, str], ...] = ()  # (slot, job ID) of a batch's callbacks
+
+    @property
+    def pending(self) -> int:
+        if self.kind == "chain":
+            return 0 if self.failed else self.total - self.succeeded
+        return self.total - self.succeeded - self.failed
+
+    @property
+    def state(self) -> str:
+        """"running", "succeeded", "completed" (a batch done with failures), "failed" (a
+        chain stopped at a step)."""
+        if self.kind == "chain":
+            if self.failed:
+                return "failed"
+            return "succeeded" if self.succeeded >= self.total else "running"
+        if self.pending > 0:
+            return "running"
+        return "succeeded" if self.failed == 0 else "completed"
+
+    def fired(self, slot: str) -> bool:
+        """Whether the batch's callback `slot` has been written (it runs once)."""
+        if slot == "on_success":
+            return self.succeeded == self.total
+        return self.succeeded + self.failed == self.total
+
+    def summary(self) -> str:
+        """One sentence for a person."""
+        if self.kind == "chain":
+            if self.failed and self.failed_step is not None:
+                return (f"Chain {self.workflow_id} stopped at step {self.failed_step} of "
+                        f"{self.total} ({step_job_id(self.workflow_id, self.failed_step)}), "
+                        f"dead-lettered: {self.failure or 'no reason given'}.")
+            if self.succeeded >= self.total:
+                return f"Chain {self.workflow_id} is done: all {self.total} steps succeeded."
+            return (f"Chain {self.workflow_id} runs step {self.succeeded} of {self.total} "
+                    f"({step_job_id(self.workflow_id, self.succeeded)}); "
+                    f"{self.succeeded} done.")
+        fired = [slot for slot, _ in self.callbacks if self.fired(slot)]
+        calls = f"; callbacks written: {', '.join(fired)}" if fired else ""
+        return (f"Batch {self.workflow_id} is {self.state}: {self.succeeded:,} of "
+                f"{self.total:,} members succeeded, {self.failed:,} failed, "
+                f"{self.pending:,} pending{calls}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.workflow_id, "kind": self.kind, "state": self.state,
+            "summary": self.summary(), "total": self.total, "succeeded": self.succeeded,
+            "failed": self.failed, "pending": self.pending,
+            "created_at": self.created_at.isoformat(),
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            "failed_step": self.failed_step, "failure": self.failure,
+            "parent_job_id": self.parent_job_id,
+            "callbacks": [{"slot": slot, "job_id": job_id, "written": self.fired(slot)}
+                          for slot, job_id in self.callbacks],
+        }
+
+
+def _progress(row: Any, callbacks: tuple[tuple[str, str], ...] = ()) -> Progress:
+    return Progress(row["workflow_id"], row["kind"], row["total"], row["succeeded"],
+                    row["failed"], row["created_at"], row["finished_at"], row["failed_step"],
+                    row["failure"], row["parent_job_id"], callbacks)
+
+
+async def read_progress(settings: Settings, workflow_id: str) -> Progress:
+    """The batch or chain `workflow_id`; `UnknownWorkflow` if there is none."""
+    schema = settings.database_schema
+
+    async def query(conn: Any) -> Progress | None:
+        row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM {workflows_table(schema)} "
+                                  "WHERE workflow_id = $1", workflow_id)
+        if row is None:
+            return None
+        calls = await conn.fetch(f"SELECT slot, job_id FROM {workflow_jobs_table(schema)} "
+                                 "WHERE workflow_id = $1 AND slot IN ('on_success', "
+                                 "'on_complete') ORDER BY slot DESC", workflow_id)
+        return _progress(row, tuple((c["slot"], c["job_id"]) for c in calls))
+
+    found: Progress | None = await _on_connection(settings, query)
+    if found is None:
+        raise UnknownWorkflow(f"No batch or chain has the ID {workflow_id!r} in schema "
+                              f"{schema!r} (or it was pruned).")
+    return found
+
+
+async def open_workflows(settings: Settings, limit: int = 20) -> tuple[int, list[Progress]]:
+    """How many batches and chains are not finished, and the oldest `limit` of them."""
+    schema = settings.database_schema
+
+    async def query(conn: Any) -> tuple[int, list[Progress]]:
+        table = workflows_table(schema)
+        count = await conn.fetchval(f"SELECT count(*) FROM {table} WHERE finished_at IS NULL")
+        rows = await conn.fetch(f"SELECT {_COLUMNS} FROM {table} WHERE finished_at IS NULL "
+                                "ORDER BY created_at LIMIT $1", limit)
+        return int(count), [_progress(row) for row in rows]
+
+    result: tuple[int, list[Progress]] = await _on_connection(settings, query)
+    return result
+
+
+async def prune_finished(conn: Any, schema: str, older_than_s: float, batch: int) -> int:
+    """Delete up to `batch` workflows finished more than `older_than_s` ago, with their
+    templates; how many were deleted."""
+    count = await conn.fetchval(
+        f"WITH gone AS (DELETE FROM {workflows_table(schema)} WHERE workflow_id IN ("
+        f"SELECT workflow_id FROM {workflows_table(schema)} WHERE finished_at < now() - "
+        "make_interval(secs => $1) ORDER BY finished_at LIMIT $2) RETURNING workflow_id), "
+        f"templates AS (DELETE FROM {workflow_jobs_table(schema)} WHERE workflow_id IN "
+        "(SELECT workflow_id FROM gone)) SELECT count(*) FROM gone", float(older_than_s), batch)
+    return int(count)
+
+
+async def _on_connection(settings: Settings, query: Any) -> Any:
+    try:
+        conn = await asyncpg.connect(settings.database_url, timeout=CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        raise DatabaseUnavailable(f"Postgres did not answer at "
+                                  f"{redact_url(settings.database_url)}: {exc}") from exc
+    try:
+        return await query(conn)
+    except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError) as exc:
+        raise ConfigError(f"There are no workflow tables in schema "
+                          f"{settings.database_schema!r}: run `stream-jobs db migrate`.") \
+            from exc
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise DatabaseUnavailable(f"Postgres failed a question about batches: {exc}") from exc
+    finally:
+        await conn.close()
+
+
+__all__ = ["Progress", "open_workflows", "prune_finished", "read_progress"]
