@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -30,6 +30,9 @@ from stream_jobs.settings import Settings, load_settings
 if TYPE_CHECKING:
     from stream_jobs.client import JobClient, SyncJobClient
     from stream_jobs.runtime.worker import Worker
+
+# `@app.job` hands the function back as it was, so its own type is kept.
+F = TypeVar("F", bound=HandlerFunc)
 
 
 class App:
@@ -52,8 +55,9 @@ class App:
         self.__dict__["settings"] = settings
 
     def job(self, job_type: str, *, timeout: float = 30, concurrency: int = 64,
-            ordering: Ordering = "key") -> Callable[[HandlerFunc], HandlerFunc]:
-        """Register an async handler for `job_type`.
+            ordering: Ordering = "key") -> Callable[[F], F]:
+        """Register a handler for `job_type`: `async def` runs on the worker's event loop,
+        a plain `def` on a thread of the worker's pool (`concurrency` threads).
 
         `timeout` (seconds): a run past it has failed. `concurrency`: handlers of this type
         running at once in one worker. `ordering`: "key" runs one key's jobs in order and
@@ -61,7 +65,7 @@ class App:
         """
         check_declaration(job_type, timeout=timeout, concurrency=concurrency, ordering=ordering)
 
-        def register(func: HandlerFunc) -> HandlerFunc:
+        def register(func: F) -> F:
             handler = new_handler(job_type, func, timeout=timeout, concurrency=concurrency,
                                   ordering=ordering)
             if job_type in self.handlers:

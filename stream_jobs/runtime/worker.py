@@ -18,11 +18,9 @@ import asyncio
 import logging
 import math
 import random
-import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
-from typing import Any
 
 from stream_jobs.clock import now_ms
 from stream_jobs.context import JobContext
@@ -52,6 +50,7 @@ from stream_jobs.record import (
     decode_record,
 )
 from stream_jobs.retry import DeadLetter, RetryPolicy, decide
+from stream_jobs.runtime.calls import handler_call
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.gc_tuning import worker_collector
 from stream_jobs.runtime.heartbeats import is_heartbeat, send_heartbeats
@@ -130,6 +129,8 @@ class Worker(GroupMember):
         self.heartbeat_interval_s = policy.heartbeat_interval_s
         # Per lane partition: the write time (ms) of the newest heartbeat processed.
         self.heartbeats: dict[TopicPartition, int] = {}
+        # On the loop, or (a plain `def`) on `concurrency` threads: chosen once, here.
+        self._call_handler, self.threads = handler_call(self, handler)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -166,6 +167,8 @@ class Worker(GroupMember):
                 await asyncio.gather(*background, return_exceptions=True)
                 await self._report(final=True)
         finally:
+            if self.threads is not None:
+                self.threads.close()
             if follower is not None:
                 await follower.stop()
             await self.producer.stop()
@@ -304,7 +307,8 @@ class Worker(GroupMember):
                 fetched = await self.poll_once()
                 if not until_idle:
                     continue
-                if fetched or self.in_flight() or (self.relay and self.relay.in_flight()):
+                if (fetched or self.in_flight() or (self.relay and self.relay.in_flight())
+                        or (self.threads is not None and self.threads.busy)):
                     idle_rounds = 0
                     continue
                 idle_rounds = idle_rounds + 1 if await self._idle() else 0
@@ -391,36 +395,6 @@ class Worker(GroupMember):
         else:
             reason = Reason.PERMANENT if isinstance(error, PermanentError) else Reason.HANDLER_ERROR
         return await self._failed(job, record, error, reason)
-
-    async def _call_handler(self, runner: Runner, payload: Any,
-                            ctx: JobContext) -> Exception | None:
-        """Run the handler within its timeout: None, or the exception it ended with (a
-        `TimeoutError` when the runner's watchdog cut it off)."""
-        runner.deadline = asyncio.get_running_loop().time() + self.handler.timeout_s
-        self.watch()
-        durations = self.durations
-        started = time.perf_counter() if durations is not None else 0.0
-        try:
-            await self.handler.func(payload, ctx)
-        except asyncio.CancelledError:
-            if not runner.expired:
-                raise  # revoked past the grace period, or the worker is being torn down
-            return self._expired(runner)
-        except Exception as exc:
-            return exc
-        finally:
-            runner.deadline = math.inf
-            if durations is not None:
-                durations.observe(time.perf_counter() - started)
-        if runner.expired:  # the handler swallowed the cancellation and returned
-            self._expired(runner)
-        return None
-
-    def _expired(self, runner: Runner) -> TimeoutError:
-        runner.expired = False
-        if runner.task is not None:
-            runner.task.uncancel()
-        return TimeoutError(f"The handler ran past its timeout of {self.handler.timeout_s:g} s.")
 
     async def _failed(self, job: JobRecord, record: Record, exc: BaseException,
                       reason: str) -> Outcome:
