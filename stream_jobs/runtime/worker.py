@@ -58,6 +58,7 @@ from stream_jobs.runtime.heartbeats import report_interval_s as heartbeat_report
 from stream_jobs.runtime.member import Flow, GroupMember
 from stream_jobs.runtime.relay import Relay
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
+from stream_jobs.runtime.stalls import LoopWatch
 from stream_jobs.runtime.throttle import ControlFollower, RateOverride, rate_in_force
 from stream_jobs.settings import Settings
 
@@ -131,6 +132,7 @@ class Worker(GroupMember):
         self.heartbeats: dict[TopicPartition, int] = {}
         # On the loop, or (a plain `def`) on `concurrency` threads: chosen once, here.
         self._call_handler, self.threads = handler_call(self, handler)
+        self.loop_watch = LoopWatch(self.group_id, lambda: self.dispatcher.runners)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -148,6 +150,7 @@ class Worker(GroupMember):
             # The control topic is read to its end while the consumer starts, so a type
             # throttled at run time never starts a job at its TOML rate.
             await asyncio.gather(self.start(), self._catch_up(follower))
+            self.loop_watch.start()
             if self.relay is not None:
                 await self.relay.start()
             background.append(asyncio.create_task(self._report_every()))
@@ -167,6 +170,7 @@ class Worker(GroupMember):
                 await asyncio.gather(*background, return_exceptions=True)
                 await self._report(final=True)
         finally:
+            self.loop_watch.stop()
             if self.threads is not None:
                 self.threads.close()
             if follower is not None:
