@@ -1,15 +1,19 @@
-"""What a handler gets besides its payload: the job's identity and `once()`."""
+"""What a handler gets besides its payload: the job's identity, `once()` and, for sync
+handlers, `once_sync(session)`."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from stream_jobs.dedup.deferred import DeferredWrites
 from stream_jobs.dedup.store import DedupStore
+from stream_jobs.dedup.sync_once import once_in
 from stream_jobs.record import JobRecord
+
+S = TypeVar("S")
 
 
 class JobContext:
@@ -104,6 +108,20 @@ class JobContext:
         """
         return self._dedup.once_deferred(self.job_id, self.job_type, self.attempt,
                                          while_waiting=self._lend_slot)
+
+    def once_sync(self, session: S) -> AbstractContextManager[S]:
+        """For a plain `def` handler: `with ctx.once_sync(session):` makes `session` (a
+        SQLAlchemy Session or Connection, or a DB-API connection, on the database that
+        holds the dedup table) carry this job's dedup row, and the block its transaction.
+
+        Write the job's effects through `session` inside the block: a clean exit commits
+        them together with the row, so they happen once per job ID; an exception rolls
+        both back. If an earlier run already committed, the body does not run and the job
+        is acknowledged as a duplicate. A transaction already open on `session` is
+        joined and committed with the block.
+        """
+        return once_in(session, job_id=self.job_id, job_type=self.job_type,
+                       attempt=self.attempt, table=self._dedup.table)
 
 
 def ms_to_datetime(ms: int) -> datetime:
