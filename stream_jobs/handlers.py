@@ -81,22 +81,20 @@ def new_handler(job_type: str, func: HandlerFunc, *, timeout: float, concurrency
                 ordering: Ordering) -> JobHandler:
     """A handler as `@app.job` registers it; `ConfigError` for a declaration that cannot run."""
     check_declaration(job_type, timeout=timeout, concurrency=concurrency, ordering=ordering)
+    sync = not is_async_handler(func)
     return JobHandler(job_type, func, _payload_model(func), float(timeout), concurrency,
-                      ordering, sync=not is_async_handler(func))
+                      ordering, sync=sync)
 
 
 def is_async_handler(func: HandlerFunc) -> bool:
-    """Whether `func` is `async def` (True) or a plain function (False); `ConfigError` for
-    a generator, whose body would not run until iterated."""
-    name = getattr(func, "__qualname__", repr(func))
-    if not callable(func):
-        raise ConfigError(f"Handler {name} is not a function.")
+    """Whether `func` is `async def` (True) or a plain `def` (False); `ConfigError` for
+    what is neither (a generator's body would not run until iterated)."""
+    if not (inspect.isfunction(func) or inspect.ismethod(func)):
+        raise ConfigError(f"Handler {func!r} must be a function: `async def` or `def`.")
     if inspect.isasyncgenfunction(func) or inspect.isgeneratorfunction(func):
-        raise ConfigError(f"Handler {name} is a generator: make it `async def` or `def` "
-                          "and return instead of yield.")
-    # An object whose __call__ is `async def` is an async handler too.
-    return inspect.iscoroutinefunction(func) or (
-        not inspect.isroutine(func) and inspect.iscoroutinefunction(type(func).__call__))
+        raise ConfigError(f"Handler {func.__qualname__} is a generator: make it `async def` "
+                          "or `def` and return instead of yield.")
+    return inspect.iscoroutinefunction(func)
 
 
 def _payload_model(func: HandlerFunc) -> type[BaseModel] | None:
