@@ -23,6 +23,9 @@ RATIOS: list[tuple[str, str, str]] = [
     ("no-op, key / raw consume loop", "ours.noop_key", "raw.consume"),
     ("no-op, unordered / raw consume loop", "ours.noop_unordered", "raw.consume"),
     ("exactly-once, deferred / raw consume loop", "ours.once_deferred", "raw.consume"),
+    ("no-op def (thread pool) / no-op async def, side by side", "ours.noop_sync",
+     "ours.noop_async_beside_sync"),
+    ("no-op def (thread pool) / raw consume loop", "ours.noop_sync", "raw.consume"),
     ("exactly-once, deferred, concurrency 256 / raw consume loop", "ours.once_deferred_256",
      "raw.consume"),
     ("exactly-once, deferred / no-op, key", "ours.once_deferred", "ours.noop_key"),
@@ -42,6 +45,7 @@ RATIOS: list[tuple[str, str, str]] = [
      "celery.process"),
     ("enqueue_many (its section) / Dramatiq enqueue", "ours.enqueue_many", "dramatiq.enqueue"),
     ("enqueue_many (its section) / Celery enqueue", "ours.enqueue_many", "celery.enqueue"),
+    ("no-op def (its section) / Celery no-op", "ours.noop_sync", "celery.process"),
     ("RSS draining the big backlog / the small one", "ours.rss_big", "ours.rss_small"),
     ("RSS draining the big backlog / the middle one", "ours.rss_big", "ours.rss_mid"),
     ("RSS draining the middle backlog / the small one", "ours.rss_mid", "ours.rss_small"),
@@ -85,6 +89,8 @@ GOALS: list[Goal] = [
          ("ours.noop_key_beside", "dramatiq.process"), None, ">=", 3.0, "x"),
     Goal("no-op processing (key, beside the peers) >= 10x Celery",
          ("ours.noop_key_beside", "celery.process"), None, ">=", 10.0, "x"),
+    Goal("no-op def (thread pool) >= 0.5x no-op async def, side by side",
+         ("ours.noop_sync", "ours.noop_async_beside_sync"), None, ">=", 0.5, "x"),
     Goal("exactly-once (ctx.once_deferred) >= 0.25x raw consume loop",
          ("ours.once_deferred", "raw.consume"), None, ">=", 0.25, "x"),
     Goal("the same, the type declared with concurrency 256",
@@ -664,6 +670,12 @@ METHOD = [
     "and the idle check are left out and reported separately). The backlog is filled once; "
     "between runs the worker group is rewound to offset 0 with `reset_offsets`. Each "
     "run drains the raw loop, unordered and key in a rotated order.",
+    "- **Sync handlers**: a no-op `def` handler (run on the worker's pool: 64 threads at "
+    "the default concurrency 64) and a no-op `async def` drain the same backlog in one run, "
+    "each as the processing figures are taken (ordering=key, first handler call to the "
+    "last), rotating which goes first; the worker group is rewound between them. The "
+    "`def` pays a hand-off to a pool thread and back per job (a queue put, a thread "
+    "wake-up, `call_soon_threadsafe`) and shares the GIL with the loop.",
     "- **Exactly-once**: the handler inserts one row, once through `ctx.once_deferred()` "
     "(the statement is recorded; many jobs' dedup rows and effects are applied together, "
     "one claim statement and one pipelined `executemany` per batch) and once through "

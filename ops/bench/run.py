@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from ops.bench import kafka_tools, memory, ours, peers, profile, scaling
+from ops.bench import kafka_tools, memory, ours, peers, profile, scaling, sync_noop
 from ops.bench.common import (
     BENCH_DIR,
     CODE_DIR,
@@ -211,6 +211,7 @@ def _sections() -> list[Section]:
             b, record_bytes(typical_record(b.settings())))),
         ("enqueue", ours.enqueue),
         ("processing", ours.processing),
+        ("sync", sync_noop.sync_handlers),
         ("exactly-once", ours.exactly_once),
         ("latency", ours.latency),
         ("retry", ours.retry),
