@@ -4,7 +4,7 @@
 While the loop is blocked nothing else of the worker runs: no fetch, no commit, no
 heartbeat to the consumer group (miss enough and the group evicts the worker), no other
 job. The detector costs the job path nothing: the loop refreshes a timestamp from a timer
-four times a second, and a daemon thread compares it with the clock. When the loop is
+ten times a second, and a daemon thread compares it with the clock. When the loop is
 late by more than `warn_after_s`, the thread asks which task the loop is running (the
 running task of a loop is readable from any thread) and, when it is a runner, which
 record that runner has (`Runner.record`, set by the dispatcher anyway): one WARNING per
@@ -31,8 +31,10 @@ log = logging.getLogger("stream_jobs.worker")
 
 # A loop late by more than this is reported (it has stalled fetches and heartbeats).
 STALL_WARNING_S = 1.0
-# How often the loop refreshes its timestamp and the thread looks at it.
-TICK_S = 0.25
+# How often the loop refreshes its timestamp and the thread looks at it. A stall is
+# reported once the loop is `STALL_WARNING_S` late, seen within a tick: every stall of
+# STALL_WARNING_S + 2 ticks (1.2 s) or more is reported, and shorter ones may be.
+TICK_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
