@@ -166,7 +166,8 @@ async def test_a_thread_past_its_timeout_is_retried_and_keeps_its_slot_and_key(
         assert worker.threads is not None
         threads = worker.threads
         await until(lambda: worker.outcomes["retried"] == 1 and
-                    {("b1", 1), ("c1", 1)} <= set(started), "a1 times out; b1 and c1 run")
+                    worker.outcomes["succeeded"] == 2, "a1 times out; b1 and c1 succeed")
+        assert {("b1", 1), ("c1", 1)} <= set(started)
         # a1 has failed and left for its tier, but its thread runs on: it keeps one of the
         # two slots (b1 and c1 ran one after the other in the other), and a1's key: a2
         # has not started, and does not while the thread runs.
