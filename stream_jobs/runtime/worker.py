@@ -3,9 +3,10 @@
 A `Worker` is everything one type needs in a process: the consumer group `P.T.worker` on
 T's lanes and the relay (`P.T.relay`) on T's delay tiers, sharing one producer, and the
 type's scheduler when it has schedules. `stream-jobs worker APP` runs a `Worker` per type
-in one process (`stream_jobs.runtime.host`), or in each of `--processes N`. Each job ends in exactly one outcome (see `Outcome`); its offset is marked
-finished only once that outcome is durable (a retry or dead letter acknowledged by the
-broker), so no path drops a job.
+in one process (`stream_jobs.runtime.host`), or in each of `--processes N`. Each job
+ends in exactly one outcome (see `Outcome`); its offset is marked finished only once that
+outcome is durable (a retry or dead letter acknowledged by the broker), so no path drops
+a job.
 
 Flow control (docs/flow-control.md): lanes are served by their weights; the type's
 rate limit (TOML, or `stream-jobs throttle` through `P._control`) is split across the
@@ -19,11 +20,9 @@ import asyncio
 import logging
 import math
 import random
-import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
-from typing import Any
 
 from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
@@ -54,6 +53,7 @@ from stream_jobs.record import (
     decode_record,
 )
 from stream_jobs.retry import DeadLetter, RetryPolicy, decide
+from stream_jobs.runtime.calls import handler_call
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.gc_tuning import worker_collector
 from stream_jobs.runtime.heartbeats import is_heartbeat, send_heartbeats
@@ -61,6 +61,7 @@ from stream_jobs.runtime.heartbeats import report_interval_s as heartbeat_report
 from stream_jobs.runtime.member import Flow, GroupMember
 from stream_jobs.runtime.relay import Relay
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
+from stream_jobs.runtime.stalls import LoopWatch
 from stream_jobs.runtime.throttle import ControlFollower, RateOverride, rate_in_force
 from stream_jobs.schedules import Scheduler
 from stream_jobs.settings import Settings
@@ -137,6 +138,9 @@ class Worker(GroupMember):
         self.heartbeats: dict[TopicPartition, int] = {}
         # The type's schedules (`App.worker` passes them): fired by whichever worker leads.
         self.scheduler = scheduler
+        # On the loop, or (a plain `def`) on `concurrency` threads: chosen once, here.
+        self._call_handler, self.threads = handler_call(self, handler)
+        self.loop_watch = LoopWatch(self.group_id, lambda: self.dispatcher.runners)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -154,6 +158,7 @@ class Worker(GroupMember):
             # The control topic is read to its end while the consumer starts, so a type
             # throttled at run time never starts a job at its TOML rate.
             await asyncio.gather(self.start(), self._catch_up(follower))
+            self.loop_watch.start()
             if self.relay is not None:
                 await self.relay.start()
             background.append(asyncio.create_task(self._report_every()))
@@ -175,6 +180,9 @@ class Worker(GroupMember):
                 await asyncio.gather(*background, return_exceptions=True)
                 await self._report(final=True)
         finally:
+            self.loop_watch.stop()
+            if self.threads is not None:
+                self.threads.close()
             if follower is not None:
                 await follower.stop()
             await self.producer.stop()
@@ -313,7 +321,8 @@ class Worker(GroupMember):
                 fetched = await self.poll_once()
                 if not until_idle:
                     continue
-                if fetched or self.in_flight() or (self.relay and self.relay.in_flight()):
+                if (fetched or self.in_flight() or (self.relay and self.relay.in_flight())
+                        or (self.threads is not None and self.threads.busy)):
                     idle_rounds = 0
                     continue
                 idle_rounds = idle_rounds + 1 if await self._idle() else 0
@@ -401,36 +410,6 @@ class Worker(GroupMember):
         else:
             reason = Reason.PERMANENT if isinstance(error, PermanentError) else Reason.HANDLER_ERROR
         return await self._failed(job, record, error, reason)
-
-    async def _call_handler(self, runner: Runner, payload: Any,
-                            ctx: JobContext) -> Exception | None:
-        """Run the handler within its timeout: None, or the exception it ended with (a
-        `TimeoutError` when the runner's watchdog cut it off)."""
-        runner.deadline = asyncio.get_running_loop().time() + self.handler.timeout_s
-        self.watch()
-        durations = self.durations
-        started = time.perf_counter() if durations is not None else 0.0
-        try:
-            await self.handler.func(payload, ctx)
-        except asyncio.CancelledError:
-            if not runner.expired:
-                raise  # revoked past the grace period, or the worker is being torn down
-            return self._expired(runner)
-        except Exception as exc:
-            return exc
-        finally:
-            runner.deadline = math.inf
-            if durations is not None:
-                durations.observe(time.perf_counter() - started)
-        if runner.expired:  # the handler swallowed the cancellation and returned
-            self._expired(runner)
-        return None
-
-    def _expired(self, runner: Runner) -> TimeoutError:
-        runner.expired = False
-        if runner.task is not None:
-            runner.task.uncancel()
-        return TimeoutError(f"The handler ran past its timeout of {self.handler.timeout_s:g} s.")
 
     async def _failed(self, job: JobRecord, record: Record, exc: BaseException,
                       reason: str) -> Outcome:
