@@ -27,14 +27,14 @@ from dataclasses import replace
 from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
 from stream_jobs.context import JobContext
-from stream_jobs.dedup.store import DedupStore
+from stream_jobs.dedup.store import Dedup, DedupStore
 from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError, StreamJobsError
 from stream_jobs.failures import FailureInfo
 from stream_jobs.handlers import JobHandler
 from stream_jobs.histogram import DurationHistogram
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka import TopicPartition
-from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients
 from stream_jobs.logs import job_fields
 from stream_jobs.naming import (
     control_topic,
@@ -99,28 +99,30 @@ class Worker(GroupMember):
     def __init__(self, settings: Settings, policy: JobTypePolicy, handler: JobHandler, *,
                  grace_s: float = 10.0, commit_interval_s: float = 0.5,
                  max_buffered: int | None = None, relay: bool = True,
-                 dedup: DedupStore | None = None, report_interval_s: float = 5.0,
+                 dedup: Dedup | None = None, report_interval_s: float = 5.0,
                  control: bool = True, children: JobClient | None = None,
-                 scheduler: Scheduler | None = None) -> None:
+                 scheduler: Scheduler | None = None, kafka: KafkaClients = AIOKAFKA) -> None:
         prefix = settings.topic_prefix
         lanes = [lane_topic(prefix, policy.job_type, lane) for lane in policy.priorities]
         weights = [(lane_topic(prefix, policy.job_type, lane), weight)
                    for lane, weight in policy.lane_weights]
         super().__init__(settings, worker_group(prefix, policy.job_type), lanes,
-                         job_type=policy.job_type, producer=JobProducer(settings),
+                         job_type=policy.job_type, producer=kafka.producer(settings),
                          concurrency=handler.concurrency, grace_s=grace_s,
                          commit_interval_s=commit_interval_s,
                          max_buffered=max_buffered or max(2 * handler.concurrency,
                                                           DEFAULT_MAX_BUFFERED),
-                         lane_weights=weights)
+                         lane_weights=weights, kafka=kafka)
+        self.kafka = kafka
         self.policy = policy
         self.handler = handler
         self.retry_policy = RetryPolicy(tiers=policy.retry_tiers,
                                         max_attempts=policy.max_attempts)
-        self.dedup = dedup or DedupStore(settings)
+        self.dedup: Dedup = dedup or DedupStore(settings)
         self._owns_dedup = dedup is None
         self.children = children  # checks and makes the child jobs of ctx.enqueue()
-        self.relay = Relay(settings, policy, self.producer, grace_s=grace_s) if relay else None
+        self.relay = (Relay(settings, policy, self.producer, grace_s=grace_s, kafka=kafka)
+                      if relay else None)
         self.outcomes: Counter[str] = Counter()
         self.dead_letter_reasons: Counter[str] = Counter()
         # Handler run times, kept only while metrics are on (`stream_jobs.runtime.metrics`).
@@ -205,7 +207,7 @@ class Worker(GroupMember):
 
     async def _report_every(self) -> None:
         await publish_every(self.settings, self.producer, self.worker_id, self.report,
-                            self.report_interval_s)
+                            self.report_interval_s, kafka=self.kafka)
 
     async def _report(self, *, final: bool = False) -> None:
         await publish(self.settings, self.producer, self.worker_id, self.report(final=final))
