@@ -57,6 +57,8 @@ class App:
         # Where the app's clients, workers and schedulers get their Kafka clients: the
         # real ones, or a JobTester's in-memory broker while one runs (stream_jobs.testing).
         self.kafka: KafkaClients = AIOKAFKA
+        # Types declared in code instead of topics/ (a JobTester's `types=` while it runs).
+        self.declared_types: dict[str, JobTypePolicy] | None = None
 
     @cached_property
     def settings(self) -> Settings:
@@ -170,7 +172,10 @@ class App:
                 from None
 
     def job_types(self) -> dict[str, JobTypePolicy]:
-        """The declared types from `topics/` (`STREAM_JOBS_TOPICS_DIR`)."""
+        """The declared types from `topics/` (`STREAM_JOBS_TOPICS_DIR`), or those declared
+        in code (`declared_types`)."""
+        if self.declared_types is not None:
+            return dict(self.declared_types)
         return load_job_types(self.settings.topics_dir)
 
     def job_type(self, name: str) -> JobTypePolicy:
