@@ -122,7 +122,10 @@ class Relay(GroupMember):
         self.pause(work)
         self.holding[work.tp] = until_ms
         try:
-            with contextlib.suppress(TimeoutError):
+            # A held record lends its runner's slot: the dispatcher starts runners for the
+            # chains that are ready only while its runners are fewer than them, so a head
+            # fetched later on another partition would otherwise wait for this one's time.
+            with self.lend_slot(), contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), seconds)
         finally:
             self.holding.pop(work.tp, None)

@@ -207,3 +207,16 @@ async def test_bad_input_is_refused_with_one_sentence(job_tester: StartTester) -
     with pytest.raises(ConfigError, match="forward"):
         await t.advance(-1)
     assert t.outcomes == {}
+
+
+async def test_a_record_held_for_long_does_not_hold_up_a_due_one(
+        job_tester: StartTester) -> None:
+    # The relay bug JobTester found (tests/integration/test_job_path_relay.py has it on the
+    # real stack): while its runners held records, the relay started none for a head
+    # fetched later on another partition, here the flaky job's retry behind the far job.
+    ran: list[tuple[str, int]] = []
+    t = job_tester(mail_app(ran), types=TYPES, timeout_s=5)
+    await t.enqueue("mail.send", {"to": "far@b.c"}, delay=600)
+    await t.enqueue("mail.send", {"to": "soon@b.c", "subject": "flaky"})
+    await t.run_until_idle()
+    assert ran == [("soon@b.c", 1), ("soon@b.c", 2), ("soon@b.c", 3), ("far@b.c", 1)]
