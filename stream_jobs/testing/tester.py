@@ -165,6 +165,10 @@ class JobTester:
         if not self._entered:
             await self._client.__aenter__()
             self._entered = True
+        if self.on_postgres and not self._migrated:
+            # Before the first enqueue: `enqueue(conn=...)` needs the outbox table.
+            await prepare_schema(self.settings)
+            self._migrated = True
         return self._client
 
     async def enqueue(self, job_type: str, payload: BaseModel | Mapping[str, Any],
@@ -246,9 +250,6 @@ class JobTester:
     async def _dedup_for_run(self) -> tuple[Dedup, OutboxRelay | None]:
         if not self.on_postgres:
             return self._memory, None
-        if not self._migrated:
-            await prepare_schema(self.settings)
-            self._migrated = True
         relay = OutboxRelay(self.settings, producer=self._writer)
         await relay.connect()
         return DedupStore(self.settings), relay
