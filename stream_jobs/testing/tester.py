@@ -114,6 +114,9 @@ class JobTester:
         the clock pointed at the tester."""
         if self._restore is not None:
             return self
+        # What can refuse (a schedule's payload, a clock already taken) comes first, so a
+        # refusal leaves the app and the clock as they were.
+        schedules = VirtualSchedules(self.app, self._types, self._kafka, self.clock.now_ms())
         reading = clock.reading(self.clock)
         reading.__enter__()
         self._restore = (reading, self.app.kafka, self.app.declared_types)
@@ -125,8 +128,7 @@ class JobTester:
             for spec in policy.all_topics(prefix):
                 self.broker.create_topic(spec.name, spec.partitions)
         self.broker.create_topic(stats_topic(prefix), 1)
-        self._schedules = VirtualSchedules(self.app, self._types, self._kafka,
-                                           self.clock.now_ms())
+        self._schedules = schedules
         return self
 
     def close(self) -> None:
@@ -177,6 +179,7 @@ class JobTester:
         return await (await self._entered_client()).enqueue(job_type, payload, **options)
 
     async def enqueue_many(self, jobs: Iterable[Job], *, conn: Any = None) -> list[str]:
+        """`JobClient.enqueue_many` into the tester."""
         return await (await self._entered_client()).enqueue_many(jobs, conn=conn)
 
     def send_raw(self, job_type: str, value: bytes | None, *, key: bytes | None = None,

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from stream_jobs import App, JobContext
 from stream_jobs.client import Job
 from stream_jobs.errors import ConfigError
+from stream_jobs.kafka.clients import AIOKAFKA
 from stream_jobs.outbox.rows import child_job_id
 from stream_jobs.schedules import firing_job_id
 from stream_jobs.testing import JobTester
@@ -153,8 +154,12 @@ async def test_a_schedules_payload_that_does_not_fit_is_refused_at_once() -> Non
     @app.job("digest.send")
     async def send(digest: Digest, ctx: JobContext) -> None: ...
 
+    tester = JobTester(app, types=DIGEST)
     with pytest.raises(ConfigError, match="does not fit Digest"):
-        JobTester(app, types=DIGEST).open()
+        tester.open()
+    assert app.kafka is AIOKAFKA
+    with JobTester(app, types={"digest.send": {}}):  # the clock was not left taken
+        pass
 
 
 async def test_a_sync_handler_runs_on_its_thread_pool_with_once_sync(
