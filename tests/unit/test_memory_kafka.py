@@ -164,3 +164,51 @@ async def test_offsets_for_times_finds_the_first_record_at_or_after() -> None:
     consumer = member(kafka)
     assert await consumer.offsets_for_times({TP0: stamp, TP1: stamp}) == {TP0: 0, TP1: None}
     assert await consumer.offsets_for_times({TP0: stamp + 1}) == {TP0: None}
+
+
+operations = st.lists(st.one_of(
+    st.tuples(st.just("write"), st.integers(0, 1), st.integers(1, 4)),
+    st.tuples(st.just("fetch"), st.integers(1, 6), st.just(0)),
+    st.tuples(st.just("commit"), st.just(0), st.just(0)),
+    st.tuples(st.just("restart"), st.just(0), st.just(0)),
+), max_size=30)
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=operations)
+def test_a_member_that_commits_reads_every_record_once_per_life_and_resumes_at_its_commit(
+        steps: list[tuple[str, int, int]]) -> None:
+    async def run() -> None:
+        broker, kafka, producer = made()
+        consumer = member(kafka)
+        consumer.subscribe(["jobs.a"], Listener())
+        seen: list[tuple[int, int]] = []  # (partition, offset) in this consumer's life
+        committed: dict[TopicPartition, int] = {}
+        for op, a, b in steps:
+            if op == "write":
+                for _ in range(b):
+                    producer.write("jobs.a", None, b"x", [], partition=a)
+            elif op == "fetch":
+                for tp, records in (await consumer.getmany(timeout_ms=0, max_records=a)).items():
+                    offsets = [r.offset for r in records]
+                    assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+                    assert offsets[0] == max([o + 1 for p, o in seen if p == tp.partition],
+                                             default=committed.get(tp, 0))
+                    seen += [(tp.partition, o) for o in offsets]
+            elif op == "commit":
+                positions = {tp: await consumer.position(tp) for tp in (TP0, TP1)}
+                await consumer.commit(positions)
+                committed.update(positions)
+            else:
+                await consumer.stop()
+                consumer = member(kafka)
+                consumer.subscribe(["jobs.a"], Listener())
+                seen = []
+            assert len(seen) == len(set(seen))
+        # Whatever happened, the member reads on to the end from where it stands.
+        while await consumer.getmany(timeout_ms=0):
+            pass
+        for tp in (TP0, TP1):
+            assert await consumer.position(tp) == broker.end(tp)
+
+    asyncio.run(run())
