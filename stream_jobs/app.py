@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -31,6 +31,7 @@ from stream_jobs.handlers import (
     new_handler,
 )
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
+from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients
 from stream_jobs.naming import validate_job_type
 from stream_jobs.payloads import validation_summary
 from stream_jobs.periodic import MissedPolicy, ScheduleSpec, every_seconds
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
     from stream_jobs.client import JobClient, SyncJobClient
     from stream_jobs.runtime.worker import Worker
     from stream_jobs.schedules import PayloadFunc, Scheduler
+
+# `@app.job` hands the function back as it was, so its own type is kept.
+F = TypeVar("F", bound=HandlerFunc)
 
 
 class App:
@@ -51,6 +55,11 @@ class App:
         self.handlers: dict[str, JobHandler] = {}
         # Schedules declared in code: type -> name -> (spec, payload function).
         self.periodic_jobs: dict[str, dict[str, tuple[ScheduleSpec, PayloadFunc]]] = {}
+        # Where the app's clients, workers and schedulers get their Kafka clients: the
+        # real ones, or a JobTester's in-memory broker while one runs (stream_jobs.testing).
+        self.kafka: KafkaClients = AIOKAFKA
+        # Types declared in code instead of topics/ (a JobTester's `types=` while it runs).
+        self.declared_types: dict[str, JobTypePolicy] | None = None
 
     @cached_property
     def settings(self) -> Settings:
@@ -65,8 +74,9 @@ class App:
 
     def job(self, job_type: str, *, timeout: float = 30, concurrency: int = 64,
             ordering: Ordering = "key", keep_result: str | float | timedelta | None = None
-            ) -> Callable[[HandlerFunc], HandlerFunc]:
-        """Register an async handler for `job_type`.
+            ) -> Callable[[F], F]:
+        """Register a handler for `job_type`: `async def` runs on the worker's event loop,
+        a plain `def` on a thread of the worker's pool (`concurrency` threads).
 
         `timeout` (seconds): a run past it has failed. `concurrency`: handlers of this type
         running at once in one worker. `ordering`: "key" runs one key's jobs in order and
@@ -77,7 +87,7 @@ class App:
         check_declaration(job_type, timeout=timeout, concurrency=concurrency, ordering=ordering)
         keep_s = _keep_seconds(job_type, keep_result)
 
-        def register(func: HandlerFunc) -> HandlerFunc:
+        def register(func: F) -> F:
             handler = new_handler(job_type, func, timeout=timeout, concurrency=concurrency,
                                   ordering=ordering, keep_result_s=keep_s)
             if job_type in self.handlers:
@@ -116,9 +126,11 @@ class App:
 
         return register
 
-    def schedules(self, job_type: str) -> tuple[ScheduleSpec, ...]:
-        """The type's schedules: its `[[schedules]]`, then those declared in code."""
-        policy = self.job_type(job_type)
+    def schedules(self, job_type: str, *,
+                  policy: JobTypePolicy | None = None) -> tuple[ScheduleSpec, ...]:
+        """The type's schedules: its `[[schedules]]` (in `policy`, default: topics/), then
+        those declared in code."""
+        policy = policy or self.job_type(job_type)
         in_code = [spec for spec, _ in self.periodic_jobs.get(job_type, {}).values()]
         for spec in in_code:
             if any(s.name == spec.name for s in policy.schedules):
@@ -131,15 +143,16 @@ class App:
         types = self.job_types()
         return sorted(t for t, p in types.items() if p.schedules or self.periodic_jobs.get(t))
 
-    def scheduler(self, job_type: str, **options: Any) -> Scheduler | None:
+    def scheduler(self, job_type: str, *, policy: JobTypePolicy | None = None,
+                  **options: Any) -> Scheduler | None:
         """The scheduler of `job_type` (None when it has no schedules). A TOML payload
         that does not fit the handler's model is refused here, before anything fires."""
         from stream_jobs.schedules import Scheduler
 
-        specs = self.schedules(job_type)
+        policy = policy or self.job_type(job_type)
+        specs = self.schedules(job_type, policy=policy)
         if not specs:
             return None
-        policy = self.job_type(job_type)
         models = self.models()
         model = models.get(job_type)
         for spec in specs:
@@ -151,6 +164,7 @@ class App:
                                       f"does not fit {model.__name__}: "
                                       f"{validation_summary(exc)}.") from exc
         payloads = {name: func for name, (_, func) in self.periodic_jobs.get(job_type, {}).items()}
+        options.setdefault("kafka", self.kafka)
         return Scheduler(self.settings, policy, specs, payloads=payloads, models=models,
                          **options)
 
@@ -163,7 +177,10 @@ class App:
                 from None
 
     def job_types(self) -> dict[str, JobTypePolicy]:
-        """The declared types from `topics/` (`STREAM_JOBS_TOPICS_DIR`)."""
+        """The declared types from `topics/` (`STREAM_JOBS_TOPICS_DIR`), or those declared
+        in code (`declared_types`)."""
+        if self.declared_types is not None:
+            return dict(self.declared_types)
         return load_job_types(self.settings.topics_dir)
 
     def job_type(self, name: str) -> JobTypePolicy:
@@ -180,19 +197,20 @@ class App:
     def client(self) -> JobClient:
         from stream_jobs.client import JobClient
 
-        return JobClient(self.settings, self.job_types(), models=self.models(),
+        return JobClient(self.settings, self.job_types(), models=self.models(), kafka=self.kafka,
                          kept=self.kept_results())
 
     def sync_client(self) -> SyncJobClient:
         from stream_jobs.client import SyncJobClient
 
         return SyncJobClient(self.settings, self.job_types(), models=self.models(),
-                             kept=self.kept_results())
+                             kafka=self.kafka, kept=self.kept_results())
 
     def worker(self, job_type: str, **options: Any) -> Worker:
         from stream_jobs.runtime.worker import Worker
 
         options.setdefault("children", self.client())  # for ctx.enqueue(): every type's checks
+        options.setdefault("kafka", self.kafka)
         # Every worker of a type runs its scheduler; one of them leads (docs/schedules.md).
         options.setdefault("scheduler", self.scheduler(job_type))
         return Worker(self.settings, self.job_type(job_type), self.handler(job_type), **options)

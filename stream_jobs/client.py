@@ -38,7 +38,7 @@ from stream_jobs.errors import (
 )
 from stream_jobs.job_ids import MAX_JOB_ID_CHARS, new_job_id
 from stream_jobs.job_types import JobTypePolicy, get_job_type
-from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients, Producer
 from stream_jobs.lookup import JobLocation, locate_job
 from stream_jobs.naming import lane_topic, tier_topic
 from stream_jobs.outbox.writer import write_async, write_sync
@@ -86,23 +86,24 @@ class JobClient:
 
     def __init__(self, settings: Settings, job_types: Mapping[str, JobTypePolicy], *,
                  models: Mapping[str, type[BaseModel]] | None = None,
-                 kept: Mapping[str, float] | None = None) -> None:
+                 kafka: KafkaClients = AIOKAFKA, kept: Mapping[str, float] | None = None) -> None:
         self.settings = settings
         self._types = dict(job_types)
         self._models = dict(models or {})
+        self._kafka = kafka
         self._kept = dict(kept or {})  # types with keep_result: seconds kept
-        self._producer_or_none: JobProducer | None = None
+        self._producer_or_none: Producer | None = None
         self._results: ResultReader | None = None
 
     @property
-    def _producer(self) -> JobProducer:
+    def _producer(self) -> Producer:
         if self._producer_or_none is None:
             raise RuntimeError("Use the client as `async with app.client() as client:`.")
         return self._producer_or_none
 
     async def __aenter__(self) -> JobClient:
         # aiokafka binds to the running loop, so the producer is made here, not in __init__.
-        self._producer_or_none = JobProducer(self.settings)
+        self._producer_or_none = self._kafka.producer(self.settings)
         await self._producer_or_none.start()
         return self
 
@@ -297,8 +298,8 @@ class SyncJobClient:
 
     def __init__(self, settings: Settings, job_types: Mapping[str, JobTypePolicy], *,
                  models: Mapping[str, type[BaseModel]] | None = None,
-                 kept: Mapping[str, float] | None = None) -> None:
-        self._client = JobClient(settings, job_types, models=models, kept=kept)
+                 kafka: KafkaClients = AIOKAFKA, kept: Mapping[str, float] | None = None) -> None:
+        self._client = JobClient(settings, job_types, models=models, kafka=kafka, kept=kept)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="stream-jobs-client",
                                         daemon=True)

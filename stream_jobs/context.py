@@ -1,17 +1,18 @@
-"""What a handler gets besides its payload: the job's identity, `once()`, `enqueue()`,
-`batch()` / `chain()`, its fencing token, and a chain step's `parent_result`."""
+"""What a handler gets besides its payload: the job's identity, `once()` (and, for sync
+handlers, `once_sync(session)`), `enqueue()`, `batch()` / `chain()`, its fencing token,
+and a chain step's `parent_result`."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stream_jobs.client import Job, Seconds
 from stream_jobs.dedup.deferred import DeferredWrites
 from stream_jobs.dedup.fencing import FencingToken
-from stream_jobs.dedup.store import DedupStore
+from stream_jobs.dedup.store import Dedup
 from stream_jobs.errors import ConfigError, NotInTransaction
 from stream_jobs.outbox.rows import child_job_id, insert_args, insert_sql
 from stream_jobs.outbox.writer import write_async
@@ -19,6 +20,8 @@ from stream_jobs.record import JobRecord
 from stream_jobs.workflows.create import Plan, batch_plan, chain_plan, record_plan, write_plan
 from stream_jobs.workflows.finish import Finish
 from stream_jobs.workflows.members import workflow_id_for
+
+S = TypeVar("S")
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -39,7 +42,7 @@ class JobContext:
                  "_lend_slot", "_offset", "_partition", "_topic", "_writes", "returned")
 
     def __init__(self, job: JobRecord, *, topic: str, partition: int, offset: int,
-                 dedup: DedupStore,
+                 dedup: Dedup,
                  lend_slot: Callable[[], AbstractContextManager[None]] | None = None,
                  children: JobClient | None = None, finish: Finish | None = None) -> None:
         self._job = job
@@ -250,6 +253,25 @@ class JobContext:
                 f"{what} writes in the job's exactly-once transaction: call it inside "
                 "`async with ctx.once():` or `async with ctx.once_deferred():`.")
         return plan.workflow_id
+
+    def once_sync(self, session: S) -> AbstractContextManager[S]:
+        """For a plain `def` handler: `with ctx.once_sync(session):` makes `session` (a
+        SQLAlchemy Session or Connection, or a DB-API connection, on the database that
+        holds the dedup table) carry this job's dedup row, and the block its transaction.
+
+        Write the job's effects through `session` inside the block: a clean exit commits
+        them together with the row, so they happen once per job ID; an exception rolls
+        both back. If an earlier run already committed, the body does not run and the job
+        is acknowledged as a duplicate. A transaction already open on `session` is
+        joined and committed with the block.
+        """
+        if self._finish is not None:
+            raise ConfigError(
+                "ctx.once_sync() commits the handler's own session, which the job's result "
+                "or batch counters cannot join: for a type with keep_result, a batch member "
+                "or a chain step, write the effects in an `async def` handler with "
+                "ctx.once(), or return without once_sync (docs/results.md).")
+        return self._dedup.once_sync(session, self.job_id, self.job_type, self.attempt)
 
 
 def ms_to_datetime(ms: int) -> datetime:

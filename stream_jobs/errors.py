@@ -52,6 +52,11 @@ class DatabaseUnavailable(StreamJobsError):
     """The Postgres server at the configured database URL did not answer or refused us."""
 
 
+class DedupWriteFailed(StreamJobsError):
+    """`ctx.once_sync()` could not write or commit a job's dedup row through the handler's
+    own connection."""
+
+
 class UnknownJobType(StreamJobsError):
     """A job type that no topics/*.toml file declares was named."""
 
@@ -179,3 +184,8 @@ class UnknownWorkflow(StreamJobsError):
 
 class FinishFailed(StreamJobsError):
     """A job's finish transaction (dedup row, effects, result, counters) did not commit."""
+
+
+class NotSettled(StreamJobsError):
+    """A `JobTester` run did not come to rest: a job still running at its time limit, or
+    work that keeps making more work (stream_jobs.testing)."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from ops.bench import outbox as outbox_bench
+from ops.bench import tester as tester_bench
 
 # (name, numerator figure, denominator figure)
 RATIOS: list[tuple[str, str, str]] = [
@@ -25,6 +26,9 @@ RATIOS: list[tuple[str, str, str]] = [
     ("no-op, key / raw consume loop", "ours.noop_key", "raw.consume"),
     ("no-op, unordered / raw consume loop", "ours.noop_unordered", "raw.consume"),
     ("exactly-once, deferred / raw consume loop", "ours.once_deferred", "raw.consume"),
+    ("no-op def (thread pool) / no-op async def, side by side", "ours.noop_sync",
+     "ours.noop_async_beside_sync"),
+    ("no-op def (thread pool) / raw consume loop", "ours.noop_sync", "raw.consume"),
     ("exactly-once, deferred, concurrency 256 / raw consume loop", "ours.once_deferred_256",
      "raw.consume"),
     ("exactly-once, deferred / no-op, key", "ours.once_deferred", "ours.noop_key"),
@@ -54,6 +58,7 @@ RATIOS: list[tuple[str, str, str]] = [
      "ours.sched_runs_per_firing"),
     ("interval jitter p99 of a 1 s schedule: ours / Celery beat", "ours.sched_jitter_p99",
      "celery.beat_jitter_p99"),
+    ("no-op def (its section) / Celery no-op", "ours.noop_sync", "celery.process"),
     ("RSS draining the big backlog / the small one", "ours.rss_big", "ours.rss_small"),
     ("RSS draining the big backlog / the middle one", "ours.rss_big", "ours.rss_mid"),
     ("RSS draining the middle backlog / the small one", "ours.rss_mid", "ours.rss_small"),
@@ -61,6 +66,10 @@ RATIOS: list[tuple[str, str, str]] = [
     ("the same, jobs/s per worker core", "processes.p2_per_core", "processes.p1_per_core"),
     ("outbox through to Kafka / direct enqueue_many (its section)", "outbox.through",
      "outbox.direct"),
+    ("tour test: a real worker on the stack / JobTester", "tester.tour_stack",
+     "tester.tour_memory"),
+    ("no-op jobs: JobTester / a real worker on the stack", "tester.noop_memory",
+     "tester.noop_stack"),
 ]
 
 RETRY_JITTER_MAX_MS = 500.0  # 10% of the 5 s tier (stream_jobs.retry.RetryPolicy)
@@ -101,6 +110,10 @@ GOALS: list[Goal] = [
          ("ours.noop_key_beside", "dramatiq.process"), None, ">=", 3.0, "x"),
     Goal("no-op processing (key, beside the peers) >= 10x Celery",
          ("ours.noop_key_beside", "celery.process"), None, ">=", 10.0, "x"),
+    # The hand-off to a thread and back costs tens of microseconds a job: three quarters
+    # of a no-op's throughput at most, small beside the I/O a sync handler is for.
+    Goal("no-op def (thread pool) >= 0.25x no-op async def, side by side",
+         ("ours.noop_sync", "ours.noop_async_beside_sync"), None, ">=", 0.25, "x"),
     Goal("exactly-once (ctx.once_deferred) >= 0.25x raw consume loop",
          ("ours.once_deferred", "raw.consume"), None, ">=", 0.25, "x"),
     Goal("the same, the type declared with concurrency 256",
@@ -127,6 +140,9 @@ GOALS: list[Goal] = [
 # The outbox's goals: in its own section (`BENCH_ONLY=outbox` replaces only that one).
 OUTBOX_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target, unit)
                 for text, num, den, op, target, unit in outbox_bench.GOALS]
+# JobTester's goals: in its own section too (`BENCH_ONLY=tester`).
+TESTER_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target, unit)
+                for text, num, den, op, target, unit in tester_bench.GOALS]
 
 # `stream-jobs worker --processes 2` on this 2-core box (ops/bench/processes.py): the second
 # process must add most of a core's worth of jobs, and supervising must cost nothing per job.
@@ -351,6 +367,7 @@ def render(data: dict[str, Any]) -> str:
         out += processes_section(details["processes"], figures,
                                  data.get("errors", {}).get("processes"))
     out += outbox_bench.section(figures, goal_rows(figures, OUTBOX_GOALS), table, fmt)
+    out += tester_bench.section(figures, goal_rows(figures, TESTER_GOALS), table, fmt)
     out += ["## Machine and versions", ""]
     rows = [[k, str(v)] for k, v in machine.items()]
     rows += [[k, str(v)] for k, v in meta.get("versions", {}).items()]
@@ -652,7 +669,7 @@ def scaling_section(scaling: dict[str, Any], error: str | None = None) -> list[s
 # sections feed the shared Goals, Figures and Ratios tables.
 PROCESSES_HEADING = "Worker processes"
 OWN_HEADINGS: dict[str, str] = {"scaling": SCALING_HEADING, "processes": PROCESSES_HEADING,
-                               "outbox": outbox_bench.HEADING}
+                               "outbox": outbox_bench.HEADING, "tester": tester_bench.HEADING}
 
 
 def split_sections(text: str) -> list[tuple[str, str]]:
@@ -710,6 +727,12 @@ METHOD = [
     "and the idle check are left out and reported separately). The backlog is filled once; "
     "between runs the worker group is rewound to offset 0 with `reset_offsets`. Each "
     "run drains the raw loop, unordered and key in a rotated order.",
+    "- **Sync handlers**: a no-op `def` handler (run on the worker's pool: 64 threads at "
+    "the default concurrency 64) and a no-op `async def` drain the same backlog in one run, "
+    "each as the processing figures are taken (ordering=key, first handler call to the "
+    "last), rotating which goes first; the worker group is rewound between them. The "
+    "`def` pays a hand-off to a pool thread and back per job (a queue put, a thread "
+    "wake-up, `call_soon_threadsafe`) and shares the GIL with the loop.",
     "- **Exactly-once**: the handler inserts one row, once through `ctx.once_deferred()` "
     "(the statement is recorded; many jobs' dedup rows and effects are applied together, "
     "one claim statement and one pipelined `executemany` per batch) and once through "

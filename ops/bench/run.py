@@ -4,6 +4,7 @@
     BENCH_QUICK=1 .venv/bin/python -m ops.bench.run   # smoke: small N, 1 run, < 3 minutes
     BENCH_ONLY=scaling .venv/bin/python -m ops.bench.run   # some sections only (comma list)
     BENCH_ONLY=processes .venv/bin/python -m ops.bench.run # worker --processes 2 against 1
+    BENCH_ONLY=tester .venv/bin/python -m ops.bench.run    # JobTester beside the real stack
     BENCH_SKIP=scaling .venv/bin/python -m ops.bench.run   # full, but keep Scaling's last
 
 The code under test (stream_jobs/, ops/bench/) is copied to ops/bench/out/code first and
@@ -49,6 +50,8 @@ from ops.bench import (
     profile,
     scaling,
     schedules,
+    sync_noop,
+    tester,
 )
 from ops.bench.common import (
     BENCH_DIR,
@@ -223,6 +226,7 @@ def _sections() -> list[Section]:
             b, record_bytes(typical_record(b.settings())))),
         ("enqueue", ours.enqueue),
         ("processing", ours.processing),
+        ("sync", sync_noop.sync_handlers),
         ("exactly-once", ours.exactly_once),
         ("fencing", fencing.fencing),
         ("latency", ours.latency),
@@ -234,6 +238,7 @@ def _sections() -> list[Section]:
         ("scaling", scaling.scaling),
         ("processes", processes.processes),
         ("outbox", outbox.outbox),
+        ("tester", tester.tester),
     ]
 
 

@@ -14,13 +14,14 @@ is wrapped into `OutboxWriteError`; the caller's transaction is then failed, as 
 any failed write of theirs, and must be rolled back.
 
 Nothing here imports a driver: the connection's kind is read from its class, so only the
-caller's own driver has to be installed.
+caller's own driver has to be installed. An `OutboxStandIn` (`stream_jobs.testing`'s
+in-memory transaction) keeps the rows itself, for handler tests without a database.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from stream_jobs.errors import NotInTransaction, OutboxWriteError
 from stream_jobs.outbox.rows import insert_args, insert_sql, named_args
@@ -33,8 +34,22 @@ _NOT_MIGRATED = {"42P01", "3F000"}
 _INTRANS = 2
 
 
+
+
+@runtime_checkable
+class OutboxStandIn(Protocol):
+    """A transaction without a database that keeps outbox rows until it commits."""
+
+    def keep_outbox_rows(self, records: Prepared) -> None: ...
+
+
 def _family(conn: object) -> str:
     return type(conn).__module__.split(".", 1)[0]
+
+
+def _stand_in(conn: object, family: str) -> OutboxStandIn | None:
+    # Only objects of our own package are asked: a real driver's never pays the check.
+    return conn if family == "stream_jobs" and isinstance(conn, OutboxStandIn) else None
 
 
 async def write_async(conn: Any, records: Prepared, schema: str) -> None:
@@ -63,6 +78,10 @@ async def write_async(conn: Any, records: Prepared, schema: str) -> None:
         await _guarded(conn.execute(text(insert_sql(schema, "named")), named_args(args)),
                        schema)
         return
+    stand_in = _stand_in(conn, family)
+    if stand_in is not None:
+        stand_in.keep_outbox_rows(records)
+        return
     raise TypeError(_unknown(conn, "JobClient", "an asyncpg connection, a SQLAlchemy "
                              "AsyncConnection or AsyncSession",
                              "SyncJobClient takes SQLAlchemy Sessions and DB-API connections"))
@@ -73,6 +92,10 @@ def write_sync(conn: Any, records: Prepared, schema: str) -> None:
     if not records:
         return
     family = _family(conn)
+    stand_in = _stand_in(conn, family)
+    if stand_in is not None:
+        stand_in.keep_outbox_rows(records)
+        return
     args = insert_args(records, schema)
     if family == "asyncpg" or hasattr(conn, "sync_session") or hasattr(conn, "sync_connection"):
         raise TypeError(_unknown(conn, "SyncJobClient", "a SQLAlchemy Connection or Session, "

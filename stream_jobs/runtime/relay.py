@@ -21,7 +21,7 @@ from stream_jobs.clock import now_ms
 from stream_jobs.errors import Abandoned, BadRecord
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka import TopicPartition
-from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients, Producer
 from stream_jobs.logs import job_fields
 from stream_jobs.naming import lane_topic, parse_topic, relay_group, tier_topic
 from stream_jobs.record import (
@@ -42,20 +42,23 @@ _UNBOUNDED = 1_000_000
 class Relay(GroupMember):
     """Moves due records from a type's delay tiers back to its lanes."""
 
-    def __init__(self, settings: Settings, policy: JobTypePolicy, producer: JobProducer, *,
+    def __init__(self, settings: Settings, policy: JobTypePolicy, producer: Producer, *,
                  grace_s: float = 10.0, commit_interval_s: float = 0.5,
-                 max_buffered: int = 1000) -> None:
+                 max_buffered: int = 1000, kafka: KafkaClients = AIOKAFKA) -> None:
         prefix = settings.topic_prefix
         tiers = [tier_topic(prefix, policy.job_type, tier) for tier in policy.retry_tiers]
         super().__init__(settings, relay_group(prefix, policy.job_type), tiers,
                          job_type=policy.job_type, producer=producer,
                          concurrency=_UNBOUNDED, grace_s=grace_s,
-                         commit_interval_s=commit_interval_s, max_buffered=max_buffered)
+                         commit_interval_s=commit_interval_s, max_buffered=max_buffered,
+                         kafka=kafka)
         self.policy = policy
         self.retry_policy = RetryPolicy(tiers=policy.retry_tiers, max_attempts=policy.max_attempts)
         self.released = 0
         self.hops = 0
         self._wake: dict[TopicPartition, asyncio.Event] = {}
+        # Tier partitions whose head is held now, with the wall time (Unix ms) it waits for.
+        self.holding: dict[TopicPartition, int] = {}
 
     def chain_of(self, record: Record) -> Hashable:
         return None  # one chain per partition: strictly in order
@@ -71,6 +74,15 @@ class Relay(GroupMember):
     async def stop(self) -> None:
         self.stopping.set()
         await super().stop()
+
+    def recheck(self) -> None:
+        """Wake every held record to read the clock again now: one that is due goes, the
+        others are held again. For a clock that jumps (`stream_jobs.testing`'s virtual
+        one); the system clock's records wake by their timers."""
+        for tp in list(self.holding):
+            event = self._wake.pop(tp, None)
+            if event is not None:
+                event.set()
 
     async def handle(self, work: PartitionWork, record: Record, runner: Runner) -> None:
         prefix = self.settings.topic_prefix
@@ -92,7 +104,7 @@ class Relay(GroupMember):
             # A timer may wake a millisecond early against the wall clock; waking early
             # must not count as "still not due", which would send the record round again.
             while hold_until > now:
-                await self._hold(work, (hold_until - now) / 1000)
+                await self._hold(work, hold_until, (hold_until - now) / 1000)
                 now = now_ms()
         if due > now:
             hop = tier_for_delay(self.policy.retry_tiers, (due - now) / 1000)
@@ -103,14 +115,20 @@ class Relay(GroupMember):
         await self.write(lane_topic(prefix, job.job_type, lane), replace(job, not_before_ms=None))
         self.released += 1
 
-    async def _hold(self, work: PartitionWork, seconds: float) -> None:
-        """Pause the partition until the head is due, or until revocation wakes us."""
+    async def _hold(self, work: PartitionWork, until_ms: int, seconds: float) -> None:
+        """Pause the partition until the head is due, or until revocation (or `recheck`)
+        wakes us."""
         wake = self._wake.setdefault(work.tp, asyncio.Event())
         self.pause(work)
+        self.holding[work.tp] = until_ms
         try:
-            with contextlib.suppress(TimeoutError):
+            # A held record lends its runner's slot: the dispatcher starts runners for the
+            # chains that are ready only while its runners are fewer than them, so a head
+            # fetched later on another partition would otherwise wait for this one's time.
+            with self.lend_slot(), contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), seconds)
         finally:
+            self.holding.pop(work.tp, None)
             self.resume(work)
         if work.revoked or self.stopping.is_set():
             raise Abandoned("revoked while holding a delayed record")

@@ -3,8 +3,8 @@
 A `Worker` is everything one type needs in a process: the consumer group `P.T.worker` on
 T's lanes and the relay (`P.T.relay`) on T's delay tiers, sharing one producer, and the
 type's scheduler when it has schedules. `stream-jobs worker APP` runs a `Worker` per type
-in one process (`stream_jobs.runtime.host`), or in each of `--processes N`. Each job ends
-in exactly one outcome (see `Outcome`); its offset is marked finished only once that
+in one process (`stream_jobs.runtime.host`), or in each of `--processes N`. Each job
+ends in exactly one outcome (see `Outcome`); its offset is marked finished only once that
 outcome is durable (a retry or dead letter acknowledged by the broker), so no path drops
 a job.
 
@@ -20,7 +20,6 @@ import asyncio
 import logging
 import math
 import random
-import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
@@ -29,14 +28,14 @@ from typing import Any
 from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
 from stream_jobs.context import JobContext
-from stream_jobs.dedup.store import DedupStore
+from stream_jobs.dedup.store import Dedup, DedupStore
 from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError, StreamJobsError
 from stream_jobs.failures import FailureInfo
 from stream_jobs.handlers import JobHandler
 from stream_jobs.histogram import DurationHistogram
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka import TopicPartition
-from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients
 from stream_jobs.logs import job_fields
 from stream_jobs.naming import (
     control_topic,
@@ -56,6 +55,7 @@ from stream_jobs.record import (
     decode_record,
 )
 from stream_jobs.retry import DeadLetter, RetryPolicy, decide
+from stream_jobs.runtime.calls import handler_call
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.gc_tuning import worker_collector
 from stream_jobs.runtime.heartbeats import is_heartbeat, send_heartbeats
@@ -63,6 +63,7 @@ from stream_jobs.runtime.heartbeats import report_interval_s as heartbeat_report
 from stream_jobs.runtime.member import Flow, GroupMember
 from stream_jobs.runtime.relay import Relay
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
+from stream_jobs.runtime.stalls import LoopWatch
 from stream_jobs.runtime.throttle import ControlFollower, RateOverride, rate_in_force
 from stream_jobs.schedules import Scheduler
 from stream_jobs.settings import Settings
@@ -101,30 +102,32 @@ class Worker(GroupMember):
     def __init__(self, settings: Settings, policy: JobTypePolicy, handler: JobHandler, *,
                  grace_s: float = 10.0, commit_interval_s: float = 0.5,
                  max_buffered: int | None = None, relay: bool = True,
-                 dedup: DedupStore | None = None, report_interval_s: float = 5.0,
+                 dedup: Dedup | None = None, report_interval_s: float = 5.0,
                  control: bool = True, children: JobClient | None = None,
-                 scheduler: Scheduler | None = None) -> None:
+                 scheduler: Scheduler | None = None, kafka: KafkaClients = AIOKAFKA) -> None:
         prefix = settings.topic_prefix
         lanes = [lane_topic(prefix, policy.job_type, lane) for lane in policy.priorities]
         weights = [(lane_topic(prefix, policy.job_type, lane), weight)
                    for lane, weight in policy.lane_weights]
         super().__init__(settings, worker_group(prefix, policy.job_type), lanes,
-                         job_type=policy.job_type, producer=JobProducer(settings),
+                         job_type=policy.job_type, producer=kafka.producer(settings),
                          concurrency=handler.concurrency, grace_s=grace_s,
                          commit_interval_s=commit_interval_s,
                          max_buffered=max_buffered or max(2 * handler.concurrency,
                                                           DEFAULT_MAX_BUFFERED),
-                         lane_weights=weights)
+                         lane_weights=weights, kafka=kafka)
+        self.kafka = kafka
         self.policy = policy
         self.handler = handler
         self.retry_policy = RetryPolicy(tiers=policy.retry_tiers,
                                         max_attempts=policy.max_attempts)
-        self.dedup = dedup or DedupStore(settings)
+        self.dedup: Dedup = dedup or DedupStore(settings)
         self._owns_dedup = dedup is None
         self.children = children  # checks and makes the child jobs of ctx.enqueue()
         # Results, batch members, chain steps: what a job that needs it commits at its end.
         self.finisher = Finisher.of(self.dedup, settings, policy.job_type, handler.keep_result_s)
-        self.relay = Relay(settings, policy, self.producer, grace_s=grace_s) if relay else None
+        self.relay = (Relay(settings, policy, self.producer, grace_s=grace_s, kafka=kafka)
+                      if relay else None)
         self.outcomes: Counter[str] = Counter()
         self.dead_letter_reasons: Counter[str] = Counter()
         # Handler run times, kept only while metrics are on (`stream_jobs.runtime.metrics`).
@@ -142,6 +145,9 @@ class Worker(GroupMember):
         self.heartbeats: dict[TopicPartition, int] = {}
         # The type's schedules (`App.worker` passes them): fired by whichever worker leads.
         self.scheduler = scheduler
+        # On the loop, or (a plain `def`) on `concurrency` threads: chosen once, here.
+        self._call_handler, self.threads = handler_call(self, handler)
+        self.loop_watch = LoopWatch(self.group_id, lambda: self.dispatcher.runners)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -159,6 +165,7 @@ class Worker(GroupMember):
             # The control topic is read to its end while the consumer starts, so a type
             # throttled at run time never starts a job at its TOML rate.
             await asyncio.gather(self.start(), self._catch_up(follower))
+            self.loop_watch.start()
             if self.relay is not None:
                 await self.relay.start()
             background.append(asyncio.create_task(self._report_every()))
@@ -180,6 +187,9 @@ class Worker(GroupMember):
                 await asyncio.gather(*background, return_exceptions=True)
                 await self._report(final=True)
         finally:
+            self.loop_watch.stop()
+            if self.threads is not None:
+                self.threads.close()
             if follower is not None:
                 await follower.stop()
             await self.producer.stop()
@@ -202,7 +212,7 @@ class Worker(GroupMember):
 
     async def _report_every(self) -> None:
         await publish_every(self.settings, self.producer, self.worker_id, self.report,
-                            self.report_interval_s)
+                            self.report_interval_s, kafka=self.kafka)
 
     async def _report(self, *, final: bool = False) -> None:
         await publish(self.settings, self.producer, self.worker_id, self.report(final=final))
@@ -324,7 +334,8 @@ class Worker(GroupMember):
                 fetched = await self.poll_once()
                 if not until_idle:
                     continue
-                if fetched or self.in_flight() or (self.relay and self.relay.in_flight()):
+                if (fetched or self.in_flight() or (self.relay and self.relay.in_flight())
+                        or (self.threads is not None and self.threads.busy)):
                     idle_rounds = 0
                     continue
                 idle_rounds = idle_rounds + 1 if await self._idle() else 0
@@ -433,36 +444,6 @@ class Worker(GroupMember):
                 await finish.abandon()  # revoked or torn down: nothing of it commits
                 raise
         return await finish.after(error, ctx.returned, self.lend_slot)
-
-    async def _call_handler(self, runner: Runner, payload: Any,
-                            ctx: JobContext) -> Exception | None:
-        """Run the handler within its timeout: None, or the exception it ended with (a
-        `TimeoutError` when the runner's watchdog cut it off)."""
-        runner.deadline = asyncio.get_running_loop().time() + self.handler.timeout_s
-        self.watch()
-        durations = self.durations
-        started = time.perf_counter() if durations is not None else 0.0
-        try:
-            ctx.returned = await self.handler.func(payload, ctx)
-        except asyncio.CancelledError:
-            if not runner.expired:
-                raise  # revoked past the grace period, or the worker is being torn down
-            return self._expired(runner)
-        except Exception as exc:
-            return exc
-        finally:
-            runner.deadline = math.inf
-            if durations is not None:
-                durations.observe(time.perf_counter() - started)
-        if runner.expired:  # the handler swallowed the cancellation and returned
-            self._expired(runner)
-        return None
-
-    def _expired(self, runner: Runner) -> TimeoutError:
-        runner.expired = False
-        if runner.task is not None:
-            runner.task.uncancel()
-        return TimeoutError(f"The handler ran past its timeout of {self.handler.timeout_s:g} s.")
 
     async def _failed(self, job: JobRecord, record: Record, exc: BaseException,
                       reason: str) -> Outcome:

@@ -30,22 +30,23 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from stream_jobs.dedup.deferred import DeferredWrites, Statement
 from stream_jobs.dedup.held import HeldTransaction
 from stream_jobs.dedup.results import results_channel
-from stream_jobs.dedup.store import DedupStore
+from stream_jobs.dedup.store import Dedup
 from stream_jobs.errors import (
     Abandoned,
     AlreadyDone,
+    ConfigError,
     DatabaseUnavailable,
     FinishFailed,
     StreamJobsError,
 )
 from stream_jobs.outbox.rows import channel as outbox_channel
 from stream_jobs.record import JobRecord
-from stream_jobs.results import encode_result
+from stream_jobs.results import StoredResult, encode_result
 from stream_jobs.settings import Settings
 from stream_jobs.workflows.members import Membership, parse_membership
 from stream_jobs.workflows.sql import Statements
@@ -55,11 +56,28 @@ log = logging.getLogger("stream_jobs.worker")
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 10.0
 
 
+@runtime_checkable
+class FinishStore(Protocol):
+    """What a finish needs of the dedup store: `DedupStore` on Postgres has it (the
+    in-memory one of `stream_jobs.testing` does not: results are SQL rows)."""
+
+    async def hold(self, job_id: str, job_type: str, attempt: int) -> HeldTransaction: ...
+
+    async def apply_deferred(self, job_id: str, job_type: str, attempt: int,
+                             statements: list[Statement],
+                             while_waiting: Callable[[], AbstractContextManager[None]] | None
+                             = None) -> bool: ...
+
+    async def execute(self, sql: str, *args: Any) -> None: ...
+
+    async def result_of(self, job_id: str) -> StoredResult | None: ...
+
+
 @dataclass(frozen=True)
 class Finisher:
     """What one worker's type needs to finish its jobs (made once per worker)."""
 
-    store: DedupStore
+    store: FinishStore | None  # None: a store without results (jobs finish the plain way)
     job_type: str
     keep_s: float | None  # the type's keep_result; None: it keeps no results
     max_result_bytes: int
@@ -69,8 +87,14 @@ class Finisher:
     outbox_channel: str
 
     @classmethod
-    def of(cls, store: DedupStore, settings: Settings, job_type: str,
+    def of(cls, dedup: Dedup, settings: Settings, job_type: str,
            keep_s: float | None) -> Finisher:
+        """`ConfigError` for a type with `keep_result` on a store that cannot keep it."""
+        store = dedup if isinstance(dedup, FinishStore) else None
+        if store is None and keep_s is not None:
+            raise ConfigError(f"{job_type!r} keeps results (keep_result), which live in "
+                              "Postgres: run it with the dedup store on Postgres (a "
+                              "JobTester given a database_url, or a worker).")
         schema = settings.database_schema
         return cls(store, job_type, keep_s, settings.max_result_bytes,
                    settings.workflow_keep_s, Statements.of(schema), results_channel(schema),
@@ -79,9 +103,9 @@ class Finisher:
     def finish_for(self, job: JobRecord) -> Finish | None:
         """The job's finish, or None when it needs none (the plain path)."""
         member = parse_membership(job.workflow) if job.workflow is not None else None
-        if member is None and self.keep_s is None:
+        if (member is None and self.keep_s is None) or self.store is None:
             return None
-        return Finish(self, job, member)
+        return Finish(self, self.store, job, member)
 
     def ends_recorded(self, job: JobRecord) -> bool:
         """Whether a job that ends without success gets a row (kept results, members)."""
@@ -101,7 +125,7 @@ class Finisher:
     def ending(self, job: JobRecord, state: str, reason: str) -> Statement | None:
         """The statement recording that `job` ended as `state` (None: nothing to record)."""
         member = parse_membership(job.workflow)
-        if member is None and self.keep_s is None:
+        if (member is None and self.keep_s is None) or self.store is None:
             return None
         args: tuple[Any, ...] = (job.job_id, job.job_type, job.attempt, reason,
                                  self._keep_for(member), self._channel_for(member), state)
@@ -114,10 +138,12 @@ class Finisher:
 class Finish:
     """One job's finish transaction (see the module's docstring)."""
 
-    __slots__ = ("_finisher", "_held", "_job", "_member", "_recorded", "parent_result")
+    __slots__ = ("_finisher", "_held", "_job", "_member", "_recorded", "_store", "parent_result")
 
-    def __init__(self, finisher: Finisher, job: JobRecord, member: Membership | None) -> None:
+    def __init__(self, finisher: Finisher, store: FinishStore, job: JobRecord,
+                 member: Membership | None) -> None:
         self._finisher = finisher
+        self._store = store
         self._job = job
         self._member = member
         self._held: HeldTransaction | None = None
@@ -131,7 +157,7 @@ class Finish:
         if previous is None:
             return None
         try:
-            found = await self._finisher.store.result_of(previous)
+            found = await self._store.result_of(previous)
         except StreamJobsError as exc:
             return exc
         self.parent_result = None if found is None else found.value()
@@ -142,7 +168,7 @@ class Finish:
         """`ctx.once()` of this job: its held transaction (claimed on first entry)."""
         if self._held is None:
             job = self._job
-            self._held = await self._finisher.store.hold(job.job_id, job.job_type, job.attempt)
+            self._held = await self._store.hold(job.job_id, job.job_type, job.attempt)
         held = self._held
         try:
             yield held.conn
@@ -187,7 +213,7 @@ class Finish:
                 await held.commit()
                 return None
             job = self._job
-            applied = await self._finisher.store.apply_deferred(
+            applied = await self._store.apply_deferred(
                 job.job_id, job.job_type, job.attempt, [*(self._recorded or ()), statement],
                 lend_slot)
         except StreamJobsError as exc:
@@ -236,7 +262,7 @@ async def record_ending(finisher: Finisher, job: JobRecord, state: str, reason: 
     retrying with backoff until Postgres takes it; `Abandoned` once `stopping` is set
     (the job's offset stays unfinished, and its next owner ends it again)."""
     statement = finisher.ending(job, state, reason)
-    if statement is None:
+    if statement is None or finisher.store is None:
         return
     backoff_s = _BACKOFF_FIRST_S
     while True:

@@ -68,7 +68,8 @@ async def test_a_thousand_results_each_read_back(reports: App, settings: Setting
     assert [r.square for r in results] == [n * n for n in range(1000)]
     rows = await sql(settings, "SELECT count(*) AS n, min(expires_at - finished_at) AS keep "
                                "FROM stream_jobs_results")
-    assert rows[0]["n"] == 1000 and rows[0]["keep"].total_seconds() == pytest.approx(3600, 1)
+    assert rows[0]["n"] == 1000
+    assert rows[0]["keep"].total_seconds() == pytest.approx(3600, 1)
 
 
 async def test_a_waiting_caller_is_woken_by_the_commit(reports: App) -> None:

@@ -99,7 +99,8 @@ async def test_a_chain_runs_its_steps_in_turn_with_the_parents_result(
         await until(finished(client, chain_id), "the chain to finish", 60)
         progress = await client.progress(chain_id)
         last = await client.result(step_job_id(chain_id, 2), timeout=5)
-    assert progress.state == "succeeded" and progress.succeeded == 3
+    assert progress.state == "succeeded"
+    assert progress.succeeded == 3
     assert parents == [None, 1, 1, 21]  # step 1 ran twice (a retry), with the same parent
     assert last == 321
     steps = [r["job_id"] for r in await ran(settings, "step")]
@@ -122,7 +123,8 @@ async def test_a_dead_lettered_step_stops_the_chain_and_says_where(
         chain_id = await client.chain(*(Job(STEP, {"add": n}) for n in (1, 2, 3)))
         await until(finished(client, chain_id), "the chain to stop", 60)
         progress = await client.progress(chain_id)
-    assert progress.state == "failed" and progress.failed_step == 1
+    assert progress.state == "failed"
+    assert progress.failed_step == 1
     assert "PermanentError: no such account" in (progress.failure or "")
     assert f"stopped at step 1 of 3 ({step_job_id(chain_id, 1)})" in progress.summary()
     assert [r["job_id"] for r in await ran(settings, "step")] == [step_job_id(chain_id, 0)]
@@ -168,7 +170,8 @@ async def test_callbacks_run_once_after_every_member_with_the_counts(
         await until(lambda: workers[0].outcomes["duplicate"] >= 20, "the duplicates", 60)
         await until(lambda: workers[1].outcomes["succeeded"] >= 1, "the callback", 60)
         final = await client.progress(batch_id)
-    assert progress.total == 100 and progress.pending == 100
+    assert progress.total == 100
+    assert progress.pending == 100
     assert (final.succeeded, final.failed, final.state) == (98, 2, "completed")
     callbacks = await sql(settings, "SELECT job_id, kind, payload FROM ran "
                                     "WHERE kind IN ('success', 'complete')")
@@ -211,7 +214,8 @@ async def test_an_all_succeeded_batch_fires_both_and_a_callback_may_start_a_batc
     assert counts["empty"] == BatchSummary(id=empty, total=0, succeeded=0, failed=0)
     assert counts["outer"] == BatchSummary(id=outer, total=10, succeeded=10, failed=0)
     inner = counts["inner"]
-    assert inner is not None and (inner.total, inner.succeeded) == (5, 5)
+    assert inner is not None
+    assert (inner.total, inner.succeeded) == (5, 5)
     assert len(await ran(settings, "member")) == 15
     assert (await flows.client().progress(inner.id)).parent_job_id == callback_job_id(
         outer, "on_success")
@@ -222,11 +226,17 @@ async def test_a_batch_in_the_callers_transaction_exists_only_if_it_commits(
     app = flows
     conn = await asyncpg.connect(settings.database_url)
     client = app.client()  # not entered: the batch goes through the caller's transaction
+    made: list[str] = []
+
+    async def rolled_back_work() -> None:
+        async with conn.transaction():
+            made.append(await client.batch([Job(MEMBER, {"n": 1})], conn=conn))
+            raise RuntimeError("the caller's work failed")
+
     try:
         with pytest.raises(RuntimeError):
-            async with conn.transaction():
-                rolled_back = await client.batch([Job(MEMBER, {"n": 1})], conn=conn)
-                raise RuntimeError("the caller's work failed")
+            await rolled_back_work()
+        rolled_back = made[0]
         async with conn.transaction():
             kept = await client.batch([Job(MEMBER, {"n": 1})], conn=conn)
     finally:
