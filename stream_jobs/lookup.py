@@ -1,9 +1,11 @@
 """`stream-jobs job JOB_ID`: what happened to one job.
 
 In order: the dedup table (a row means the job's `ctx.once()` transaction committed:
-done), then a bounded scan of the type's lanes, delay tiers and DLQ for records carrying
-the job ID. The latest sighting tells where the job is: dead-lettered, waiting in a tier,
-waiting (or running) in a lane, or finished in its lane without a dedup row.
+done) and its row of `stream_jobs_results` if it keeps one (its result, or how it ended
+without one: docs/results.md), then a bounded scan of the type's lanes, delay tiers and
+DLQ for records carrying the job ID. The latest sighting tells where the job is:
+dead-lettered, waiting in a tier, waiting (or running) in a lane, or finished in its lane
+without a dedup row.
 
 Cost: the scan reads every record (payloads included) written to those topics since the
 job ID's creation time less a minute of clock slack (UUIDv7 IDs carry it), and at most
@@ -23,8 +25,9 @@ from typing import Any, Literal
 
 import asyncpg
 
+from stream_jobs.dedup.results import ResultReader
 from stream_jobs.dedup.store import DedupStore
-from stream_jobs.errors import DatabaseUnavailable
+from stream_jobs.errors import ConfigError, DatabaseUnavailable
 from stream_jobs.failures import FailureInfo, parse_failure
 from stream_jobs.job_ids import job_id_time_ms
 from stream_jobs.job_types import JobTypePolicy, get_job_type
@@ -40,6 +43,7 @@ from stream_jobs.record import (
     HEADER_REQUEUES,
     Record,
 )
+from stream_jobs.results import StoredResult
 from stream_jobs.settings import Settings
 
 Status = Literal["done", "dead_lettered", "retrying", "pending", "finished", "not_seen"]
@@ -84,9 +88,14 @@ class JobLocation:
     scanned_records: int = 0
     complete: bool = True  # False: a scan stopped at its cap, the job may be further on
     notes: tuple[str, ...] = ()
+    # Its row of stream_jobs_results: a kept result, or how a job that keeps one ended.
+    result: StoredResult | None = None
 
     def summary(self) -> str:
-        """One sentence for a person."""
+        """One sentence for a person (two when a result is kept)."""
+        return self._where() + _result_sentence(self.result)
+
+    def _where(self) -> str:
         job, last = f"Job {self.job_id}", self.last
         if self.status == "done":
             when = self.finished_at.isoformat() if self.finished_at else "an unknown time"
@@ -124,7 +133,24 @@ class JobLocation:
             "sightings": [sighting(s) for s in self.sightings],
             "scanned_records": self.scanned_records, "complete": self.complete,
             "notes": list(self.notes),
+            "result": None if self.result is None else self.result.to_dict(),
         }
+
+
+RESULT_SHOWN_CHARS = 200
+
+
+def _result_sentence(result: StoredResult | None) -> str:
+    if result is None:
+        return ""
+    kept = f"kept until {result.expires_at.isoformat(timespec='seconds')}"
+    if result.succeeded:
+        text = result.result_json if result.result_json is not None else "null"
+        if len(text) > RESULT_SHOWN_CHARS:
+            text = text[:RESULT_SHOWN_CHARS] + f"... ({len(text):,} characters)"
+        return f" Its result ({kept}): {text}"
+    because = f": {result.error}" if result.error else ""
+    return f" Its result row says {result.state} ({kept}){because}."
 
 
 def _iso(ms: int) -> str:
@@ -209,9 +235,11 @@ async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
               else [types[name] for name in sorted(types)])
     notes: list[str] = []
     row = await _dedup_row(settings, job_id, notes)
+    result = await _result_row(settings, job_id, notes)
     if row is not None:
         row_type, attempt, finished_at = row
-        return JobLocation(job_id, "done", row_type, attempt, finished_at, notes=tuple(notes))
+        return JobLocation(job_id, "done", row_type, attempt, finished_at, notes=tuple(notes),
+                           result=result)
 
     created_ms = job_id_time_ms(job_id)
     since_ms = None if created_ms is None else created_ms - SCAN_SLACK_MS
@@ -249,7 +277,7 @@ async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
     status, last = judge(sightings)
     return JobLocation(job_id, status, type_of[last.topic] if last else None,
                        last.attempt if last else None, None, last, tuple(sightings), scanned,
-                       complete, tuple(notes))
+                       complete, tuple(notes), result)
 
 
 def _topics(prefix: str, policy: JobTypePolicy
@@ -259,6 +287,20 @@ def _topics(prefix: str, policy: JobTypePolicy
     return [*((t, "lane", lane, work) for lane, t in policy.lane_topics(prefix).items()),
             *((t, "tier", tier, relay) for tier, t in policy.tier_topics(prefix).items()),
             (policy.dlq_topic(prefix), "dlq", "dlq", None)]
+
+
+async def _result_row(settings: Settings, job_id: str, notes: list[str]
+                      ) -> StoredResult | None:
+    reader = ResultReader(settings, pool_size=1)
+    try:
+        return await asyncio.wait_for(reader.fetch(job_id), 15)
+    except ConfigError:
+        return None  # not migrated for results: the dedup row's note says what to do
+    except (DatabaseUnavailable, TimeoutError) as exc:
+        notes.append(f"The results table was not checked ({exc}).")
+    finally:
+        await reader.close()
+    return None
 
 
 async def _dedup_row(settings: Settings, job_id: str, notes: list[str]

@@ -17,6 +17,7 @@ from stream_jobs.cli import enqueue as _enqueue  # noqa: F401 - registers `enque
 from stream_jobs.cli import flow as _flow  # noqa: F401 - registers `throttle`, `drain`
 from stream_jobs.cli import schedules as _schedules  # registers `scheduler`
 from stream_jobs.cli import serve as _serve  # noqa: F401 - registers `serve`
+from stream_jobs.cli.batch import batch
 from stream_jobs.cli.common import app
 from stream_jobs.cli.dev import dev_app
 from stream_jobs.cli.dlq import dlq_app
@@ -37,6 +38,7 @@ app.add_typer(_schedules.schedules_app, name="schedules")
 app.command("replay")(replay_command)
 app.command("stats")(stats)
 app.command("job")(job)
+app.command("batch")(batch)
 
 err_console = Console(stderr=True)
 

@@ -1,4 +1,5 @@
-"""`stream-jobs db prune --older-than 7d`: delete old dedup rows, in batches.
+"""`stream-jobs db prune --older-than 7d`: delete old dedup rows, in batches; with them
+kept results past their `keep_result` and batches and chains finished before the cutoff.
 
 A dedup row protects its job from running twice only while Kafka can still deliver the
 job again (a redelivery, a replay, an offsets reset), that is for the lanes' retention.
@@ -24,6 +25,7 @@ from stream_jobs.dedup.store import DedupStore
 from stream_jobs.durations import format_duration, parse_duration
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, load_job_types
+from stream_jobs.workflows.progress import prune_finished
 
 console = Console(stderr=True)
 
@@ -71,7 +73,7 @@ def prune(
             f"reset) and would run twice without their rows. Use --older-than "
             f"{_spelled(floor[0])} or more, or --force.")
 
-    async def main() -> tuple[str, int, int]:
+    async def main() -> tuple[str, int, int, int, int]:
         store = DedupStore(settings)
         progress = Progress(TextColumn("prune"), BarColumn(), MofNCompleteColumn(),
                             console=console, transient=True)
@@ -82,14 +84,20 @@ def prune(
                     older_than_s, batch=batch, dry_run=dry_run,
                     progress=lambda done, total: progress.update(task, completed=done,
                                                                  total=total))
+                results = await store.prune_results(batch=batch, dry_run=dry_run)
+                workflows = await prune_finished(settings, older_than_s, batch=batch,
+                                                 dry_run=dry_run)
         finally:
             await store.close()
-        return cutoff.isoformat(timespec="seconds"), matched, deleted
+        return cutoff.isoformat(timespec="seconds"), matched, deleted, results, workflows
 
-    when, total, deleted = asyncio.run(main())
+    when, total, deleted, results, workflows = asyncio.run(main())
     where = f"in schema {settings.database_schema}"
     if dry_run:
         console.print(f"would delete {total:,} dedup rows finished before {when} {where} "
                       "(dry run: nothing deleted)")
     else:
         console.print(f"deleted {deleted:,} dedup rows finished before {when} {where}")
+    verb = "would delete" if dry_run else "deleted"
+    console.print(f"{verb} {results:,} kept results past their keep_result and {workflows:,} "
+                  f"batches and chains finished before {when}")

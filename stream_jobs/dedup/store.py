@@ -30,7 +30,7 @@ from stream_jobs.dedup.deferred import DeferredWrites, WriteBatcher
 from stream_jobs.dedup.fencing import FENCING_SEQUENCE, TokenIssuer
 from stream_jobs.dedup.group_commit import INSERT_DONE, GroupCommitter
 from stream_jobs.dedup.held import DRIVER_ERRORS, HeldTransaction, ours
-from stream_jobs.dedup.results import select_result_sql, stored
+from stream_jobs.dedup.results import prune_expired, results_table, select_result_sql, stored
 from stream_jobs.dedup.sync_once import done_table, once_in
 from stream_jobs.errors import AlreadyDone, ConfigError, DatabaseUnavailable
 from stream_jobs.results import StoredResult
@@ -338,6 +338,27 @@ class DedupStore:
             "stream_jobs_done WHERE finished_at < $1 ORDER BY finished_at LIMIT $2)",
             cutoff, limit)
         return int(status.rsplit(" ", 1)[-1])
+
+    async def prune_results(self, *, batch: int = 10_000, dry_run: bool = False) -> int:
+        """Delete kept results past their expiry (`keep_result`), `batch` rows per
+        transaction; how many (with `dry_run`: how many would be)."""
+        pool = await self._get_pool()
+        schema = self._settings.database_schema
+        try:
+            if dry_run:
+                return int(await pool.fetchval(
+                    f"SELECT count(*) FROM {results_table(schema)} WHERE expires_at <= now()"))
+            deleted = 0
+            while True:
+                async with pool.acquire() as conn:
+                    n = await prune_expired(conn, schema, batch)
+                deleted += n
+                if n < batch:
+                    return deleted
+        except asyncpg.UndefinedTableError:
+            return 0  # migrated before results existed: nothing kept, nothing to prune
+        except DRIVER_ERRORS as exc:
+            raise ours(exc, "the prune of expired results") from exc
 
     async def count(self, job_type: str | None = None) -> int:
         pool = await self._get_pool()

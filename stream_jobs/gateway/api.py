@@ -1,9 +1,9 @@
 """The gateway's JSON routes: enqueue, look a job up, types and stats, the DLQ.
 
-Write and operator routes (enqueue, job lookup, DLQ list and requeue) need the bearer
-token; types and stats are open. Errors are one sentence in `detail`: 401 no or wrong
-token, 404 unknown type or letter, 413 a payload or request over its limit, 422 a
-request that cannot be a job, 503 (with Retry-After) Kafka not answering.
+Write and operator routes (enqueue, job and batch lookup, DLQ list and requeue) need the
+bearer token; types and stats are open. Errors are one sentence in `detail`: 401 no or
+wrong token, 404 unknown type, letter, batch or chain, 413 a payload or request over its
+limit, 422 a request that cannot be a job, 503 (with Retry-After) Kafka not answering.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from stream_jobs.gateway.state import Gateway, gateway_of
 from stream_jobs.job_types import get_job_type
 from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, locate_job
 from stream_jobs.tools.stats import collect
+from stream_jobs.workflows.progress import read_progress
 
 MAX_DELAY_S = 366 * 86_400.0  # a year and a day: longer is a mistake, not a schedule
 TypeName = Annotated[str, Path(alias="type", description="A declared job type, e.g. email.send.",
@@ -139,12 +140,35 @@ class JobOut(BaseModel):
     attempt: int | None
     complete: bool
     location: dict[str, Any] = Field(description="Everything the lookup found.")
+    result: dict[str, Any] | None = Field(
+        default=None, description="Its row of kept results (docs/results.md): state, "
+        "result, error, attempt, finished_at, expires_at; null when none is kept.")
+
+
+class BatchOut(BaseModel):
+    """A batch or chain (docs/workflows.md): what `stream-jobs batch ID --json` prints."""
+
+    id: str
+    kind: str = Field(description="batch or chain.")
+    state: str = Field(description="running, succeeded, completed (a batch with failed "
+                       "members) or failed (a chain stopped at a step).")
+    summary: str
+    total: int
+    succeeded: int
+    failed: int
+    pending: int
+    created_at: str
+    finished_at: str | None
+    failed_step: int | None
+    failure: str | None
+    parent_job_id: str | None
+    callbacks: list[dict[str, Any]]
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     described = {
         401: "No bearer token, or not the gateway's.",
-        404: "Unknown job type (or letter).",
+        404: "Unknown job type (or letter, batch or chain).",
         413: "A payload or the request is over its limit.",
         503: "Kafka did not answer; try again after Retry-After seconds.",
     }
@@ -216,7 +240,18 @@ async def job(gateway: GatewayDep,
                              max_records_per_topic=max_records)
     return JobOut(job_id=found.job_id, status=found.status, summary=found.summary(),
                   job_type=found.job_type, attempt=found.attempt, complete=found.complete,
-                  location=found.to_dict())
+                  location=found.to_dict(),
+                  result=None if found.result is None else found.result.to_dict())
+
+
+@router.get("/batches/{workflow_id}", response_model=BatchOut, tags=["jobs"],
+            dependencies=[Authorized], responses=_errors(401, 404, 503))
+async def batch(gateway: GatewayDep,
+                workflow_id: Annotated[str, Path(min_length=1, max_length=64)]) -> BatchOut:
+    """Where a batch or chain stands: members succeeded, failed and pending, callbacks
+    written; a chain's current step, or the step that stopped it."""
+    found = await read_progress(gateway.settings, workflow_id)
+    return BatchOut(**found.to_dict())
 
 
 @router.get("/types", response_model=list[TypeOut], tags=["types"])

@@ -2,7 +2,7 @@
 
 One `JobClient` lives as long as the app (its producer stays connected), and a
 background task samples stats for `/metrics` and the dashboard. Errors of ours become
-HTTP answers here, one sentence each: UnknownJobType and LetterNotFound 404,
+HTTP answers here, one sentence each: UnknownJobType, LetterNotFound and UnknownWorkflow 404,
 PayloadTooLarge 413, PayloadError and ConfigError 422, Kafka not answering 503 with
 Retry-After, NotAuthorized 401.
 """
@@ -35,6 +35,7 @@ from stream_jobs.errors import (
     PublishError,
     StreamJobsError,
     UnknownJobType,
+    UnknownWorkflow,
 )
 from stream_jobs.gateway import api, dashboard
 from stream_jobs.gateway.sampler import StatsSampler
@@ -148,6 +149,7 @@ def _handlers(gateway: Gateway) -> dict[Any, Handler]:
 
     handlers: dict[Any, Handler] = {
         NotAuthorized: not_authorized, UnknownJobType: not_found, LetterNotFound: not_found,
+        UnknownWorkflow: not_found,
         PayloadTooLarge: too_large, PayloadError: unprocessable, ConfigError: unprocessable,
         RequestValidationError: invalid_request,
     }

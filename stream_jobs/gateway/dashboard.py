@@ -2,10 +2,11 @@
 
 `/` shows every type's lanes, tiers, DLQ depth, oldest job and live workers, with
 throughput and failure-rate charts over the last hour from the gateway's stats samples,
-and the schedules (next fire, last firing, paused, leader) read from Postgres; it
-refreshes itself. `/ui/dlq/{type}` browses the DLQ (reason histogram, recent letters,
-a letter's details) and requeues, always through a confirmation page that shows what a
-dry run found. DLQ pages need the session that `/login` sets from the gateway's token.
+the schedules (next fire, last firing, paused, leader) and the open batches and chains
+(members done, failed, pending) read from Postgres; it refreshes itself. `/ui/dlq/{type}`
+browses the DLQ (reason histogram, recent letters, a letter's details) and requeues,
+always through a confirmation page that shows what a dry run found. DLQ pages need the
+session that `/login` sets from the gateway's token.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from stream_jobs.gateway.charts import bar_chart, line_chart
 from stream_jobs.gateway.state import SESSION_COOKIE, Gateway, gateway_of
 from stream_jobs.job_types import get_job_type
 from stream_jobs.schedules.listing import ScheduleView, read_schedules
+from stream_jobs.workflows.progress import Progress, open_workflows
 
 templates = Environment(loader=PackageLoader("stream_jobs.gateway", "templates"),
                         autoescape=select_autoescape(default=True), trim_blocks=True,
@@ -36,6 +38,7 @@ router = APIRouter(include_in_schema=False)
 GatewayDep = Annotated[Gateway, Depends(gateway_of)]
 _FORM_LIMIT = 64 * 1024
 SCHEDULES_WAIT_S = 3.0
+OPEN_BATCHES_SHOWN = 20
 
 
 def _ago(seconds: float | None) -> str:
@@ -107,10 +110,23 @@ async def overview(gateway: GatewayDep) -> HTMLResponse:
                                   title="lag", unit="jobs", end_ms=now_ms),
         })
     schedules, schedules_problem = await _schedules(gateway)
+    batches_open, batches = await _open_batches(gateway)
     return _page("overview.html", cards=cards, snapshot=snapshot, problem=sampler.problem,
                  declared=sorted(gateway.types), refresh_s=max(2, round(sampler.interval_s)),
                  window_s=sampler.window_s, schedules=schedules,
-                 schedules_problem=schedules_problem, now_ms=now_ms)
+                 schedules_problem=schedules_problem, now_ms=now_ms,
+                 batches_open=batches_open, batches=batches)
+
+
+async def _open_batches(gateway: Gateway) -> tuple[int, list[Progress]]:
+    """The open batches and chains, oldest first; none shown when they cannot be read (a
+    deployment may have no workflow tables, and a Postgres that does not answer costs the
+    page at most SCHEDULES_WAIT_S)."""
+    try:
+        return await asyncio.wait_for(open_workflows(gateway.settings, OPEN_BATCHES_SHOWN),
+                                      SCHEDULES_WAIT_S)
+    except (StreamJobsError, TimeoutError):
+        return 0, []
 
 
 async def _schedules(gateway: Gateway) -> tuple[list[ScheduleView], str | None]:

@@ -139,16 +139,35 @@ async def open_workflows(settings: Settings, limit: int = 20) -> tuple[int, list
     return result
 
 
-async def prune_finished(conn: Any, schema: str, older_than_s: float, batch: int) -> int:
-    """Delete up to `batch` workflows finished more than `older_than_s` ago, with their
-    templates; how many were deleted."""
-    count = await conn.fetchval(
-        f"WITH gone AS (DELETE FROM {workflows_table(schema)} WHERE workflow_id IN ("
-        f"SELECT workflow_id FROM {workflows_table(schema)} WHERE finished_at < now() - "
-        "make_interval(secs => $1) ORDER BY finished_at LIMIT $2) RETURNING workflow_id), "
-        f"templates AS (DELETE FROM {workflow_jobs_table(schema)} WHERE workflow_id IN "
-        "(SELECT workflow_id FROM gone)) SELECT count(*) FROM gone", float(older_than_s), batch)
-    return int(count)
+async def prune_finished(settings: Settings, older_than_s: float, *, batch: int = 10_000,
+                         dry_run: bool = False) -> int:
+    """Delete the batches and chains finished more than `older_than_s` ago, with their
+    templates, `batch` per transaction; how many (with `dry_run`: how many would be)."""
+    schema = settings.database_schema
+    table = workflows_table(schema)
+    age = "finished_at < now() - make_interval(secs => $1)"
+
+    async def query(conn: Any) -> int:
+        if dry_run:
+            return int(await conn.fetchval(f"SELECT count(*) FROM {table} WHERE {age}",
+                                           float(older_than_s)))
+        deleted = 0
+        while True:
+            n = int(await conn.fetchval(
+                f"WITH gone AS (DELETE FROM {table} WHERE workflow_id IN (SELECT workflow_id "
+                f"FROM {table} WHERE {age} ORDER BY finished_at LIMIT $2) "
+                "RETURNING workflow_id), templates AS (DELETE FROM "
+                f"{workflow_jobs_table(schema)} WHERE workflow_id IN (SELECT workflow_id "
+                "FROM gone)) SELECT count(*) FROM gone", float(older_than_s), batch))
+            deleted += n
+            if n < batch:
+                return deleted
+
+    try:
+        pruned: int = await _on_connection(settings, query)
+    except ConfigError:
+        return 0  # migrated before workflows existed: there are none to prune
+    return pruned
 
 
 async def _on_connection(settings: Settings, query: Any) -> Any:

@@ -63,3 +63,40 @@ async def test_prune_deletes_old_rows_in_batches(settings: Settings, schema: str
     finally:
         await conn.close()
         await store.close()
+
+
+async def test_prune_takes_expired_results_and_old_finished_workflows(
+        settings: Settings, schema: str) -> None:
+    store = DedupStore(settings)
+    await store.migrate()
+    conn = await asyncpg.connect(settings.database_url, server_settings={"search_path": schema})
+    try:
+        await conn.executemany(
+            "INSERT INTO stream_jobs_results (job_id, job_type, state, attempt, expires_at) "
+            "VALUES ($1, 't', 'succeeded', 1, now() + make_interval(hours => $2))",
+            [(f"r-{i}", -1 if i < 6 else 1) for i in range(10)])
+        await conn.executemany(
+            "INSERT INTO stream_jobs_workflows (workflow_id, kind, total, finished_at) "
+            "VALUES ($1, 'batch', 1, now() - make_interval(days => $2))",
+            [("old", 9), ("recent", 1)])
+        await conn.execute("INSERT INTO stream_jobs_workflows (workflow_id, kind, total) "
+                           "VALUES ('open', 'batch', 1)")
+        await conn.execute(
+            "INSERT INTO stream_jobs_workflow_jobs (workflow_id, slot, job_id, job_type, topic, "
+            "value, headers) VALUES ('old', 'on_complete', 'c', 't', 'x', '{}', '[]')")
+        (settings.topics_dir / "t.toml").write_text('retention = "7d"\n')
+        proc = await asyncio.create_subprocess_exec(
+            CLI, "db", "prune", "--older-than", "7d", "--batch", "4", cwd=ROOT,
+            env={**os.environ, **_env(settings), "COLUMNS": "200"},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, out.decode()
+        assert "deleted 6 kept results past their keep_result and 1 batches" in out.decode()
+        left = await conn.fetch("SELECT job_id FROM stream_jobs_results ORDER BY job_id")
+        assert [r["job_id"] for r in left] == [f"r-{i}" for i in range(6, 10)]
+        kept = await conn.fetch("SELECT workflow_id FROM stream_jobs_workflows ORDER BY 1")
+        assert [r["workflow_id"] for r in kept] == ["open", "recent"]
+        assert await conn.fetchval("SELECT count(*) FROM stream_jobs_workflow_jobs") == 0
+    finally:
+        await conn.close()
+        await store.close()
