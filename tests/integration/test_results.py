@@ -14,6 +14,7 @@ from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext
 from stream_jobs.errors import (
+    ConfigError,
     JobExpired,
     JobFailed,
     ResultNotKept,
@@ -182,3 +183,26 @@ async def test_expired_and_not_kept(reports: App, declare: Declare) -> None:
             await client.result(stale, timeout=5)
         with pytest.raises(ResultNotKept, match="keeps no results"):
             await client.result(plain_id, timeout=0.5)
+
+
+async def test_a_def_handler_keeps_its_result_and_once_sync_is_refused(
+        reports: App, settings: Settings) -> None:
+    app = reports
+    refused: list[str] = []
+
+    @app.job(REPORT, keep_result="1h")
+    def build(job: Report, ctx: JobContext) -> dict[str, int]:
+        if job.n == 2:
+            try:
+                with ctx.once_sync(object()):
+                    pass
+            except ConfigError as exc:  # its session cannot hold the result
+                refused.append(str(exc))
+        return {"n": job.n}
+
+    async with app.client() as client:
+        ids = await client.enqueue_many([Job(REPORT, Report(n=n)) for n in range(3)])
+        await app.worker(REPORT).run(until_idle=True)
+        assert [await client.result(i, timeout=5) for i in ids] == [{"n": n} for n in range(3)]
+    assert len(refused) == 1
+    assert "cannot join" in refused[0]
