@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from ops.bench import outbox as outbox_bench
+from ops.bench import results as results_bench
 from ops.bench import tester as tester_bench
 
 # (name, numerator figure, denominator figure)
@@ -140,6 +141,9 @@ GOALS: list[Goal] = [
 # The outbox's goals: in its own section (`BENCH_ONLY=outbox` replaces only that one).
 OUTBOX_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target, unit)
                 for text, num, den, op, target, unit in outbox_bench.GOALS]
+# Results and batches: in their own section too (`BENCH_ONLY=results`).
+RESULTS_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target,
+                      unit) for text, num, den, op, target, unit in results_bench.GOALS]
 # JobTester's goals: in its own section too (`BENCH_ONLY=tester`).
 TESTER_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target, unit)
                 for text, num, den, op, target, unit in tester_bench.GOALS]
@@ -367,6 +371,7 @@ def render(data: dict[str, Any]) -> str:
         out += processes_section(details["processes"], figures,
                                  data.get("errors", {}).get("processes"))
     out += outbox_bench.section(figures, goal_rows(figures, OUTBOX_GOALS), table, fmt)
+    out += results_bench.section(figures, goal_rows(figures, RESULTS_GOALS), table, fmt)
     out += tester_bench.section(figures, goal_rows(figures, TESTER_GOALS), table, fmt)
     out += ["## Machine and versions", ""]
     rows = [[k, str(v)] for k, v in machine.items()]
@@ -669,7 +674,8 @@ def scaling_section(scaling: dict[str, Any], error: str | None = None) -> list[s
 # sections feed the shared Goals, Figures and Ratios tables.
 PROCESSES_HEADING = "Worker processes"
 OWN_HEADINGS: dict[str, str] = {"scaling": SCALING_HEADING, "processes": PROCESSES_HEADING,
-                               "outbox": outbox_bench.HEADING, "tester": tester_bench.HEADING}
+                               "outbox": outbox_bench.HEADING, "tester": tester_bench.HEADING,
+                               "results": results_bench.HEADING}
 
 
 def split_sections(text: str) -> list[tuple[str, str]]:

@@ -4,6 +4,7 @@
     BENCH_QUICK=1 .venv/bin/python -m ops.bench.run   # smoke: small N, 1 run, < 3 minutes
     BENCH_ONLY=scaling .venv/bin/python -m ops.bench.run   # some sections only (comma list)
     BENCH_ONLY=processes .venv/bin/python -m ops.bench.run # worker --processes 2 against 1
+    BENCH_ONLY=results .venv/bin/python -m ops.bench.run   # keep_result and batch members
     BENCH_ONLY=tester .venv/bin/python -m ops.bench.run    # JobTester beside the real stack
     BENCH_SKIP=scaling .venv/bin/python -m ops.bench.run   # full, but keep Scaling's last
 
@@ -53,6 +54,7 @@ from ops.bench import (
     sync_noop,
     tester,
 )
+from ops.bench import results as results_section  # `results` names the run's Results
 from ops.bench.common import (
     BENCH_DIR,
     CODE_DIR,
@@ -239,6 +241,7 @@ def _sections() -> list[Section]:
         ("processes", processes.processes),
         ("outbox", outbox.outbox),
         ("tester", tester.tester),
+        ("results", results_section.results),
     ]
 
 

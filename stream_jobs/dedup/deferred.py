@@ -10,7 +10,8 @@ applies many jobs' recordings together:
    and their recordings are dropped;
 2. the winners' statements run with `executemany`, which asyncpg pipelines: the k-th
    statements of all jobs go together, grouped by SQL text, so each job's own statements
-   still run in the order it recorded them;
+   still run in the order it recorded them (a `ColumnStatement` goes as one statement
+   over arrays instead: a finish's result rows and batch counters);
 3. one COMMIT. A job is finished only when its batch committed.
 
 The guarantee is `ctx.once()`'s: a job's dedup row and its effects commit together or
@@ -40,6 +41,20 @@ CLAIM_MANY = (
 )
 
 Statement = tuple[str, tuple[Any, ...]]
+
+
+class ColumnStatement(str):
+    """SQL (its text is the one-job statement) that also comes as `many`: the same
+    statement for any number of jobs, its k-th parameter an array of every job's k-th
+    argument. A batch runs `many` once instead of the one-job statement per job, so rows
+    that every job updates (a batch's counters) change once per batch, not once per job."""
+
+    many: str
+
+    def __new__(cls, one: str, many: str) -> ColumnStatement:
+        statement = super().__new__(cls, one)
+        statement.many = many
+        return statement
 
 
 class DeferredWrites:
@@ -194,7 +209,10 @@ class WriteBatcher:
                 won = {row[0] for row in rows}
                 for stage in stages([c.statements for c in batch if c.job_id in won]):
                     for sql, rows_args in stage:
-                        await conn.executemany(sql, rows_args)
+                        if isinstance(sql, ColumnStatement) and len(rows_args) > 1:
+                            await conn.execute(sql.many, *map(list, zip(*rows_args, strict=True)))
+                        else:
+                            await conn.executemany(str(sql), rows_args)
         except BaseException:
             await self._pool.release(conn)  # the pool resets it, or drops a broken one
             raise

@@ -83,7 +83,7 @@ class Finisher:
     max_result_bytes: int
     workflow_keep_s: float
     statements: Statements
-    results_channel: str
+    schema: str
     outbox_channel: str
 
     @classmethod
@@ -97,7 +97,7 @@ class Finisher:
                               "JobTester given a database_url, or a worker).")
         schema = settings.database_schema
         return cls(store, job_type, keep_s, settings.max_result_bytes,
-                   settings.workflow_keep_s, Statements.of(schema), results_channel(schema),
+                   settings.workflow_keep_s, Statements.of(schema), schema,
                    outbox_channel(schema))
 
     def finish_for(self, job: JobRecord) -> Finish | None:
@@ -117,10 +117,10 @@ class Finisher:
             return self.keep_s
         return max(self.keep_s or 0.0, self.workflow_keep_s)
 
-    def _channel_for(self, member: Membership | None) -> str | None:
+    def _channel_for(self, job_id: str, member: Membership | None) -> str | None:
         # Waiters exist for kept results and for chain steps (the next one reads it).
         kept = self.keep_s is not None or (member is not None and member.kind == "chain")
-        return self.results_channel if kept else None
+        return results_channel(self.schema, job_id) if kept else None
 
     def ending(self, job: JobRecord, state: str, reason: str) -> Statement | None:
         """The statement recording that `job` ended as `state` (None: nothing to record)."""
@@ -128,7 +128,8 @@ class Finisher:
         if (member is None and self.keep_s is None) or self.store is None:
             return None
         args: tuple[Any, ...] = (job.job_id, job.job_type, job.attempt, reason,
-                                 self._keep_for(member), self._channel_for(member), state)
+                                 self._keep_for(member), self._channel_for(job.job_id, member),
+                                 state)
         if member is None:
             return self.statements.terminal, args
         return (self.statements.member_ended,
@@ -206,7 +207,7 @@ class Finish:
         try:
             if held is not None:
                 try:
-                    await held.execute(statement[0], *statement[1])
+                    await held.execute(str(statement[0]), *statement[1])
                 except BaseException:
                     await held.rollback()
                     raise
@@ -228,7 +229,7 @@ class Finish:
         result = (encode_result(returned, job_type=job.job_type, max_bytes=f.max_result_bytes)
                   if keep_value else None)
         args: tuple[Any, ...] = (job.job_id, job.job_type, job.attempt, result,
-                                 f._keep_for(member), f._channel_for(member))
+                                 f._keep_for(member), f._channel_for(job.job_id, member))
         if member is None:
             return f.statements.succeeded, args
         return (f.statements.member_succeeded,

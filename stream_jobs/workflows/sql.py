@@ -22,15 +22,16 @@ row, the effects, the result, the counters and the callback commit together or n
 all; a member counts once whatever the redeliveries.
 
 Parameters: $1 job ID, $2 type, $3 attempt, $4 result JSON (success) or reason text
-(terminal), $5 seconds to keep the row, $6 the results channel (NULL: nobody waits on this
-type), then for terminal statements $7 the state; then the workflow's ID, the chain step,
-and the outbox channel.
+(terminal), $5 seconds to keep the row, $6 the results channel of the job's bucket (NULL:
+nobody waits on this type), then for terminal statements $7 the state; then the workflow's
+ID, the chain step, and the outbox channel.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stream_jobs.dedup.deferred import ColumnStatement
 from stream_jobs.dedup.results import results_table
 from stream_jobs.outbox.rows import table as outbox_table
 
@@ -69,7 +70,9 @@ def _insert_terminal(schema: str) -> str:
         "ON CONFLICT (job_id) DO NOTHING RETURNING true AS fresh)")
 
 
-_NOTIFY_WAITERS = "CASE WHEN CAST($6 AS text) IS NOT NULL THEN pg_notify($6, $1) END"
+# $6 is the channel of the job's bucket (stream_jobs.dedup.results): equal notifications
+# of one transaction fold into one.
+_NOTIFY_WAITERS = "CASE WHEN CAST($6 AS text) IS NOT NULL THEN pg_notify($6, '') END"
 
 
 def succeeded_sql(schema: str) -> str:
@@ -142,6 +145,67 @@ def member_ended_sql(schema: str) -> str:
     return f"WITH {_insert_terminal(schema)}, {update}, {_due_and_sent(schema, due, '$10')}"
 
 
+# -- the same for a deferred batch of jobs at once (`ColumnStatement.many`) ------------------
+
+# The k-th parameter of the one-job statement becomes an array of every job's k-th argument.
+_UNNEST = ("u AS (SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::text[], "
+           "$5::float8[], $6::text[]{more}) AS u(job_id, job_type, attempt, result, keep_s, "
+           "channel{names}))")
+
+
+def _upsert_succeeded_many(schema: str) -> str:
+    return (
+        f"r AS (INSERT INTO {results_table(schema)} AS x (job_id, job_type, state, result, "
+        "error, attempt, finished_at, expires_at) SELECT u.job_id, u.job_type, 'succeeded', "
+        "u.result::jsonb, NULL, u.attempt, now(), now() + make_interval(secs => u.keep_s) "
+        "FROM u ON CONFLICT (job_id) DO UPDATE SET state = 'succeeded', "
+        "result = EXCLUDED.result, error = NULL, attempt = EXCLUDED.attempt, "
+        "finished_at = EXCLUDED.finished_at, expires_at = EXCLUDED.expires_at "
+        "WHERE x.state <> 'succeeded' RETURNING x.job_id, (x.xmax = 0) AS fresh)")
+
+
+_NOTIFY_MANY = ("(SELECT count(pg_notify(c.channel, '')) FROM (SELECT DISTINCT u.channel "
+                "FROM u JOIN r USING (job_id) WHERE u.channel IS NOT NULL) c)")
+
+
+def succeeded_many_sql(schema: str) -> str:
+    """`succeeded_sql` for many jobs: $1..$6 arrays."""
+    return (f"WITH {_UNNEST.format(more='', names='')}, {_upsert_succeeded_many(schema)} "
+            f"SELECT {_NOTIFY_MANY}")
+
+
+def member_succeeded_many_sql(schema: str) -> str:
+    """`member_succeeded_sql` for many jobs: $1..$9 arrays. Each workflow's row changes
+    once for all of its members in the batch; a callback is due when this change made the
+    count reach the total."""
+    unnest = _UNNEST.format(more=", $7::text[], $8::int[]", names=", workflow_id, step")
+    tally = ("g AS (SELECT u.workflow_id, count(*) AS n, count(*) FILTER (WHERE NOT r.fresh) "
+             "AS converted, max(u.step) AS step FROM r JOIN u USING (job_id) "
+             "GROUP BY u.workflow_id)")
+    update = (
+        f"w AS (UPDATE {workflows_table(schema)} AS w SET succeeded = w.succeeded + g.n, "
+        "failed = w.failed - g.converted, "
+        "failed_step = CASE WHEN w.kind = 'chain' THEN NULL ELSE w.failed_step END, "
+        "failure = CASE WHEN w.kind = 'chain' THEN NULL ELSE w.failure END, "
+        "finished_at = CASE WHEN w.kind = 'chain' THEN "
+        "CASE WHEN w.succeeded + g.n >= w.total THEN now() END "
+        "WHEN w.finished_at IS NULL AND w.succeeded + g.n + w.failed - g.converted "
+        ">= w.total THEN now() ELSE w.finished_at END "
+        "FROM g WHERE w.workflow_id = g.workflow_id RETURNING w.workflow_id, w.kind, "
+        "w.total, w.succeeded, w.failed, g.n, g.converted, g.step)")
+    due = ("CASE WHEN w.kind = 'chain' THEN j.slot = CAST(w.step + 1 AS text) "
+           "ELSE (j.slot = 'on_success' AND w.succeeded = w.total) OR (j.slot = "
+           "'on_complete' AND w.n > w.converted AND w.succeeded + w.failed = w.total) END")
+    d = (f"d AS (SELECT j.*, w.kind, w.total, w.succeeded, w.failed FROM w JOIN "
+         f"{workflow_jobs_table(schema)} j ON j.workflow_id = w.workflow_id WHERE {due})")
+    sent = (f"sent AS (INSERT INTO {outbox_table(schema)} (topic, key, value, headers) "
+            f"SELECT d.topic, d.key, {_VALUE}, {_HEADERS} FROM d ORDER BY d.workflow_id, "
+            "d.slot RETURNING 1)")
+    return (f"WITH {unnest}, {_upsert_succeeded_many(schema)}, {tally}, {update}, {d}, {sent} "
+            "SELECT (SELECT pg_notify(($9::text[])[1], '') FROM (SELECT 1 FROM sent LIMIT 1) "
+            f"s), {_NOTIFY_MANY}")
+
+
 # -- making batches and chains -------------------------------------------------------------
 
 
@@ -165,14 +229,17 @@ def insert_templates_sql(schema: str) -> str:
 class Statements:
     """The statements of one schema, made once per store (they are long to build)."""
 
-    succeeded: str
+    succeeded: ColumnStatement
     terminal: str
-    member_succeeded: str
+    member_succeeded: ColumnStatement
     member_ended: str
 
     @classmethod
     def of(cls, schema: str) -> Statements:
-        return cls(succeeded_sql(schema), terminal_sql(schema), member_succeeded_sql(schema),
+        return cls(ColumnStatement(succeeded_sql(schema), succeeded_many_sql(schema)),
+                   terminal_sql(schema),
+                   ColumnStatement(member_succeeded_sql(schema),
+                                   member_succeeded_many_sql(schema)),
                    member_ended_sql(schema))
 
 

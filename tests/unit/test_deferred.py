@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream_jobs.dedup.deferred import DeferredWrites, Statement, stages
+from stream_jobs.dedup.deferred import ColumnStatement, DeferredWrites, Statement, stages
 
 sql_texts = st.sampled_from(["INSERT a", "INSERT b", "UPDATE c"])
 statement = st.tuples(sql_texts, st.tuples(st.integers()))
@@ -63,3 +63,13 @@ def test_a_recording_keeps_statements_in_order_and_refuses_non_sql() -> None:
     assert writes.statements == [("INSERT INTO t VALUES ($1)", (1,)),
                                  ("INSERT INTO u VALUES ($1, $2)", (2, "x")),
                                  ("INSERT INTO u VALUES ($1, $2)", (3, "y"))]
+
+
+def test_a_column_statement_groups_with_its_text_and_carries_its_many_form() -> None:
+    finish = ColumnStatement("SELECT $1", "SELECT unnest($1::text[])")
+    grouped = stages([[("INSERT x", (1,)), (finish, ("a",))], [(finish, ("b",))]])
+    assert grouped[0] == [("INSERT x", [(1,)]), ("SELECT $1", [("b",)])]
+    key = grouped[0][1][0]
+    assert isinstance(key, ColumnStatement)
+    assert key.many == "SELECT unnest($1::text[])"
+    assert grouped[1] == [("SELECT $1", [("a",)])]
