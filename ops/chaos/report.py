@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypedDict
 
-from ops.chaos import failover
+from ops.chaos import batches, failover
 from ops.chaos.failover import FailoverResult
 from ops.chaos.scenarios import SCENARIOS
 from ops.chaos.trial import TrialResult
@@ -181,7 +181,8 @@ def _ok(r: RunJSON) -> bool:
 
 
 def render(rows: list[RunJSON], meta: MetaJSON,
-           failover_rows: list[FailoverRowJSON] | None = None) -> str:
+           failover_rows: list[FailoverRowJSON] | None = None,
+           batch_rows: list[dict[str, Any]] | None = None) -> str:
     lines = [
         "# Fault injection results",
         "",
@@ -197,7 +198,8 @@ def render(rows: list[RunJSON], meta: MetaJSON,
     ]
     if meta.get("n_note"):
         lines += [meta["n_note"], ""]
-    ok = all(r["ok"] for r in rows) and all(r["ok"] for r in failover_rows or [])
+    ok = (all(r["ok"] for r in rows) and all(r["ok"] for r in failover_rows or [])
+          and all(r["ok"] for r in batch_rows or []))
     lines += [
         f"**Verdict: {'0 lost and 0 duplicate effects in every run' if ok else 'PROBLEMS FOUND'}"
         "**" + ("." if ok else " (see the problems below)."),
@@ -230,6 +232,8 @@ def render(rows: list[RunJSON], meta: MetaJSON,
         lines.append(f"- **{name}** ({s.title}): {s.method}")
     if failover_rows:
         lines += ["", *failover_section(failover_rows)]
+    if batch_rows:
+        lines += ["", *batches.batch_section(batch_rows)]
     lines += ["", METHOD]
     return "\n".join(lines) + "\n"
 
@@ -273,13 +277,26 @@ def merged_failover(previous: Path, fresh: list[FailoverRowJSON]) -> list[Failov
     return kept
 
 
+def merged_batch(previous: Path, fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """This invocation's batch runs, or the previous invocation's when it ran none."""
+    if fresh or not previous.is_file():
+        return fresh
+    try:
+        kept: list[dict[str, Any]] = json.loads(previous.read_text()).get("batch", [])
+    except ValueError:
+        return []
+    return kept
+
+
 def write(path: Path, rows: list[RunJSON], meta: MetaJSON,
-          failover_rows: list[FailoverRowJSON] | None = None) -> None:
-    path.write_text(render(rows, meta, failover_rows))
+          failover_rows: list[FailoverRowJSON] | None = None,
+          batch_rows: list[dict[str, Any]] | None = None) -> None:
+    path.write_text(render(rows, meta, failover_rows, batch_rows))
     out = path.parent / "out"
     out.mkdir(exist_ok=True)
     (out / "results.json").write_text(json.dumps(
-        {"meta": meta, "runs": rows, "failover": failover_rows or []}, indent=2) + "\n")
+        {"meta": meta, "runs": rows, "failover": failover_rows or [],
+         "batch": batch_rows or []}, indent=2) + "\n")
 
 
 def today() -> str:

@@ -15,8 +15,9 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from ops.chaos import failover, report
+from ops.chaos import batches, failover, report
 from ops.chaos.scenarios import SCENARIOS, Scenario
 from ops.chaos.trial import Stack, TrialResult, run_trial
 from stream_jobs.settings import Settings
@@ -30,17 +31,20 @@ OUT_DIR = CHAOS_DIR / "out"
 log = logging.getLogger("ops.chaos")
 
 
-def chosen(only: str) -> tuple[list[Scenario], bool]:
-    """The job scenarios CHAOS_ONLY names (all by default), and whether the scheduler
-    failover scenario is among them."""
+_OWN = (failover.SCENARIO, batches.SCENARIO)  # scenarios with trials of their own
+
+
+def chosen(only: str) -> tuple[list[Scenario], set[str]]:
+    """The job scenarios CHAOS_ONLY names (all by default), and which of the scenarios
+    with trials of their own (scheduler failover, batch callbacks) are among them."""
     if not only.strip():
-        return list(SCENARIOS.values()), True
+        return list(SCENARIOS.values()), set(_OWN)
     names = [n.strip() for n in only.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SCENARIOS and n != failover.SCENARIO]
+    unknown = [n for n in names if n not in SCENARIOS and n not in _OWN]
     if unknown:
         raise SystemExit(f"CHAOS_ONLY names unknown scenarios {unknown}; "
-                         f"choose from {', '.join([*SCENARIOS, failover.SCENARIO])}.")
-    return [SCENARIOS[n] for n in names if n in SCENARIOS], failover.SCENARIO in names
+                         f"choose from {', '.join([*SCENARIOS, *_OWN])}.")
+    return [SCENARIOS[n] for n in names if n in SCENARIOS], {n for n in names if n in _OWN}
 
 
 async def run_scenario(stack: Stack, scenario: Scenario, run: int, jobs: int) -> TrialResult:
@@ -64,7 +68,7 @@ async def main() -> int:
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     jobs = int(os.environ.get("CHAOS_JOBS", DEFAULT_JOBS))
     runs = int(os.environ.get("CHAOS_RUNS", "3"))
-    scenarios, with_failover = chosen(os.environ.get("CHAOS_ONLY", ""))
+    scenarios, own = chosen(os.environ.get("CHAOS_ONLY", ""))
     began = time.time()
     base = Settings()
     kafka = KafkaCluster(base, 1)
@@ -76,6 +80,7 @@ async def main() -> int:
                                            "database_url": postgres.dsn}), postgres)
     results: list[TrialResult] = []
     failovers: list[report.FailoverRowJSON] = []
+    batch_rows: list[dict[str, Any]] = []
     meta: report.MetaJSON = {
         "date": report.today(), "jobs": jobs, "runs": runs, "minutes": 0.0,
         "machine": report.machine(),
@@ -93,10 +98,13 @@ async def main() -> int:
         for scenario in plain:
             for run in range(1, runs + 1):
                 results.append(await run_scenario(single, scenario, run, jobs))
-                _write(results, meta, began, failovers)
-        for run in range(1, runs + 1 if with_failover else 1):
+                _write(results, meta, began, failovers, batch_rows)
+        for run in range(1, runs + 1 if failover.SCENARIO in own else 1):
             failovers.append(await run_failover_scenario(single, run))
-            _write(results, meta, began, failovers)
+            _write(results, meta, began, failovers, batch_rows)
+        for run in range(1, runs + 1 if batches.SCENARIO in own else 1):
+            batch_rows.append(await run_batch_scenario(single, run))
+            _write(results, meta, began, failovers, batch_rows)
         if clustered:
             cluster = KafkaCluster(base, 3)
             log.info("starting the 3-node cluster on %s", cluster.bootstrap)
@@ -107,13 +115,14 @@ async def main() -> int:
                 for scenario in clustered:
                     for run in range(1, runs + 1):
                         results.append(await run_scenario(stack, scenario, run, jobs))
-                        _write(results, meta, began, failovers)
+                        _write(results, meta, began, failovers, batch_rows)
             finally:
                 await asyncio.to_thread(cluster.down)
     finally:
-        _write(results, meta, began, failovers)
-    bad = [r for r in results if not r.verdict.ok] + [f for f in failovers if not f["ok"]]
-    total = len(results) + len(failovers)
+        _write(results, meta, began, failovers, batch_rows)
+    bad = ([r for r in results if not r.verdict.ok] + [f for f in failovers if not f["ok"]]
+           + [b for b in batch_rows if not b["ok"]])
+    total = len(results) + len(failovers) + len(batch_rows)
     print(f"{total} runs, {len(bad)} with problems; see {CHAOS_DIR / 'RESULTS.md'}")
     return 1 if bad else 0
 
@@ -128,14 +137,24 @@ async def run_failover_scenario(stack: Stack, run: int) -> report.FailoverRowJSO
     return row
 
 
+async def run_batch_scenario(stack: Stack, run: int) -> dict[str, Any]:
+    result = await batches.batch_trial(stack.settings, OUT_DIR / "batch")
+    v = result.verdict
+    log.info("%s run %d: lost %d, dup effects %d, callbacks %s, %d kills, %.0f s%s",
+             batches.SCENARIO, run, v.lost, v.duplicate_effects, v.callbacks, result.kills,
+             result.seconds, "" if result.ok else f" PROBLEMS: {v.problems + result.notes}")
+    return batches.batch_row(result, run)
+
+
 def _write(results: list[TrialResult], meta: report.MetaJSON, began: float,
-           failovers: list[report.FailoverRowJSON]) -> None:
-    if not results and not failovers:
+           failovers: list[report.FailoverRowJSON], batch_rows: list[dict[str, Any]]) -> None:
+    if not results and not failovers and not batch_rows:
         return
     meta["minutes"] = (time.time() - began) / 60
     rows = report.merged(OUT_DIR / "results.json", [report.row(r) for r in results])
     report.write(CHAOS_DIR / "RESULTS.md", rows, meta,
-                 report.merged_failover(OUT_DIR / "results.json", failovers))
+                 report.merged_failover(OUT_DIR / "results.json", failovers),
+                 report.merged_batch(OUT_DIR / "results.json", batch_rows))
 
 
 if __name__ == "__main__":

@@ -58,3 +58,18 @@ def test_with_dead_letters_on_success_must_not_run() -> None:
     assert judge(failing).ok, judge(failing).problems
     fired = replace(failing, callbacks=(*failing.callbacks, clean.callbacks[0]))
     assert "the on_success callback ran 1 times, not 0" in judge(fired).problems
+
+
+def test_the_chaos_report_has_a_line_per_batch_run() -> None:
+    from ops.chaos.batches import BatchTrialResult, batch_row, batch_section
+
+    result = BatchTrialResult(5_000, 3, 6, 52.0, judge(_clean()))
+    lines = batch_section([batch_row(result, 1)])
+    assert lines[0] == "## Batch callbacks"
+    assert "| 1 | 5,000 | 3 | 6 | 0 | 0 | 1 | 1 | 2 | 52 | yes |" in lines
+    failed = BatchTrialResult(5_000, 3, 6, 52.0, judge(replace(_clean(), callbacks=())),
+                              ["FaultError: timed out"])
+    text = "\n".join(batch_section([batch_row(failed, 2)]))
+    assert "| NO |" in text
+    assert "batch run 2: the on_complete callback ran 0 times, not 1" in text
+    assert "batch run 2: FaultError: timed out" in text
