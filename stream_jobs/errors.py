@@ -126,5 +126,9 @@ class OutboxWriteError(StreamJobsError):
     """A job could not be written to the outbox in the caller's transaction (roll it back)."""
 
 
+class JobNotFound(StreamJobsError):
+    """No job with the given ID was found (not finished, and in none of the topics scanned)."""
+
+
 class LeadershipLost(StreamJobsError):
     """A scheduler's lock session ended or failed: it no longer leads its type's schedules."""

@@ -1,0 +1,85 @@
+"""The worker's side of unique keys and debounce: give a key back when its job finished,
+and tell whether a debounced job was superseded. Only jobs that carry the `sj-unique` or
+`sj-debounce` header cost a query; other jobs never reach this module.
+
+A release is retried until Postgres takes it (the job's offset stays unfinished
+meanwhile): a key given back late holds off the next enqueue a little longer, a key never
+given back would hold it off for good. If the worker dies before the release, the job is
+delivered again, finishes as a duplicate, and the release happens then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from stream_jobs.dedup.pool import DRIVER_ERRORS, LazyPool, database_error
+from stream_jobs.errors import Abandoned, StreamJobsError
+from stream_jobs.settings import Settings
+
+log = logging.getLogger("stream_jobs.keys")
+
+# The key is deleted if its window has passed (nothing left to hold), else marked
+# finished so the window alone holds it. Only the holder gives it back: after a redelivery
+# the key may belong to a newer job.
+RELEASE_UNIQUE = (
+    "WITH gone AS (DELETE FROM stream_jobs_unique WHERE job_type = $1 AND unique_key = $2 "
+    "AND job_id = $3 AND (held_until IS NULL OR held_until <= statement_timestamp()) "
+    "RETURNING 1) "
+    "UPDATE stream_jobs_unique SET finished_at = statement_timestamp() WHERE job_type = $1 "
+    "AND unique_key = $2 AND job_id = $3 AND finished_at IS NULL "
+    "AND NOT EXISTS (SELECT 1 FROM gone)")
+SUPERSEDED_BY = "SELECT by_job_id FROM stream_jobs_superseded WHERE job_id = $1"
+_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 10.0
+
+
+class KeyStore:
+    """Unique-key releases and supersession checks, on a small pool of their own."""
+
+    def __init__(self, settings: Settings, *, pool: LazyPool | None = None) -> None:
+        self.settings = settings
+        self._pool = pool or LazyPool(settings, max_size=4, name="stream-jobs keys")
+        self.released = 0
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def release(self, job_type: str, unique_key: str, job_id: str) -> None:
+        """Give the key back (once; raises our errors)."""
+        try:
+            pool = await self._pool.get()
+            await pool.execute(RELEASE_UNIQUE, job_type, unique_key, job_id)
+        except DRIVER_ERRORS as exc:
+            raise database_error(exc, self._pool, "give back a unique key") from exc
+        self.released += 1
+
+    async def release_until_done(self, job_type: str, unique_key: str, job_id: str,
+                                 stopping: asyncio.Event) -> None:
+        """`release`, retried with backoff; `Abandoned` once `stopping` is set, leaving the
+        job to its next delivery (which releases it then)."""
+        backoff_s = _BACKOFF_FIRST_S
+        while True:
+            try:
+                await self.release(job_type, unique_key, job_id)
+                return
+            except StreamJobsError as exc:
+                log.warning("unique key %r of job %s not given back yet, trying again in "
+                            "%.1f s: %s", unique_key, job_id, backoff_s, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), backoff_s)
+            if stopping.is_set():
+                raise Abandoned("stopped before the unique key was given back")
+            backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
+
+    async def superseded_by(self, job_id: str) -> str | None:
+        """The job that superseded debounced job `job_id`, or None (it is its window's last)."""
+        try:
+            pool = await self._pool.get()
+            found = await pool.fetchval(SUPERSEDED_BY, job_id)
+        except DRIVER_ERRORS as exc:
+            raise database_error(exc, self._pool, "read the debounce markers") from exc
+        return None if found is None else str(found)
+
+
+__all__ = ["RELEASE_UNIQUE", "SUPERSEDED_BY", "KeyStore"]
