@@ -1,5 +1,5 @@
-"""What a handler gets besides its payload: the job's identity, `once()`, `enqueue()` and
-its fencing token."""
+"""What a handler gets besides its payload: the job's identity, `once()`, `enqueue()`, its
+fencing token, and whether it was cancelled."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ class JobContext:
 
     # `_fencing` is left unset until `fencing_token` is first read: a handler that never
     # reads it pays nothing for it, not even a store here.
-    __slots__ = ("_children", "_conn", "_dedup", "_enqueued", "_fencing", "_job", "_lend_slot",
-                 "_offset", "_partition", "_topic", "_writes")
+    __slots__ = ("_cancelled", "_children", "_conn", "_dedup", "_enqueued", "_fencing", "_job",
+                 "_lend_slot", "_offset", "_partition", "_topic", "_writes")
 
     def __init__(self, job: JobRecord, *, topic: str, partition: int, offset: int,
                  dedup: DedupStore,
@@ -51,6 +51,8 @@ class JobContext:
         self._conn: Any = None
         self._writes: DeferredWrites | None = None
         self._enqueued = 0
+        # Set by the worker when a cancel for this job arrives while it runs.
+        self._cancelled = False
 
     @property
     def job_id(self) -> str:
@@ -91,6 +93,15 @@ class JobContext:
     @property
     def lane(self) -> str:
         return self._job.lane
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the job was cancelled while this run goes on (`client.cancel`). An
+        async handler also gets `CancelledError` at its next await; a sync one (which
+        cannot be interrupted) should look at this between steps and return. Either way
+        the job finishes as `cancelled`, and a `ctx.once()` block it has not committed
+        yet cannot commit any more."""
+        return self._cancelled
 
     @property
     def fencing_token(self) -> Awaitable[int]:

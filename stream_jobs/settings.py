@@ -74,6 +74,12 @@ class Settings(BaseSettings):
     outbox_batch_max: int = Field(default=500, gt=0, le=10_000)
     outbox_sweep_interval_s: float = Field(default=5.0, gt=0)
 
+    # Cancels (docs/control.md): a worker keeps its type's cancelled job IDs in memory,
+    # loaded at start and kept current by LISTEN/NOTIFY, and checks each job before it
+    # starts. false: it does not listen, and a cancelled job is stopped only by its
+    # ctx.once() claim meeting the cancel's dedup row.
+    cancel_watch: bool = True
+
     # The collector's young-generation threshold while a worker runs: CPython's 700 cost a
     # deferred exactly-once worker a quarter of its CPU; 0 leaves it.
     worker_gc_young_threshold: int = Field(default=YOUNG_THRESHOLD, ge=0)

@@ -143,8 +143,8 @@ def render_stats(shot: StatsSnapshot, settings: Settings, partitions: bool) -> G
     waiting.add_column("oldest", justify="right")
     rates = Table(title=f"last {shot.window_s:g} s, from worker reports")
     rates.add_column("type", no_wrap=True)
-    for column in ("done/s", "retried/s", "dead/s", "expired/s", "workers", "in flight",
-                   "limit"):
+    for column in ("done/s", "retried/s", "dead/s", "expired/s", "cancelled/s",
+                   "superseded/s", "workers", "in flight", "limit"):
         rates.add_column(column, justify="right")
     notes: list[str] = []
     for t in shot.types:
@@ -155,8 +155,9 @@ def render_stats(shot: StatsSnapshot, settings: Settings, partitions: bool) -> G
         for i, row in enumerate(rows):
             waiting.add_row(t.job_type if i == 0 else "", *row, end_section=i == len(rows) - 1)
         per_s = t.rates.per_s()
-        rates.add_row(t.job_type, *(f"{per_s[k]:.2f}" for k in ("done", "retried",
-                                                              "dead_lettered", "expired")),
+        rates.add_row(t.job_type, *(f"{per_s[k]:.2f}" for k in (
+                          "done", "retried", "dead_lettered", "expired", "cancelled",
+                          "superseded")),
                       str(len(t.workers)), f"{sum(w.in_flight for w in t.workers):,}",
                       _limit(t))
         if t.heartbeats is not None and t.heartbeats.stuck:

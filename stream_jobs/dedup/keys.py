@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from stream_jobs.dedup.pool import DRIVER_ERRORS, LazyPool, database_error
 from stream_jobs.errors import Abandoned, StreamJobsError
@@ -32,6 +34,7 @@ RELEASE_UNIQUE = (
     "AND NOT EXISTS (SELECT 1 FROM gone)")
 SUPERSEDED_BY = "SELECT by_job_id FROM stream_jobs_superseded WHERE job_id = $1"
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 10.0
+T = TypeVar("T")
 
 
 class KeyStore:
@@ -58,19 +61,8 @@ class KeyStore:
                                  stopping: asyncio.Event) -> None:
         """`release`, retried with backoff; `Abandoned` once `stopping` is set, leaving the
         job to its next delivery (which releases it then)."""
-        backoff_s = _BACKOFF_FIRST_S
-        while True:
-            try:
-                await self.release(job_type, unique_key, job_id)
-                return
-            except StreamJobsError as exc:
-                log.warning("unique key %r of job %s not given back yet, trying again in "
-                            "%.1f s: %s", unique_key, job_id, backoff_s, exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), backoff_s)
-            if stopping.is_set():
-                raise Abandoned("stopped before the unique key was given back")
-            backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
+        await until_done(lambda: self.release(job_type, unique_key, job_id), stopping,
+                         f"unique key {unique_key!r} of job {job_id} not given back yet")
 
     async def superseded_by(self, job_id: str) -> str | None:
         """The job that superseded debounced job `job_id`, or None (it is its window's last)."""
@@ -82,4 +74,22 @@ class KeyStore:
         return None if found is None else str(found)
 
 
-__all__ = ["RELEASE_UNIQUE", "SUPERSEDED_BY", "KeyStore"]
+async def until_done(call: Callable[[], Awaitable[T]], stopping: asyncio.Event,
+                     what: str) -> T:
+    """`call()` retried with backoff (up to 10 s) while it raises our errors; `Abandoned`
+    once `stopping` is set. For the reads and writes a job's outcome waits on: its offset
+    stays unfinished meanwhile, so a crash here delivers the job again."""
+    backoff_s = _BACKOFF_FIRST_S
+    while True:
+        try:
+            return await call()
+        except StreamJobsError as exc:
+            log.warning("%s, trying again in %.1f s: %s", what, backoff_s, exc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), backoff_s)
+        if stopping.is_set():
+            raise Abandoned(f"stopped while waiting for Postgres: {what}")
+        backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
+
+
+__all__ = ["RELEASE_UNIQUE", "SUPERSEDED_BY", "KeyStore", "until_done"]

@@ -7,6 +7,10 @@ the partition is paused and a timer is set (no busy polling, no sleeping inside 
 still not due (a delay longer than the largest tier), it hops: it is written again to the
 tier that fits what remains, and the partition moves on. Offsets are committed only
 after the broker acknowledged the release or the hop.
+
+A cancelled job (its ID in the worker's set of cancelled IDs, docs/control.md) is
+finished here, counted `cancelled`, instead of being released or hopped; a held one is
+woken by its cancel, so a job delayed an hour ends as soon as it is cancelled.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Hashable
 from dataclasses import replace
 
@@ -24,6 +29,7 @@ from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.logs import job_fields
 from stream_jobs.naming import lane_topic, parse_topic, relay_group, tier_topic
+from stream_jobs.outcomes import Outcome
 from stream_jobs.record import (
     Record,
     decode_record,
@@ -44,7 +50,8 @@ class Relay(GroupMember):
 
     def __init__(self, settings: Settings, policy: JobTypePolicy, producer: JobProducer, *,
                  grace_s: float = 10.0, commit_interval_s: float = 0.5,
-                 max_buffered: int = 1000) -> None:
+                 max_buffered: int = 1000, cancelled: set[str] | None = None,
+                 outcomes: Counter[str] | None = None) -> None:
         prefix = settings.topic_prefix
         tiers = [tier_topic(prefix, policy.job_type, tier) for tier in policy.retry_tiers]
         super().__init__(settings, relay_group(prefix, policy.job_type), tiers,
@@ -56,6 +63,16 @@ class Relay(GroupMember):
         self.released = 0
         self.hops = 0
         self._wake: dict[TopicPartition, asyncio.Event] = {}
+        # The worker's: cancelled IDs (kept current by its cancel watch) and its counters.
+        self._cancelled: set[str] = cancelled if cancelled is not None else set()
+        self.outcomes: Counter[str] = outcomes if outcomes is not None else Counter()
+        self._holding: dict[TopicPartition, str] = {}  # job ID held at each partition's head
+
+    def on_cancel(self, job_id: str) -> None:
+        """A cancel arrived: wake the partition holding that job, which then finishes it."""
+        for tp, held in self._holding.items():
+            if held == job_id and (event := self._wake.get(tp)) is not None:
+                event.set()
 
     def chain_of(self, record: Record) -> Hashable:
         return None  # one chain per partition: strictly in order
@@ -84,6 +101,9 @@ class Relay(GroupMember):
                         record.topic, record.partition, record.offset, bad.reason,
                         extra=job_fields(None, record, reason=bad.reason))
             return
+        if job.job_id in self._cancelled:
+            self.outcomes[Outcome.CANCELLED] += 1
+            return
         tier = parse_topic(prefix, record.topic).tier or self.policy.retry_tiers[0]
         due = job.not_before_ms or 0
         now = now_ms()
@@ -91,9 +111,16 @@ class Relay(GroupMember):
             hold_until = min(due, record.timestamp + self.retry_policy.max_hold_ms(tier))
             # A timer may wake a millisecond early against the wall clock; waking early
             # must not count as "still not due", which would send the record round again.
-            while hold_until > now:
-                await self._hold(work, (hold_until - now) / 1000)
-                now = now_ms()
+            self._holding[work.tp] = job.job_id
+            try:
+                while hold_until > now:
+                    await self._hold(work, (hold_until - now) / 1000)
+                    if job.job_id in self._cancelled:
+                        self.outcomes[Outcome.CANCELLED] += 1
+                        return
+                    now = now_ms()
+            finally:
+                self._holding.pop(work.tp, None)
         if due > now:
             hop = tier_for_delay(self.policy.retry_tiers, (due - now) / 1000)
             await self.write(tier_topic(prefix, job.job_type, hop), job)
@@ -114,3 +141,4 @@ class Relay(GroupMember):
             self.resume(work)
         if work.revoked or self.stopping.is_set():
             raise Abandoned("revoked while holding a delayed record")
+        wake.clear()  # woken by a cancel: the next hold waits again

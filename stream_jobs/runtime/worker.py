@@ -6,6 +6,9 @@ one producer. Each job ends in exactly one outcome (see `Outcome`); its offset i
 finished only once that outcome is durable (a retry or dead letter acknowledged by the
 broker), so no path drops a job.
 
+Cancels, unique keys and debounce: checked before a job starts, and a unique key given
+back once it finished (`stream_jobs.runtime.admission`, docs/control.md).
+
 Flow control (docs/flow-control.md): lanes are served by their weights; the type's
 rate limit (TOML, or `stream-jobs throttle` through `P._control`) is split across the
 group by partition ownership (`stream_jobs.ratelimit`); heartbeats are written into every
@@ -15,6 +18,7 @@ lane partition and acknowledged at fetch time (`stream_jobs.runtime.heartbeats`)
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 import random
@@ -27,6 +31,8 @@ from typing import Any
 from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
 from stream_jobs.context import JobContext
+from stream_jobs.dedup.cancel_watch import CancelWatch
+from stream_jobs.dedup.keys import KeyStore
 from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError, StreamJobsError
 from stream_jobs.failures import FailureInfo
@@ -53,6 +59,7 @@ from stream_jobs.record import (
     decode_record,
 )
 from stream_jobs.retry import DeadLetter, RetryPolicy, decide
+from stream_jobs.runtime.admission import Admission, holds_key
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.gc_tuning import worker_collector
 from stream_jobs.runtime.heartbeats import is_heartbeat, send_heartbeats
@@ -99,7 +106,8 @@ class Worker(GroupMember):
                  max_buffered: int | None = None, relay: bool = True,
                  dedup: DedupStore | None = None, report_interval_s: float = 5.0,
                  control: bool = True, children: JobClient | None = None,
-                 scheduler: Scheduler | None = None) -> None:
+                 scheduler: Scheduler | None = None, cancels: CancelWatch | None = None,
+                 keys: KeyStore | None = None) -> None:
         prefix = settings.topic_prefix
         lanes = [lane_topic(prefix, policy.job_type, lane) for lane in policy.priorities]
         weights = [(lane_topic(prefix, policy.job_type, lane), weight)
@@ -118,8 +126,18 @@ class Worker(GroupMember):
         self.dedup = dedup or DedupStore(settings)
         self._owns_dedup = dedup is None
         self.children = children  # checks and makes the child jobs of ctx.enqueue()
-        self.relay = Relay(settings, policy, self.producer, grace_s=grace_s) if relay else None
         self.outcomes: Counter[str] = Counter()
+        # Cancels, unique keys, debounce (stream_jobs.runtime.admission): the hot path reads
+        # its set of cancelled IDs and its map of running jobs directly.
+        self.admission = Admission(settings, policy.job_type, stopping=self.stopping,
+                                   interruptible=inspect.iscoroutinefunction(handler.func),
+                                   cancels=cancels, keys=keys)
+        self._cancelled = self.admission.cancelled
+        self._running = self.admission.running
+        self.relay = Relay(settings, policy, self.producer, grace_s=grace_s,
+                           cancelled=self._cancelled, outcomes=self.outcomes) if relay else None
+        if self.relay is not None:
+            self.admission.subscribe(self.relay.on_cancel)
         self.dead_letter_reasons: Counter[str] = Counter()
         # Handler run times, kept only while metrics are on (`stream_jobs.runtime.metrics`).
         self.durations: DurationHistogram | None = None
@@ -152,7 +170,8 @@ class Worker(GroupMember):
         try:
             # The control topic is read to its end while the consumer starts, so a type
             # throttled at run time never starts a job at its TOML rate.
-            await asyncio.gather(self.start(), self._catch_up(follower))
+            await asyncio.gather(self.start(), self._catch_up(follower),
+                                 self.admission.start())
             if self.relay is not None:
                 await self.relay.start()
             background.append(asyncio.create_task(self._report_every()))
@@ -179,6 +198,7 @@ class Worker(GroupMember):
             await self.producer.stop()
             if self._owns_dedup:
                 await self.dedup.close()
+            await self.admission.close()
 
     def report(self, *, final: bool = False) -> WorkerReport:
         """This worker's counters now (what it publishes to `P._stats`)."""
@@ -269,7 +289,8 @@ class Worker(GroupMember):
             return True
         if self.rate_share_per_s is not None:
             expires_at = _expires_at_ms(record.headers)
-            if expires_at is not None and now_ms() >= expires_at:
+            if (expires_at is not None and now_ms() >= expires_at
+                    and not holds_key(record.headers)):
                 self.outcomes[Outcome.EXPIRED] += 1
                 return True
         return False
@@ -367,9 +388,22 @@ class Worker(GroupMember):
                         record.topic, record.partition, record.offset, bad.reason,
                         extra=job_fields(None, record, reason=bad.reason))
             return Outcome.DEAD_LETTERED
+        if job.unique_key is None and job.debounce_key is None:
+            return await self._start(job, record, runner)
+        outcome = await self._start(job, record, runner)
+        if outcome is not Outcome.RETRIED:
+            await self.admission.give_back(job)  # finished: its unique key is free again
+        return outcome
+
+    async def _start(self, job: JobRecord, record: Record, runner: Runner) -> Outcome:
+        cancelled = self._cancelled
+        if cancelled and job.job_id in cancelled:
+            return Outcome.CANCELLED
         now = now_ms()
         if job.expires_at_ms is not None and now >= job.expires_at_ms:
             return Outcome.EXPIRED
+        if job.debounce_key is not None and await self.admission.superseded(job):
+            return Outcome.SUPERSEDED
         try:
             payload = self.handler.parse_payload(job.payload)
         except BadRecord as bad:
@@ -387,11 +421,24 @@ class Worker(GroupMember):
         ctx = JobContext(job, topic=record.topic, partition=record.partition,
                          offset=record.offset, dedup=self.dedup, lend_slot=self.lend_slot,
                          children=self.children)
-        error = await self._call_handler(runner, payload, ctx)
+        self._running[job.job_id] = (runner, ctx)  # so that a cancel can interrupt it
+        try:
+            error = await self._call_handler(runner, payload, ctx)
+        except asyncio.CancelledError:
+            if not ctx._cancelled:
+                raise  # revoked past the grace period, or the worker is being torn down
+            error = None
+        finally:
+            self.admission.left(job.job_id, runner, ctx)
+        if ctx._cancelled:
+            # Whatever the run did since: a ctx.once() block of it could not commit (the
+            # cancel holds the dedup row), and a failure is not retried.
+            return Outcome.CANCELLED
         if error is None:
             return Outcome.SUCCEEDED
         if isinstance(error, AlreadyDone):
-            return Outcome.DUPLICATE
+            met_cancel = await self.admission.cancelled_instead(job)
+            return Outcome.CANCELLED if met_cancel else Outcome.DUPLICATE
         if isinstance(error, TimeoutError):
             reason = Reason.TIMEOUT
             log.warning("job %s (%s) attempt %d ran past its timeout of %g s", job.job_id,
