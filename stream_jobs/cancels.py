@@ -14,6 +14,12 @@ Two inserts of one primary key serialise, so a cancel racing a run's commit is o
 other, never both. Workers also keep the cancelled IDs of their type in memory (loaded at
 start, kept current by the NOTIFY each cancel sends), so a cancelled job is finished
 before it starts without a query, and a running one is interrupted.
+
+A run inside `ctx.once()` holds its claim on the dedup row until its transaction ends, so
+a cancel's insert would wait for it. The cancel waits `CLAIM_WAIT_S` at most; then it
+asks the workers to interrupt that run (an `interrupt` notice: its transaction rolls
+back, its claim with it) and inserts again, waiting for the claim's end: it wins if the
+run rolled back, and answers "already finished" if the run committed first.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ from stream_jobs.errors import ConfigError
 # result API can tell a cancel marker from a committed run.
 MARKER_ATTEMPT = 0
 MAX_REASON_CHARS = 500
+# How long a cancel waits for a run's open claim before asking for an interrupt (a group
+# commit batch normally ends well within it), then for the interrupted run to roll back.
+CLAIM_WAIT_S = 0.25
+INTERRUPT_WAIT_S = 30.0
 _CHANNEL_MAX = 63  # Postgres keeps 63 bytes of an identifier; a LISTEN channel is one
 # Lookup statuses (stream_jobs.tools.lookup) of jobs that reached an outcome already.
 _FINISHED_STATUSES = frozenset({"done", "finished", "dead_lettered", "cancelled",
@@ -89,18 +99,36 @@ def channel(schema: str) -> str:
     return "stream_jobs_cancel." + hashlib.sha256(schema.encode()).hexdigest()[:32]
 
 
-def notice(job_type: str, job_id: str) -> str:
-    """The NOTIFY payload of one cancel: the type ("" when the canceller did not say),
-    a tab, the job ID. Job types never hold a tab."""
-    return f"{job_type}\t{job_id}"
+class NoticeKind(StrEnum):
+    """What a NOTIFY on the cancel channel says."""
+
+    CANCEL = "cancel"  # committed: the job is cancelled
+    INTERRUPT = "interrupt"  # a cancel waits for this job's open ctx.once(): stop that run
 
 
-def parse_notice(payload: str) -> tuple[str, str] | None:
-    """(job type, job ID) from `notice` output; None for anything else."""
-    job_type, tab, job_id = payload.partition("\t")
-    if not tab or not job_id:
+@dataclass(frozen=True, slots=True)
+class Notice:
+    kind: NoticeKind
+    job_type: str  # "" when the canceller did not say
+    job_id: str
+
+
+def notice(kind: NoticeKind, job_type: str, job_id: str) -> str:
+    """The NOTIFY payload: kind, type ("" when not given) and job ID, tab-separated.
+    Job types never hold a tab; a job ID may (it is last, so it is kept whole)."""
+    return f"{kind}\t{job_type}\t{job_id}"
+
+
+def parse_notice(payload: str) -> Notice | None:
+    """The `Notice` in `notice` output; None for anything else."""
+    parts = payload.split("\t", 2)
+    if len(parts) != 3 or not parts[2]:
         return None
-    return job_type, job_id
+    try:
+        kind = NoticeKind(parts[0])
+    except ValueError:
+        return None
+    return Notice(kind, parts[1], parts[2])
 
 
 def concerns(job_type: str, own_type: str) -> bool:
@@ -121,5 +149,6 @@ def verdict_of(status: str) -> CancelAnswer | None:
     raise ValueError(f"no cancel verdict for status {status!r}")
 
 
-__all__ = ["MARKER_ATTEMPT", "CancelAnswer", "Cancellation", "channel", "checked_reason",
-           "concerns", "notice", "parse_notice", "verdict_of"]
+__all__ = ["CLAIM_WAIT_S", "INTERRUPT_WAIT_S", "MARKER_ATTEMPT", "CancelAnswer",
+           "Cancellation", "Notice", "NoticeKind", "channel", "checked_reason", "concerns",
+           "notice", "parse_notice", "verdict_of"]

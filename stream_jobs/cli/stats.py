@@ -27,7 +27,8 @@ status_console = Console(stderr=True)
 OUTBOX_ALERT_AGE_S = 60.0
 
 _STATUS_STYLE = {"done": "green", "finished": "green", "pending": "cyan", "retrying": "yellow",
-                 "dead_lettered": "red", "not_seen": "magenta"}
+                 "dead_lettered": "red", "not_seen": "magenta", "cancelled": "yellow",
+                 "superseded": "dim"}
 
 
 def stats(
@@ -85,7 +86,8 @@ def job(
                                     help="Records read per topic at most."),
 ) -> None:
     """What happened to a job: done (dedup row), dead-lettered (with the reason), waiting
-    in a delay tier or a lane, finished without a dedup row, or not seen."""
+    in a delay tier or a lane, finished without a dedup row, cancelled, superseded (by a
+    newer debounced job), or not seen."""
     settings, types = _load(ctx, job_type)
 
     async def run() -> JobLocation:

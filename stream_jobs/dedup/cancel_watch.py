@@ -23,7 +23,7 @@ from typing import Any
 
 import asyncpg
 
-from stream_jobs.cancels import channel, concerns, parse_notice
+from stream_jobs.cancels import NoticeKind, channel, concerns, parse_notice
 from stream_jobs.dedup.cancels import CancelStore
 from stream_jobs.dedup.pool import DRIVER_ERRORS
 from stream_jobs.errors import StreamJobsError
@@ -43,7 +43,9 @@ _ATTEMPT_ERRORS: tuple[type[BaseException], ...] = (StreamJobsError, TimeoutErro
 
 class CancelWatch:
     """`ids` holds the type's cancelled job IDs; `subscribe(f)` calls `f(job_id)` for each
-    cancel that arrives (or that a reload finds), on the event loop."""
+    cancel that arrives (or that a reload finds), and `subscribe(..., on_interrupt=g)`
+    `g(job_id)` for each interrupt asked for (a cancel waiting on a run's open
+    `ctx.once()`), on the event loop."""
 
     def __init__(self, settings: Settings, job_type: str, *,
                  store: CancelStore | None = None) -> None:
@@ -54,13 +56,34 @@ class CancelWatch:
         self._store = store or CancelStore(settings)
         self._owns_store = store is None
         self._subscribers: list[OnCancel] = []
+        self._interrupters: list[OnCancel] = []
+        self._awaited: dict[str, asyncio.Future[None]] = {}  # confirmed() waits
         self._channel = channel(settings.database_schema)
         self._conn: Any = None
         self._lost = asyncio.Event()
         self._keeper: asyncio.Task[None] | None = None
 
-    def subscribe(self, on_cancel: OnCancel) -> None:
+    def subscribe(self, on_cancel: OnCancel, *, on_interrupt: OnCancel | None = None) -> None:
         self._subscribers.append(on_cancel)
+        if on_interrupt is not None:
+            self._interrupters.append(on_interrupt)
+
+    async def confirmed(self, job_id: str, within_s: float) -> bool:
+        """Whether `job_id` is cancelled, waiting up to `within_s` for its notice (after
+        an interrupt the cancel commits within milliseconds), then asking Postgres."""
+        if job_id in self.ids:
+            return True
+        waiter = self._awaited.get(job_id)
+        if waiter is None:
+            waiter = self._awaited[job_id] = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), within_s)
+            return True
+        except TimeoutError:
+            return await self._store.is_cancelled(job_id)
+        finally:
+            if self._awaited.get(job_id) is waiter:
+                del self._awaited[job_id]
 
     async def start(self) -> None:
         """Listen and load once (within FIRST_LOAD_TIMEOUT_S), then keep the connection;
@@ -142,16 +165,23 @@ class CancelWatch:
         self._lost.set()
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        parsed = parse_notice(payload)
-        if parsed is None:
+        found = parse_notice(payload)
+        if found is None or not concerns(found.job_type, self.job_type):
             return
-        job_type, job_id = parsed
-        if concerns(job_type, self.job_type) and job_id not in self.ids:
-            self._add(job_id)
+        if found.kind is NoticeKind.INTERRUPT:
+            self._tell(self._interrupters, found.job_id)
+        elif found.job_id not in self.ids:
+            self._add(found.job_id)
 
     def _add(self, job_id: str) -> None:
         self.ids.add(job_id)
-        for on_cancel in self._subscribers:
+        waiter = self._awaited.get(job_id)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        self._tell(self._subscribers, job_id)
+
+    def _tell(self, subscribers: list[OnCancel], job_id: str) -> None:
+        for on_cancel in subscribers:
             try:
                 on_cancel(job_id)
             except Exception:  # a subscriber's bug must not stop the others hearing it

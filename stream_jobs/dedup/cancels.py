@@ -4,9 +4,13 @@
 row with attempt 0 (`ON CONFLICT DO NOTHING`); if it was there, the job finished (or was
 cancelled) before, and nothing is written; else add the `stream_jobs_cancels` row, give
 back the unique key the job held, and NOTIFY the workers. The commit makes all of it
-visible at once. A run of the job that claimed its dedup row but has not committed makes
-the insert wait for that run's transaction: the cancel then answers "already finished"
-(the run committed) or wins (it rolled back).
+visible at once.
+
+A run that claimed the dedup row and has not committed makes the insert wait for its
+transaction. After `CLAIM_WAIT_S` the cancel rolls back, NOTIFYs an interrupt for the job
+(the worker stops the run, whose transaction rolls back) and tries again, waiting up to
+`INTERRUPT_WAIT_S`: it wins if the run rolled back, and answers "already finished" if
+the run committed first. A run that does neither in time is `CancelPending`.
 """
 
 from __future__ import annotations
@@ -15,15 +19,21 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+import asyncpg
+
 from stream_jobs.cancels import (
+    CLAIM_WAIT_S,
+    INTERRUPT_WAIT_S,
     MARKER_ATTEMPT,
     CancelAnswer,
     Cancellation,
+    NoticeKind,
     channel,
     checked_reason,
     notice,
 )
 from stream_jobs.dedup.pool import DRIVER_ERRORS, LazyPool, database_error
+from stream_jobs.errors import CancelPending
 from stream_jobs.settings import Settings
 
 _CLAIM = ("INSERT INTO stream_jobs_done (job_id, job_type, attempt) VALUES ($1, $2, $3) "
@@ -55,17 +65,42 @@ class CancelStore:
         own_type = job_type or ""
         try:
             pool = await self._pool.get()
-            async with pool.acquire() as conn, conn.transaction():
-                status = await conn.execute(_CLAIM, job_id, own_type, MARKER_ATTEMPT)
-                if status.endswith(" 0"):
-                    return _earlier(job_id, await conn.fetchrow(_EARLIER, job_id))
-                await conn.execute(_RECORD, job_id, own_type, stored_reason)
-                await conn.execute(_RELEASE_KEY, job_id)
-                await conn.execute("SELECT pg_notify($1, $2)", self._channel,
-                                   notice(own_type, job_id))
+            async with pool.acquire() as conn:
+                try:
+                    answer = await self._try(conn, job_id, own_type, stored_reason, CLAIM_WAIT_S)
+                except asyncpg.LockNotAvailableError:
+                    # A run holds the claim in an open ctx.once(): have it stopped, then
+                    # wait for its transaction to end.
+                    await conn.execute("SELECT pg_notify($1, $2)", self._channel,
+                                       notice(NoticeKind.INTERRUPT, own_type, job_id))
+                    try:
+                        answer = await self._try(conn, job_id, own_type, stored_reason,
+                                                 INTERRUPT_WAIT_S)
+                    except asyncpg.LockNotAvailableError as exc:
+                        raise CancelPending(
+                            f"Job {job_id} is in a ctx.once() transaction that did not end "
+                            f"within {INTERRUPT_WAIT_S:g} s of being asked to stop; cancel "
+                            "again later to learn whether it committed.") from exc
         except DRIVER_ERRORS as exc:
             raise database_error(exc, self._pool, "cancel the job") from exc
+        if answer is not None:
+            return answer
         return Cancellation(job_id, CancelAnswer.CANCELLED, job_type, stored_reason)
+
+    async def _try(self, conn: Any, job_id: str, job_type: str, reason: str | None,
+                   wait_s: float) -> Cancellation | None:
+        """One cancel transaction: None when it won, else the earlier outcome. Waits at
+        most `wait_s` for another transaction's claim (LockNotAvailableError)."""
+        async with conn.transaction():
+            await conn.execute(f"SET LOCAL lock_timeout = '{int(wait_s * 1000)}ms'")
+            status = await conn.execute(_CLAIM, job_id, job_type, MARKER_ATTEMPT)
+            if status.endswith(" 0"):
+                return _earlier(job_id, await conn.fetchrow(_EARLIER, job_id))
+            await conn.execute(_RECORD, job_id, job_type, reason)
+            await conn.execute(_RELEASE_KEY, job_id)
+            await conn.execute("SELECT pg_notify($1, $2)", self._channel,
+                               notice(NoticeKind.CANCEL, job_type, job_id))
+        return None
 
     async def cancelled_ids(self, job_type: str) -> set[str]:
         """The IDs cancelled for `job_type`, or without a type."""

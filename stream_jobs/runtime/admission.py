@@ -6,8 +6,11 @@ unique keys and debounce (docs/control.md).
   hops it: a set lookup, no query, so the no-op path pays nothing measurable. The jobs in
   a handler are kept by ID (`running`), so a cancel that arrives interrupts one: an async
   handler's task is cancelled (`CancelledError` at its next await), a sync handler sees
-  `ctx.cancelled`. A run whose `ctx.once()` found its dedup row taken asks whether that
-  row is a cancel's (the set, else one query) to count it `cancelled`, not `duplicate`.
+  `ctx.cancelled`. A cancel that waits for a run's open `ctx.once()` asks for an
+  interrupt first; that run is stopped the same way, and counts `cancelled` once the
+  cancel committed (else it failed, and is retried). A run whose `ctx.once()` found its
+  dedup row taken asks whether that row is a cancel's (the set, else one query) to count
+  it `cancelled`, not `duplicate`.
 - **Unique keys.** A job carrying `sj-unique` gives its key back once it finished, with
   any outcome but `retried`.
 - **Debounce.** A job carrying `sj-debounce` asks, before it starts, whether a newer job
@@ -26,11 +29,16 @@ from stream_jobs.context import JobContext
 from stream_jobs.dedup.cancel_watch import CancelWatch, OnCancel
 from stream_jobs.dedup.cancels import CancelStore
 from stream_jobs.dedup.keys import KeyStore, until_done
+from stream_jobs.errors import StreamJobsError
 from stream_jobs.record import HEADER_UNIQUE, JobRecord
 from stream_jobs.runtime.dispatch import Runner
 from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.worker")
+
+# After an interrupt, how long a run waits for its cancel to commit (milliseconds, as a
+# rule) before it counts as a failed run instead.
+CONFIRM_WITHIN_S = 1.0
 
 
 class Admission:
@@ -55,7 +63,7 @@ class Admission:
         self.keys = keys or KeyStore(settings)
         self._owns_keys = keys is None
         if cancels is not None:
-            cancels.subscribe(self.on_cancel)
+            cancels.subscribe(self.on_cancel, on_interrupt=self.on_interrupt)
 
     def subscribe(self, on_cancel: OnCancel) -> None:
         """Tell `on_cancel` of each cancel too (the relay wakes a held record with it)."""
@@ -79,15 +87,23 @@ class Admission:
         """A cancel arrived: interrupt the job if a handler runs it now (a job that is not
         running is finished by the check before it starts)."""
         running = self.running.get(job_id)
-        if running is None:
-            return
-        runner, ctx = running
+        if running is not None:
+            self._stop(*running, "cancelled while running")
+
+    def on_interrupt(self, job_id: str) -> None:
+        """A cancel waits for this job's claim: stop the run if it is inside `ctx.once()`
+        (a sync handler's block cannot be seen, so a sync run is told in any case)."""
+        running = self.running.get(job_id)
+        if running is not None and (not self.interruptible or running[1]._conn is not None):
+            self._stop(*running, "asked to stop: a cancel waits for its ctx.once()")
+
+    def _stop(self, runner: Runner, ctx: JobContext, why: str) -> None:
         if ctx._cancelled:
             return
         ctx._cancelled = True
-        log.info("job %s (%s) attempt %d cancelled while running", ctx.job_id, ctx.job_type,
-                 ctx.attempt, extra={"job_id": ctx.job_id, "job_type": ctx.job_type,
-                                     "attempt": ctx.attempt})
+        log.info("job %s (%s) attempt %d %s", ctx.job_id, ctx.job_type, ctx.attempt, why,
+                 extra={"job_id": ctx.job_id, "job_type": ctx.job_type,
+                        "attempt": ctx.attempt})
         if self.interruptible and runner.task is not None:
             runner.task.cancel()
 
@@ -97,6 +113,19 @@ class Admission:
             del self.running[job_id]
         if ctx._cancelled and self.interruptible and runner.task is not None:
             runner.task.uncancel()  # the cancellation we asked for is consumed
+
+    async def confirmed(self, job: JobRecord) -> bool:
+        """Whether the cancel that stopped a run of `job` committed (waiting a little for
+        it after an interrupt); False means the run failed for nothing, and is retried."""
+        if job.job_id in self.cancelled:
+            return True
+        try:
+            if self.watch is not None:
+                return await self.watch.confirmed(job.job_id, CONFIRM_WITHIN_S)
+        except StreamJobsError as exc:
+            log.warning("job %s: cannot tell whether its cancel committed: %s", job.job_id,
+                        exc)
+        return await self.cancelled_instead(job)
 
     async def cancelled_instead(self, job: JobRecord) -> bool:
         """Whether a run that found its dedup row taken met a cancel, not an earlier run."""

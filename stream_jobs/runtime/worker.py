@@ -34,7 +34,13 @@ from stream_jobs.context import JobContext
 from stream_jobs.dedup.cancel_watch import CancelWatch
 from stream_jobs.dedup.keys import KeyStore
 from stream_jobs.dedup.store import DedupStore
-from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError, StreamJobsError
+from stream_jobs.errors import (
+    AlreadyDone,
+    BadRecord,
+    JobInterrupted,
+    PermanentError,
+    StreamJobsError,
+)
 from stream_jobs.failures import FailureInfo
 from stream_jobs.handlers import JobHandler
 from stream_jobs.histogram import DurationHistogram
@@ -427,12 +433,12 @@ class Worker(GroupMember):
         except asyncio.CancelledError:
             if not ctx._cancelled:
                 raise  # revoked past the grace period, or the worker is being torn down
-            error = None
+            error = JobInterrupted("The run was stopped for a cancel that did not complete.")
         finally:
             self.admission.left(job.job_id, runner, ctx)
-        if ctx._cancelled:
-            # Whatever the run did since: a ctx.once() block of it could not commit (the
-            # cancel holds the dedup row), and a failure is not retried.
+        if ctx._cancelled and await self.admission.confirmed(job):
+            # Whatever the run did: its ctx.once() could not commit (the cancel holds the
+            # dedup row), and a failure is not retried.
             return Outcome.CANCELLED
         if error is None:
             return Outcome.SUCCEEDED
