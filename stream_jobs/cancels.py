@@ -36,7 +36,7 @@ MARKER_ATTEMPT = 0
 MAX_REASON_CHARS = 500
 # How long a cancel waits for a run's open claim before asking for an interrupt (a group
 # commit batch normally ends well within it), then for the interrupted run to roll back.
-CLAIM_WAIT_S = 0.25
+CLAIM_WAIT_S = 0.05
 INTERRUPT_WAIT_S = 30.0
 _CHANNEL_MAX = 63  # Postgres keeps 63 bytes of an identifier; a LISTEN channel is one
 # Lookup statuses (stream_jobs.tools.lookup) of jobs that reached an outcome already.

@@ -62,6 +62,7 @@ class Admission:
         self.interruptible = interruptible
         self.keys = keys or KeyStore(settings)
         self._owns_keys = keys is None
+        self.interrupted = 0  # runs stopped by a cancel (or by a cancel's interrupt)
         if cancels is not None:
             cancels.subscribe(self.on_cancel, on_interrupt=self.on_interrupt)
 
@@ -101,6 +102,7 @@ class Admission:
         if ctx._cancelled:
             return
         ctx._cancelled = True
+        self.interrupted += 1
         log.info("job %s (%s) attempt %d %s", ctx.job_id, ctx.job_type, ctx.attempt, why,
                  extra={"job_id": ctx.job_id, "job_type": ctx.job_type,
                         "attempt": ctx.attempt})
