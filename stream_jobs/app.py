@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from stream_jobs.client import JobClient, SyncJobClient
     from stream_jobs.runtime.worker import Worker
     from stream_jobs.schedules import PayloadFunc, Scheduler
+
+# `@app.job` hands the function back as it was, so its own type is kept.
+F = TypeVar("F", bound=HandlerFunc)
 
 
 class App:
@@ -63,8 +66,9 @@ class App:
         self.__dict__["settings"] = settings
 
     def job(self, job_type: str, *, timeout: float = 30, concurrency: int = 64,
-            ordering: Ordering = "key") -> Callable[[HandlerFunc], HandlerFunc]:
-        """Register an async handler for `job_type`.
+            ordering: Ordering = "key") -> Callable[[F], F]:
+        """Register a handler for `job_type`: `async def` runs on the worker's event loop,
+        a plain `def` on a thread of the worker's pool (`concurrency` threads).
 
         `timeout` (seconds): a run past it has failed. `concurrency`: handlers of this type
         running at once in one worker. `ordering`: "key" runs one key's jobs in order and
@@ -72,7 +76,7 @@ class App:
         """
         check_declaration(job_type, timeout=timeout, concurrency=concurrency, ordering=ordering)
 
-        def register(func: HandlerFunc) -> HandlerFunc:
+        def register(func: F) -> F:
             handler = new_handler(job_type, func, timeout=timeout, concurrency=concurrency,
                                   ordering=ordering)
             if job_type in self.handlers:

@@ -1,21 +1,25 @@
-"""What a handler gets besides its payload: the job's identity, `once()`, `enqueue()`, its
-fencing token, and whether it was cancelled."""
+"""What a handler gets besides its payload: the job's identity, `once()` (and, for sync
+handlers, `once_sync(session)`), `enqueue()`, its fencing token, and whether it was
+cancelled."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stream_jobs.client import Job, Seconds
 from stream_jobs.dedup.deferred import DeferredWrites
 from stream_jobs.dedup.fencing import FencingToken
 from stream_jobs.dedup.store import DedupStore
+from stream_jobs.dedup.sync_once import once_in
 from stream_jobs.errors import ConfigError, NotInTransaction
 from stream_jobs.outbox.rows import child_job_id, insert_args, insert_sql
 from stream_jobs.outbox.writer import write_async
 from stream_jobs.record import JobRecord
+
+S = TypeVar("S")
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -194,6 +198,20 @@ class JobContext:
                 "ctx.enqueue() writes child jobs in the job's exactly-once transaction: call "
                 "it inside `async with ctx.once():` or `async with ctx.once_deferred():`.")
         return child_id
+
+    def once_sync(self, session: S) -> AbstractContextManager[S]:
+        """For a plain `def` handler: `with ctx.once_sync(session):` makes `session` (a
+        SQLAlchemy Session or Connection, or a DB-API connection, on the database that
+        holds the dedup table) carry this job's dedup row, and the block its transaction.
+
+        Write the job's effects through `session` inside the block: a clean exit commits
+        them together with the row, so they happen once per job ID; an exception rolls
+        both back. If an earlier run already committed, the body does not run and the job
+        is acknowledged as a duplicate. A transaction already open on `session` is
+        joined and committed with the block.
+        """
+        return once_in(session, job_id=self.job_id, job_type=self.job_type,
+                       attempt=self.attempt, table=self._dedup.table)
 
 
 def ms_to_datetime(ms: int) -> datetime:

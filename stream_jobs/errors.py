@@ -52,6 +52,11 @@ class DatabaseUnavailable(StreamJobsError):
     """The Postgres server at the configured database URL did not answer or refused us."""
 
 
+class DedupWriteFailed(StreamJobsError):
+    """`ctx.once_sync()` could not write or commit a job's dedup row through the handler's
+    own connection."""
+
+
 class UnknownJobType(StreamJobsError):
     """A job type that no topics/*.toml file declares was named."""
 

@@ -3,6 +3,8 @@ becomes its first argument.
 
 A handler's first parameter is its payload: a pydantic model (validated) or `dict`;
 the model is read from the parameter's annotation when the handler is registered.
+A handler is `async def` (it runs on the worker's event loop) or a plain `def` (it runs on
+the worker's thread pool, `stream_jobs.runtime.threads`); both take the same options.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from stream_jobs.payloads import validation_summary
 
 Ordering = Literal["key", "partition", "unordered"]
 ORDERINGS: tuple[Ordering, ...] = ("key", "partition", "unordered")
-HandlerFunc = Callable[[Any, JobContext], Awaitable[object]]
+AsyncHandlerFunc = Callable[[Any, JobContext], Awaitable[object]]
+SyncHandlerFunc = Callable[[Any, JobContext], object]
+HandlerFunc = AsyncHandlerFunc | SyncHandlerFunc
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,8 @@ class JobHandler:
     timeout_s: float
     concurrency: int
     ordering: Ordering
+    # A plain `def`: run on a thread of the worker's pool, not on its event loop.
+    sync: bool = False
 
     def parse_payload(self, raw: bytes) -> Any:
         """The handler's first argument from the record value; BadRecord when it does not fit."""
@@ -75,10 +81,20 @@ def new_handler(job_type: str, func: HandlerFunc, *, timeout: float, concurrency
                 ordering: Ordering) -> JobHandler:
     """A handler as `@app.job` registers it; `ConfigError` for a declaration that cannot run."""
     check_declaration(job_type, timeout=timeout, concurrency=concurrency, ordering=ordering)
-    if not inspect.iscoroutinefunction(func):
-        raise ConfigError(f"Handler {func.__qualname__} must be `async def`.")
+    sync = not is_async_handler(func)
     return JobHandler(job_type, func, _payload_model(func), float(timeout), concurrency,
-                      ordering)
+                      ordering, sync=sync)
+
+
+def is_async_handler(func: HandlerFunc) -> bool:
+    """Whether `func` is `async def` (True) or a plain `def` (False); `ConfigError` for
+    what is neither (a generator's body would not run until iterated)."""
+    if not (inspect.isfunction(func) or inspect.ismethod(func)):
+        raise ConfigError(f"Handler {func!r} must be a function: `async def` or `def`.")
+    if inspect.isasyncgenfunction(func) or inspect.isgeneratorfunction(func):
+        raise ConfigError(f"Handler {func.__qualname__} is a generator: make it `async def` "
+                          "or `def` and return instead of yield.")
+    return inspect.iscoroutinefunction(func)
 
 
 def _payload_model(func: HandlerFunc) -> type[BaseModel] | None:

@@ -49,6 +49,7 @@ from ops.bench import (
     profile,
     scaling,
     schedules,
+    sync_noop,
 )
 from ops.bench.common import (
     BENCH_DIR,
@@ -223,6 +224,7 @@ def _sections() -> list[Section]:
             b, record_bytes(typical_record(b.settings())))),
         ("enqueue", ours.enqueue),
         ("processing", ours.processing),
+        ("sync", sync_noop.sync_handlers),
         ("exactly-once", ours.exactly_once),
         ("fencing", fencing.fencing),
         ("latency", ours.latency),

@@ -28,6 +28,7 @@ import asyncpg
 from stream_jobs.dedup.deferred import DeferredWrites, WriteBatcher
 from stream_jobs.dedup.fencing import FENCING_SEQUENCE, TokenIssuer
 from stream_jobs.dedup.group_commit import INSERT_DONE, GroupCommitter
+from stream_jobs.dedup.sync_once import done_table
 from stream_jobs.errors import AlreadyDone, ConfigError, DatabaseUnavailable
 from stream_jobs.settings import Settings, redact_url
 
@@ -47,6 +48,11 @@ class DedupStore:
         self._committer: GroupCommitter | None = None
         self._batcher: WriteBatcher | None = None
         self._tokens: TokenIssuer | None = None
+
+    @property
+    def table(self) -> str:
+        """The dedup table's schema-qualified name, for SQL on connections not ours."""
+        return done_table(self._settings.database_schema)
 
     async def _get_pool(self) -> asyncpg.Pool:
         if self._pool is None:

@@ -49,70 +49,79 @@ class StatsCollector(Collector):
         snapshot = self.latest()
         if snapshot is None:
             return
-        lag, oldest, tiers, dlq, rates, alive, in_flight, limits = ([] for _ in range(8))
-        part_lag, part_committed, stuck = [], [], []
-        for t in snapshot.types:
-            name = t.job_type
-            for lane in t.lanes:
-                lag.append(([name, lane.name], lane.lag))
-                if lane.oldest_age_s is not None:
-                    oldest.append(([name, lane.name], lane.oldest_age_s))
-                for p in lane.partitions:
-                    labels = [name, lane.topic, str(p.partition)]
-                    part_lag.append((labels, p.lag))
-                    if p.committed is not None:
-                        part_committed.append((labels, p.committed))
-            for tier in t.tiers:
-                tiers.append(([name, tier.name], tier.lag))
-            if t.dlq_depth is not None:
-                dlq.append(([name], t.dlq_depth))
-            for outcome, per_s in t.rates.per_s().items():
-                rates.append(([name, outcome], per_s))
-            alive.append(([name], len(t.workers)))
-            in_flight.append(([name], sum(w.in_flight for w in t.workers)))
-            if t.rate.per_s is not None:
-                limits.append(([name, t.rate.source], t.rate.per_s))
-            if t.heartbeats is not None:
-                stuck_at = {(b.topic, b.partition) for b in t.heartbeats.stuck}
-                for b in t.heartbeats.partitions:
-                    stuck.append(([name, b.topic, str(b.partition)],
-                                  1.0 if (b.topic, b.partition) in stuck_at else 0.0))
-        by_lane, by_part = ["type", "lane"], ["type", "topic", "partition"]
-        yield gauge("stream_jobs_lag", "Jobs not yet finished in a lane.", lag, by_lane)
-        yield gauge("stream_jobs_oldest_age_seconds",
-                     "Age of the oldest unfinished job in a lane (absent when none waits).",
-                     oldest, by_lane)
-        yield gauge("stream_jobs_tier_depth", "Retries waiting in a delay tier.", tiers,
-                     ["type", "tier"])
-        yield gauge("stream_jobs_dlq_depth", "Dead letters the DLQ holds.", dlq)
-        yield gauge("stream_jobs_outcomes_per_second",
-                     f"Outcomes per second over the last {snapshot.window_s:g} s "
-                     "(done = succeeded + duplicate), from the workers' reports.", rates,
-                     ["type", "outcome"])
-        yield gauge("stream_jobs_workers_alive", "Workers reporting for the type.", alive)
-        yield gauge("stream_jobs_in_flight", "Jobs the live workers hold.", in_flight)
-        yield gauge("stream_jobs_rate_limit_per_second",
-                     "The type's rate limit in force (absent without one).", limits,
-                     ["type", "source"])
-        yield gauge("stream_jobs_partition_lag", "Jobs not yet finished per lane partition.",
-                     part_lag, by_part)
-        yield gauge("stream_jobs_partition_committed_offset",
-                     "The worker group's committed offset per lane partition.",
-                     part_committed, by_part)
-        yield gauge("stream_jobs_partition_stuck",
-                     "1 when a lane partition's heartbeats stopped being processed "
-                     "(types with heartbeat_interval only).", stuck, by_part)
+        yield from _type_gauges(snapshot)
         yield gauge("stream_jobs_stats_sampled_timestamp_seconds",
-                     "When the gateway last sampled these stats (Unix time).",
-                     [([], snapshot.at_ms / 1000)], [])
-        box = snapshot.outbox
-        if box is not None:  # absent while Postgres does not answer
-            yield gauge("stream_jobs_outbox_depth", "Rows waiting in the transactional "
-                        "outbox for a relay.", [([box.schema], box.depth)], ["schema"])
-            yield gauge("stream_jobs_outbox_oldest_age_seconds",
-                        "Age of the oldest outbox row (absent when none waits).",
-                        [] if box.oldest_age_s is None else [([box.schema], box.oldest_age_s)],
-                        ["schema"])
+                    "When the gateway last sampled these stats (Unix time).",
+                    [([], snapshot.at_ms / 1000)], [])
+        yield from _outbox_gauges(snapshot)
+
+
+def _type_gauges(snapshot: StatsSnapshot) -> Iterator[Metric]:
+    """Every type's lanes, tiers, DLQ, rates, workers, rate limit and partitions."""
+    lag, oldest, tiers, dlq, rates, alive, in_flight, limits = ([] for _ in range(8))
+    part_lag, part_committed, stuck = [], [], []
+    for t in snapshot.types:
+        name = t.job_type
+        for lane in t.lanes:
+            lag.append(([name, lane.name], lane.lag))
+            if lane.oldest_age_s is not None:
+                oldest.append(([name, lane.name], lane.oldest_age_s))
+            for p in lane.partitions:
+                labels = [name, lane.topic, str(p.partition)]
+                part_lag.append((labels, p.lag))
+                if p.committed is not None:
+                    part_committed.append((labels, p.committed))
+        for tier in t.tiers:
+            tiers.append(([name, tier.name], tier.lag))
+        if t.dlq_depth is not None:
+            dlq.append(([name], t.dlq_depth))
+        for outcome, per_s in t.rates.per_s().items():
+            rates.append(([name, outcome], per_s))
+        alive.append(([name], len(t.workers)))
+        in_flight.append(([name], sum(w.in_flight for w in t.workers)))
+        if t.rate.per_s is not None:
+            limits.append(([name, t.rate.source], t.rate.per_s))
+        if t.heartbeats is not None:
+            stuck_at = {(b.topic, b.partition) for b in t.heartbeats.stuck}
+            for b in t.heartbeats.partitions:
+                stuck.append(([name, b.topic, str(b.partition)],
+                              1.0 if (b.topic, b.partition) in stuck_at else 0.0))
+    by_lane, by_part = ["type", "lane"], ["type", "topic", "partition"]
+    yield gauge("stream_jobs_lag", "Jobs not yet finished in a lane.", lag, by_lane)
+    yield gauge("stream_jobs_oldest_age_seconds",
+                "Age of the oldest unfinished job in a lane (absent when none waits).",
+                oldest, by_lane)
+    yield gauge("stream_jobs_tier_depth", "Retries waiting in a delay tier.", tiers,
+                ["type", "tier"])
+    yield gauge("stream_jobs_dlq_depth", "Dead letters the DLQ holds.", dlq)
+    yield gauge("stream_jobs_outcomes_per_second",
+                f"Outcomes per second over the last {snapshot.window_s:g} s "
+                "(done = succeeded + duplicate), from the workers' reports.", rates,
+                ["type", "outcome"])
+    yield gauge("stream_jobs_workers_alive", "Workers reporting for the type.", alive)
+    yield gauge("stream_jobs_in_flight", "Jobs the live workers hold.", in_flight)
+    yield gauge("stream_jobs_rate_limit_per_second",
+                "The type's rate limit in force (absent without one).", limits,
+                ["type", "source"])
+    yield gauge("stream_jobs_partition_lag", "Jobs not yet finished per lane partition.",
+                part_lag, by_part)
+    yield gauge("stream_jobs_partition_committed_offset",
+                "The worker group's committed offset per lane partition.",
+                part_committed, by_part)
+    yield gauge("stream_jobs_partition_stuck",
+                "1 when a lane partition's heartbeats stopped being processed "
+                "(types with heartbeat_interval only).", stuck, by_part)
+
+
+def _outbox_gauges(snapshot: StatsSnapshot) -> Iterator[Metric]:
+    box = snapshot.outbox
+    if box is not None:  # absent while Postgres does not answer
+        yield gauge("stream_jobs_outbox_depth", "Rows waiting in the transactional "
+                    "outbox for a relay.", [([box.schema], box.depth)], ["schema"])
+        yield gauge("stream_jobs_outbox_oldest_age_seconds",
+                    "Age of the oldest outbox row (absent when none waits).",
+                    [] if box.oldest_age_s is None else [([box.schema], box.oldest_age_s)],
+                    ["schema"])
 
 
 __all__ = ["EXPORTED_METRICS", "GATEWAY_METRICS", "StatsCollector"]

@@ -5,7 +5,9 @@ keeps the records of every assigned partition in chains (one key, or one partiti
 offset order) and runs chains' heads on `Runner`s: at most `concurrency` tasks, each
 taking the next ready chain's head as soon as it is done with one, so a record costs no
 task of its own. A runner's `deadline` (set by the member around the part that may time
-out) is enforced by one watchdog timer rather than a timer per record.
+out) is enforced by one watchdog timer rather than a timer per record. A record whose
+handler outlives its runner (a sync handler's thread, which cannot be stopped) leaves a
+`hold`: its slot and its chain stay taken until the hold resolves.
 
 Flow control is off unless asked for, so the default path stays the fast one: topics may
 be lanes with weights, each lane keeping its own ready queue and
@@ -50,8 +52,10 @@ class Runner:
     """A task that runs the heads of ready chains, one record at a time."""
 
     task: asyncio.Task[None] | None = None
-    # The partition whose record it runs now; None between records.
+    # The partition whose record it runs now; None between records. `record` is that
+    # record (left as it was between records; read by the stall monitor while `work` is set).
     work: PartitionWork | None = None
+    record: Record | None = None
     # Loop time by which the current step must end (`math.inf`: none); the member sets
     # it around a handler call and reads `expired` when the call is cancelled.
     deadline: float = math.inf
@@ -60,6 +64,9 @@ class Runner:
     abandoned: bool = False
     # Resolved when the current record is done (created by `record_done_of` only).
     record_done: asyncio.Future[None] | None = None
+    # Set by the member when the record's handler runs on after the record is done (a
+    # sync handler's thread): until it resolves, the slot and the chain stay taken.
+    hold: asyncio.Future[None] | None = None
 
 
 @dataclass(eq=False)
@@ -147,6 +154,8 @@ class Dispatcher:
         self.screen: Screen | None = None
         self.runners: set[Runner] = set()
         self._lent = 0
+        # Slots taken by handlers that outlived their runners (`Runner.hold`).
+        self._held = 0
         self._watchdog: asyncio.TimerHandle | None = None
 
     def work_for(self, tp: TopicPartition) -> PartitionWork:
@@ -177,9 +186,10 @@ class Dispatcher:
         no waiters. A runner that finds nothing it may start ends.
         """
         ready = sum(len(q) for q in self._queues) if self._picker else len(self._ready)
-        # A runner whose job only waits for its group commit lent its slot (`lend_slot`).
+        # A runner whose job only waits for its group commit lent its slot (`lend_slot`);
+        # a held slot has no runner that would take a ready chain.
         active = len(self.runners) - self._lent
-        for _ in range(min(self.concurrency, ready) - active):
+        for _ in range(min(self.concurrency - self._held, ready) - active):
             runner = Runner()
             self.runners.add(runner)
             runner.task = asyncio.create_task(self._run(runner))
@@ -248,8 +258,8 @@ class Dispatcher:
             while (chain := self._take()) is not None:
                 await self._run_head(runner, chain)
                 ran += 1
-                if len(self.runners) - self._lent > self.concurrency:
-                    break  # started in a lent slot, which is back: the slot is over
+                if len(self.runners) - self._lent + self._held > self.concurrency:
+                    break  # started in a lent slot, which is back (or a slot is held)
                 if ran % RUNNER_YIELD_EVERY == 0:
                     await asyncio.sleep(0)
         finally:
@@ -261,6 +271,7 @@ class Dispatcher:
         work = chain.work
         record = chain.records[0]
         runner.work = work
+        runner.record = record
         finished = False
         try:
             await self._handle(work, record, runner)
@@ -279,7 +290,11 @@ class Dispatcher:
                 chain.records.popleft()
                 work.finished(record.offset, record_size(record))
                 self._on_finished(work)
-            if finished and chain.records and not work.revoked:
+            hold = runner.hold
+            if hold is not None:
+                runner.hold = None
+                self._hold(chain, finished, hold)
+            elif finished and chain.records and not work.revoked:
                 work.ready.append(chain)
             else:
                 work.chains.pop(chain.key, None)
@@ -288,6 +303,27 @@ class Dispatcher:
                 runner.record_done = None
                 if not done.done():
                     done.set_result(None)
+
+    def _hold(self, chain: Chain, finished: bool, hold: asyncio.Future[None]) -> None:
+        """Keep a slot and `chain` (its key's next records wait in it) until `hold` ends;
+        then the chain goes on as `_run_head` would have sent it on."""
+        self._held += 1
+
+        def release(_: asyncio.Future[None]) -> None:
+            self._held -= 1
+            work = chain.work
+            if finished and chain.records and not work.revoked:
+                work.ready.append(chain)
+            else:
+                work.chains.pop(chain.key, None)
+            self._pump()
+
+        hold.add_done_callback(release)
+
+    @property
+    def held(self) -> int:
+        """Slots taken by handlers that outlived their runners."""
+        return self._held
 
     def runners_on(self, works: Iterable[PartitionWork]) -> list[Runner]:
         """The runners busy with a record of one of `works` now."""

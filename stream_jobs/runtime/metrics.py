@@ -49,6 +49,10 @@ WORKER_METRICS = frozenset({
     "stream_jobs_worker_rate_share_per_second",
     "stream_jobs_worker_partition_lag",
     "stream_jobs_relay_released_total",
+    "stream_jobs_worker_busy_threads",
+    "stream_jobs_worker_overdue_threads",
+    "stream_jobs_overdue_threads_total",
+    "stream_jobs_loop_stalls_total",
 })
 
 
@@ -119,6 +123,32 @@ class WorkerCollector(Collector):
                 assert w.relay is not None
                 released.add_metric([w.policy.job_type], w.relay.released)
             yield released
+        yield from _thread_metrics(worker)
+
+
+def _thread_metrics(worker: Worker) -> Iterator[Metric]:
+    """Sync handlers' threads (`stream_jobs.runtime.threads`), and the blocked-loop count."""
+    job_type = worker.policy.job_type
+    threads = worker.threads
+    if threads is not None:
+        yield gauge("stream_jobs_worker_busy_threads",
+                    "Threads running a sync handler now (at most the type's concurrency).",
+                    [([job_type], threads.busy)])
+        yield gauge("stream_jobs_worker_overdue_threads",
+                    "Threads still running a sync handler whose job stopped waiting for "
+                    "it (past its timeout, or abandoned); each keeps a slot taken.",
+                    [([job_type], threads.overdue)])
+        overdue = CounterMetricFamily("stream_jobs_overdue_threads",
+                                      "Sync handler calls that ran on past their job's "
+                                      "timeout or grace period.", labels=["type"])
+        overdue.add_metric([job_type], threads.overdue_total)
+        yield overdue
+    stalls = CounterMetricFamily("stream_jobs_loop_stalls",
+                                 "Times the worker's event loop was blocked for more than "
+                                 "a second (e.g. time.sleep in an async def handler).",
+                                 labels=["type"])
+    stalls.add_metric([job_type], worker.loop_watch.stalls)
+    yield stalls
 
 
 def _lag(worker: Worker) -> list[tuple[list[str], float]]:

@@ -1,10 +1,12 @@
 """The worker: runs one job type's handlers on its lanes, plus that type's delay relay.
 
-`stream-jobs worker MODULE:app --type T` is one deployable unit per type: the consumer
-group `P.T.worker` on T's lanes and the relay (`P.T.relay`) on T's delay tiers, sharing
-one producer. Each job ends in exactly one outcome (see `Outcome`); its offset is marked
-finished only once that outcome is durable (a retry or dead letter acknowledged by the
-broker), so no path drops a job.
+A `Worker` is everything one type needs in a process: the consumer group `P.T.worker` on
+T's lanes and the relay (`P.T.relay`) on T's delay tiers, sharing one producer, and the
+type's scheduler when it has schedules. `stream-jobs worker APP` runs a `Worker` per type
+in one process (`stream_jobs.runtime.host`), or in each of `--processes N`. Each job
+ends in exactly one outcome (see `Outcome`); its offset is marked finished only once that
+outcome is durable (a retry or dead letter acknowledged by the broker), so no path drops
+a job.
 
 Cancels, unique keys and debounce: checked before a job starts, and a unique key given
 back once it finished (`stream_jobs.runtime.admission`, docs/control.md).
@@ -18,15 +20,12 @@ lane partition and acknowledged at fetch time (`stream_jobs.runtime.heartbeats`)
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import math
 import random
-import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
-from typing import Any
 
 from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
@@ -66,6 +65,7 @@ from stream_jobs.record import (
 )
 from stream_jobs.retry import DeadLetter, RetryPolicy, decide
 from stream_jobs.runtime.admission import Admission, holds_key
+from stream_jobs.runtime.calls import handler_call
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.gc_tuning import worker_collector
 from stream_jobs.runtime.heartbeats import is_heartbeat, send_heartbeats
@@ -73,6 +73,7 @@ from stream_jobs.runtime.heartbeats import report_interval_s as heartbeat_report
 from stream_jobs.runtime.member import Flow, GroupMember
 from stream_jobs.runtime.relay import Relay
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
+from stream_jobs.runtime.stalls import LoopWatch
 from stream_jobs.runtime.throttle import ControlFollower, RateOverride, rate_in_force
 from stream_jobs.schedules import Scheduler
 from stream_jobs.settings import Settings
@@ -136,7 +137,7 @@ class Worker(GroupMember):
         # Cancels, unique keys, debounce (stream_jobs.runtime.admission): the hot path reads
         # its set of cancelled IDs and its map of running jobs directly.
         self.admission = Admission(settings, policy.job_type, stopping=self.stopping,
-                                   interruptible=inspect.iscoroutinefunction(handler.func),
+                                   interruptible=not handler.sync,
                                    cancels=cancels, keys=keys)
         self._cancelled = self.admission.cancelled
         self._running = self.admission.running
@@ -160,6 +161,9 @@ class Worker(GroupMember):
         self.heartbeats: dict[TopicPartition, int] = {}
         # The type's schedules (`App.worker` passes them): fired by whichever worker leads.
         self.scheduler = scheduler
+        # On the loop, or (a plain `def`) on `concurrency` threads: chosen once, here.
+        self._call_handler, self.threads = handler_call(self, handler)
+        self.loop_watch = LoopWatch(self.group_id, lambda: self.dispatcher.runners)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -178,6 +182,7 @@ class Worker(GroupMember):
             # throttled at run time never starts a job at its TOML rate.
             await asyncio.gather(self.start(), self._catch_up(follower),
                                  self.admission.start())
+            self.loop_watch.start()
             if self.relay is not None:
                 await self.relay.start()
             background.append(asyncio.create_task(self._report_every()))
@@ -199,6 +204,9 @@ class Worker(GroupMember):
                 await asyncio.gather(*background, return_exceptions=True)
                 await self._report(final=True)
         finally:
+            self.loop_watch.stop()
+            if self.threads is not None:
+                self.threads.close()
             if follower is not None:
                 await follower.stop()
             await self.producer.stop()
@@ -339,7 +347,8 @@ class Worker(GroupMember):
                 fetched = await self.poll_once()
                 if not until_idle:
                     continue
-                if fetched or self.in_flight() or (self.relay and self.relay.in_flight()):
+                if (fetched or self.in_flight() or (self.relay and self.relay.in_flight())
+                        or (self.threads is not None and self.threads.busy)):
                     idle_rounds = 0
                     continue
                 idle_rounds = idle_rounds + 1 if await self._idle() else 0
@@ -453,36 +462,6 @@ class Worker(GroupMember):
         else:
             reason = Reason.PERMANENT if isinstance(error, PermanentError) else Reason.HANDLER_ERROR
         return await self._failed(job, record, error, reason)
-
-    async def _call_handler(self, runner: Runner, payload: Any,
-                            ctx: JobContext) -> Exception | None:
-        """Run the handler within its timeout: None, or the exception it ended with (a
-        `TimeoutError` when the runner's watchdog cut it off)."""
-        runner.deadline = asyncio.get_running_loop().time() + self.handler.timeout_s
-        self.watch()
-        durations = self.durations
-        started = time.perf_counter() if durations is not None else 0.0
-        try:
-            await self.handler.func(payload, ctx)
-        except asyncio.CancelledError:
-            if not runner.expired:
-                raise  # revoked past the grace period, or the worker is being torn down
-            return self._expired(runner)
-        except Exception as exc:
-            return exc
-        finally:
-            runner.deadline = math.inf
-            if durations is not None:
-                durations.observe(time.perf_counter() - started)
-        if runner.expired:  # the handler swallowed the cancellation and returned
-            self._expired(runner)
-        return None
-
-    def _expired(self, runner: Runner) -> TimeoutError:
-        runner.expired = False
-        if runner.task is not None:
-            runner.task.uncancel()
-        return TimeoutError(f"The handler ran past its timeout of {self.handler.timeout_s:g} s.")
 
     async def _failed(self, job: JobRecord, record: Record, exc: BaseException,
                       reason: str) -> Outcome:

@@ -186,7 +186,8 @@ async def test_worker_healthcheck_passes_only_on_a_live_workers_metrics(
     worker = SimpleNamespace(
         policy=SimpleNamespace(job_type="email.send"), outcomes=Counter({"succeeded": 1}),
         dead_letter_reasons=Counter(), durations=None, in_flight=lambda: 0,
-        rate=NO_LIMIT, rate_share_per_s=None, partitions={}, relay=None)
+        rate=NO_LIMIT, rate_share_per_s=None, partitions={}, relay=None, threads=None,
+        loop_watch=SimpleNamespace(stalls=0))
     live = await serve_metrics(worker_registry(worker), "127.0.0.1", 0)
     other = await serve_metrics(CollectorRegistry(), "127.0.0.1", 0)
     try:

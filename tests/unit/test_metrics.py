@@ -60,7 +60,9 @@ def _worker() -> Any:
         dead_letter_reasons=Counter({"permanent": 1}), durations=None,
         in_flight=lambda: 2, rate=RateInForce(50.0, "toml"), rate_share_per_s=25.0,
         partitions={tp: SimpleNamespace(tracker=tracker, revoked=False)},
-        consumer=SimpleNamespace(highwater=lambda _tp: 9), relay=SimpleNamespace(released=4))
+        consumer=SimpleNamespace(highwater=lambda _tp: 9), relay=SimpleNamespace(released=4),
+        threads=SimpleNamespace(busy=3, overdue=1, overdue_total=2),
+        loop_watch=SimpleNamespace(stalls=5))
 
 
 def _snapshot() -> StatsSnapshot:
@@ -86,6 +88,9 @@ def test_worker_collector_exports_its_declared_names() -> None:
     assert 'stream_jobs_jobs_total{outcome="expired",type="t"} 0.0' in text
     assert 'stream_jobs_worker_partition_lag{partition="0",topic="jobs.t",type="t"} 8.0' in text
     assert 'stream_jobs_handler_duration_seconds_bucket{le="0.0025",type="t"} 1.0' in text
+    assert 'stream_jobs_worker_overdue_threads{type="t"} 1.0' in text
+    assert 'stream_jobs_overdue_threads_total{type="t"} 2.0' in text
+    assert 'stream_jobs_loop_stalls_total{type="t"} 5.0' in text
 
 
 def test_stats_collector_exports_its_declared_names() -> None:

@@ -1,0 +1,136 @@
+"""Calling a job's handler within its timeout: on the event loop (`async def`) or on a
+thread of the worker's pool (a plain `def`).
+
+Both callers keep one contract, so the worker's outcome paths (success, duplicate,
+retry, dead letter, timeout) are the same for both: the call returns None, or the
+exception the handler ended with; a `TimeoutError` when the runner's watchdog cut it off
+at its deadline (`stream_jobs.runtime.dispatch`). A revoked or torn-down runner's
+cancellation is raised on. The worker picks its caller once, when it is made, so the
+async path does not test for the sync one per job.
+
+An async handler past its timeout is cancelled. A thread cannot be: its call has failed
+all the same and its job takes the tiers at once, but the thread runs on, and its slot
+and its key stay taken until it returns (`Runner.hold`, see `stream_jobs.runtime.threads`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, cast
+
+from stream_jobs.context import JobContext
+from stream_jobs.handlers import AsyncHandlerFunc, JobHandler, SyncHandlerFunc
+from stream_jobs.histogram import DurationHistogram
+from stream_jobs.runtime.dispatch import Runner
+from stream_jobs.runtime.threads import HandlerThreads, context_fields
+
+log = logging.getLogger("stream_jobs.worker")
+
+# How a worker calls its handler: None, or the exception the call ended with.
+HandlerCall = Callable[[Runner, Any, JobContext], Awaitable[Exception | None]]
+
+
+class CallSite(Protocol):
+    """What a caller needs of its worker: the watchdog, and the duration histogram (read
+    per call: metrics may turn it on after the worker is made)."""
+
+    durations: DurationHistogram | None
+
+    def watch(self) -> None: ...
+
+
+def timed_out(runner: Runner, timeout_s: float) -> TimeoutError:
+    """The error of a call the watchdog cut off; the runner's cancellation is taken back."""
+    runner.expired = False
+    if runner.task is not None:
+        runner.task.uncancel()
+    return TimeoutError(f"The handler ran past its timeout of {timeout_s:g} s.")
+
+
+class LoopCaller:
+    """An `async def` handler, awaited on the loop; cancelled at its deadline."""
+
+    __slots__ = ("_func", "_site", "_timeout_s", "_watch")
+
+    def __init__(self, site: CallSite, func: AsyncHandlerFunc, timeout_s: float) -> None:
+        self._site = site
+        self._watch = site.watch
+        self._func = func
+        self._timeout_s = timeout_s
+
+    async def call(self, runner: Runner, payload: Any, ctx: JobContext) -> Exception | None:
+        runner.deadline = asyncio.get_running_loop().time() + self._timeout_s
+        self._watch()
+        durations = self._site.durations
+        started = time.perf_counter() if durations is not None else 0.0
+        try:
+            await self._func(payload, ctx)
+        except asyncio.CancelledError:
+            if not runner.expired:
+                raise  # revoked past the grace period, or the worker is being torn down
+            return timed_out(runner, self._timeout_s)
+        except Exception as exc:
+            return exc
+        finally:
+            runner.deadline = math.inf
+            if durations is not None:
+                durations.observe(time.perf_counter() - started)
+        if runner.expired:  # the handler swallowed the cancellation and returned
+            timed_out(runner, self._timeout_s)
+        return None
+
+
+class SyncCaller:
+    """A plain `def` handler, run on a pool thread while the runner awaits its end. At
+    its deadline the runner stops waiting; the thread runs on, holding its slot."""
+
+    __slots__ = ("_func", "_site", "_threads", "_timeout_s", "_watch")
+
+    def __init__(self, site: CallSite, threads: HandlerThreads, func: SyncHandlerFunc,
+                 timeout_s: float) -> None:
+        self._site = site
+        self._watch = site.watch
+        self._threads = threads
+        self._func = func
+        self._timeout_s = timeout_s
+
+    async def call(self, runner: Runner, payload: Any, ctx: JobContext) -> Exception | None:
+        runner.deadline = asyncio.get_running_loop().time() + self._timeout_s
+        self._watch()
+        durations = self._site.durations
+        started = time.perf_counter() if durations is not None else 0.0
+        call = self._threads.start(self._func, payload, ctx)
+        try:
+            await call.future
+        except asyncio.CancelledError:
+            runner.hold = call.outlived()
+            if runner.hold is not None:
+                log.warning("job %s (%s) attempt %d: its handler thread cannot be stopped "
+                            "and runs on; its slot and its key stay taken until it returns",
+                            ctx.job_id, ctx.job_type, ctx.attempt, extra=context_fields(ctx))
+            if not runner.expired:
+                raise  # revoked past the grace period, or the worker is being torn down
+            return timed_out(runner, self._timeout_s)
+        except Exception as exc:
+            return exc
+        finally:
+            runner.deadline = math.inf
+            if durations is not None:
+                durations.observe(time.perf_counter() - started)
+        if runner.expired:  # the call returned as the watchdog fired
+            timed_out(runner, self._timeout_s)
+        return None
+
+
+def handler_call(site: CallSite, handler: JobHandler) -> tuple[HandlerCall, HandlerThreads | None]:
+    """The worker's call of `handler`, and the thread pool it runs on (None: the loop)."""
+    if not handler.sync:
+        # Registration found it `async def` (`JobHandler.sync` is False).
+        func = cast(AsyncHandlerFunc, handler.func)
+        return LoopCaller(site, func, handler.timeout_s).call, None
+    threads = HandlerThreads(handler.concurrency, f"sj-{handler.job_type}")
+    return SyncCaller(site, threads, handler.func, handler.timeout_s).call, threads
