@@ -33,7 +33,9 @@ async def cancel_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
         raise JobNotFound(f"No job {job_id} was found: it has no dedup row and is in none of "
                           f"{where} ({found.scanned_records:,} records read{cap}).")
     verdict = verdict_of(found.status)
-    if verdict is not None:
+    # Done and cancelled come from Postgres: the cancel's transaction answers those itself,
+    # with the details. Finished, dead-lettered and superseded only Kafka could tell.
+    if verdict is not None and found.status not in ("done", "cancelled"):
         return Cancellation(job_id, verdict, found.job_type,
                             detail=f"(Lookup: {found.summary()})")
     store = CancelStore(settings)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from typing import Any
 
 import asyncpg
+import psycopg
 import pytest
 
 from stream_jobs.app import App
@@ -261,3 +263,42 @@ async def test_cancels_racing_a_thousand_runs_leave_each_job_done_or_cancelled(
     assert cancelled, "no cancel came before its job finished: they did not race"
     assert finished, "no job finished before its cancel: they did not race"
     assert dict(worker.outcomes) == {"succeeded": len(finished), "cancelled": len(cancelled)}
+
+
+async def test_a_sync_handler_sees_ctx_cancelled_and_its_once_sync_rolls_back(
+        app: App, declare: Declare) -> None:
+    """A thread cannot be interrupted: a `def` handler looks at ctx.cancelled between steps.
+    One inside ctx.once_sync() raises there (its transaction rolls back, so the cancel that
+    waited for its claim wins); one outside returns."""
+    await declare("cancel.sync", partitions=2, retry_tiers=["1s"])
+    settings = app.settings
+    await _sql(settings, EFFECTS)
+    steps: dict[str, int] = {}
+
+    @app.job("cancel.sync", timeout=120, concurrency=2)
+    def work(job: dict[str, Any], ctx: JobContext) -> None:
+        step = threading.Event()
+        if job["in_once"]:
+            with psycopg.connect(settings.database_url) as conn, ctx.once_sync(conn):
+                conn.execute(f'INSERT INTO "{settings.database_schema}".effects VALUES (%s)',
+                             (ctx.job_id,))
+                while not ctx.cancelled:  # the handler's steps, each a few ms
+                    steps[ctx.job_id] = steps.get(ctx.job_id, 0) + 1
+                    step.wait(0.005)
+                raise RuntimeError("stopped: cancelled")  # rolls the block back
+        while not ctx.cancelled:
+            steps[ctx.job_id] = steps.get(ctx.job_id, 0) + 1
+            step.wait(0.005)
+
+    async with app.client() as client:
+        in_once = await client.enqueue("cancel.sync", {"in_once": True})
+        outside = await client.enqueue("cancel.sync", {"in_once": False})
+        worker = app.worker("cancel.sync")
+        running = asyncio.create_task(worker.run(until_idle=True))
+        await until(lambda: len(steps) == 2, "both handlers to be stepping")
+        answers = [await client.cancel(job_id, job_type="cancel.sync")
+                   for job_id in (in_once, outside)]
+        await asyncio.wait_for(running, 30)
+    assert [a.answer for a in answers] == [CancelAnswer.CANCELLED] * 2
+    assert dict(worker.outcomes) == {"cancelled": 2}
+    assert await _sql(settings, "SELECT count(*) FROM effects") == 0
