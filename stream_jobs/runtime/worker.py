@@ -26,6 +26,7 @@ import random
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
@@ -141,6 +142,7 @@ class Worker(GroupMember):
                                    cancels=cancels, keys=keys)
         self._cancelled = self.admission.cancelled
         self._running = self.admission.running
+        self._watched = self.admission.watch is not None  # cancels reach it
         self.relay = Relay(settings, policy, self.producer, grace_s=grace_s,
                            cancelled=self._cancelled, outcomes=self.outcomes) if relay else None
         if self.relay is not None:
@@ -436,15 +438,10 @@ class Worker(GroupMember):
         ctx = JobContext(job, topic=record.topic, partition=record.partition,
                          offset=record.offset, dedup=self.dedup, lend_slot=self.lend_slot,
                          children=self.children)
-        self._running[job.job_id] = (runner, ctx)  # so that a cancel can interrupt it
-        try:
+        if self._watched:
+            error = await self._call_interruptible(job, runner, payload, ctx)
+        else:  # no cancel reaches this worker (STREAM_JOBS_CANCEL_WATCH=false)
             error = await self._call_handler(runner, payload, ctx)
-        except asyncio.CancelledError:
-            if not ctx._cancelled:
-                raise  # revoked past the grace period, or the worker is being torn down
-            error = JobInterrupted("The run was stopped for a cancel that did not complete.")
-        finally:
-            self.admission.left(job.job_id, runner, ctx)
         if ctx._cancelled and await self.admission.confirmed(job):
             # Whatever the run did: its ctx.once() could not commit (the cancel holds the
             # dedup row), and a failure is not retried.
@@ -462,6 +459,19 @@ class Worker(GroupMember):
         else:
             reason = Reason.PERMANENT if isinstance(error, PermanentError) else Reason.HANDLER_ERROR
         return await self._failed(job, record, error, reason)
+
+    async def _call_interruptible(self, job: JobRecord, runner: Runner, payload: Any,
+                                  ctx: JobContext) -> Exception | None:
+        """The handler call, known by job ID meanwhile so that a cancel can stop it."""
+        self._running[job.job_id] = (runner, ctx)
+        try:
+            return await self._call_handler(runner, payload, ctx)
+        except asyncio.CancelledError:
+            if not ctx._cancelled:
+                raise  # revoked past the grace period, or the worker is being torn down
+            return JobInterrupted("The run was stopped for a cancel that did not complete.")
+        finally:
+            self.admission.left(job.job_id, runner, ctx)
 
     async def _failed(self, job: JobRecord, record: Record, exc: BaseException,
                       reason: str) -> Outcome:
