@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
+from ops.bench import control as control_bench
 from ops.bench import outbox as outbox_bench
 
 # (name, numerator figure, denominator figure)
@@ -135,6 +136,9 @@ GOALS: list[Goal] = [
 # The outbox's goals: in its own section (`BENCH_ONLY=outbox` replaces only that one).
 OUTBOX_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target, unit)
                 for text, num, den, op, target, unit in outbox_bench.GOALS]
+# Cancel, unique jobs, debounce: in their own section too (`BENCH_ONLY=control`).
+CONTROL_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target,
+                      unit) for text, num, den, op, target, unit in control_bench.GOALS]
 
 # `stream-jobs worker --processes 2` on this 2-core box (ops/bench/processes.py): the second
 # process must add most of a core's worth of jobs, and supervising must cost nothing per job.
@@ -359,6 +363,8 @@ def render(data: dict[str, Any]) -> str:
         out += processes_section(details["processes"], figures,
                                  data.get("errors", {}).get("processes"))
     out += outbox_bench.section(figures, goal_rows(figures, OUTBOX_GOALS), table, fmt)
+    out += control_bench.section(figures, goal_rows(figures, CONTROL_GOALS), table, fmt,
+                                 ratio_of)
     out += ["## Machine and versions", ""]
     rows = [[k, str(v)] for k, v in machine.items()]
     rows += [[k, str(v)] for k, v in meta.get("versions", {}).items()]
@@ -660,7 +666,8 @@ def scaling_section(scaling: dict[str, Any], error: str | None = None) -> list[s
 # sections feed the shared Goals, Figures and Ratios tables.
 PROCESSES_HEADING = "Worker processes"
 OWN_HEADINGS: dict[str, str] = {"scaling": SCALING_HEADING, "processes": PROCESSES_HEADING,
-                               "outbox": outbox_bench.HEADING}
+                               "outbox": outbox_bench.HEADING,
+                               "control": control_bench.HEADING}
 
 
 def split_sections(text: str) -> list[tuple[str, str]]:

@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from ops.bench import (
+    control,
     fencing,
     kafka_tools,
     memory,
@@ -236,6 +237,7 @@ def _sections() -> list[Section]:
         ("scaling", scaling.scaling),
         ("processes", processes.processes),
         ("outbox", outbox.outbox),
+        ("control", control.control),
     ]
 
 
