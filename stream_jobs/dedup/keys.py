@@ -2,10 +2,13 @@
 and tell whether a debounced job was superseded. Only jobs that carry the `sj-unique` or
 `sj-debounce` header cost a query; other jobs never reach this module.
 
-A release is retried until Postgres takes it (the job's offset stays unfinished
-meanwhile): a key given back late holds off the next enqueue a little longer, a key never
-given back would hold it off for good. If the worker dies before the release, the job is
-delivered again, finishes as a duplicate, and the release happens then.
+Releases are batched: one statement gives back every key whose job finished while the
+previous statement ran (one at a time, so under load the batches grow), so jobs holding
+keys cost a round trip per batch, not per job. A release is retried until Postgres takes
+it (the job's offset stays unfinished meanwhile): a key given back late holds off the
+next enqueue a little longer, a key never given back would hold it off for good. If the
+worker dies before the release, the job is delivered again, finishes as a duplicate, and
+the release happens then.
 """
 
 from __future__ import annotations
@@ -22,16 +25,23 @@ from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.keys")
 
-# The key is deleted if its window has passed (nothing left to hold), else marked
-# finished so the window alone holds it. Only the holder gives it back: after a redelivery
-# the key may belong to a newer job.
+# Each key is deleted if its window has passed (nothing left to hold), else marked finished
+# so the window alone holds it. Only the holder gives it back: after a redelivery the key
+# may belong to a newer job. Arrays of (type, key, job ID), one entry per release.
 RELEASE_UNIQUE = (
-    "WITH gone AS (DELETE FROM stream_jobs_unique WHERE job_type = $1 AND unique_key = $2 "
-    "AND job_id = $3 AND (held_until IS NULL OR held_until <= statement_timestamp()) "
-    "RETURNING 1) "
-    "UPDATE stream_jobs_unique SET finished_at = statement_timestamp() WHERE job_type = $1 "
-    "AND unique_key = $2 AND job_id = $3 AND finished_at IS NULL "
-    "AND NOT EXISTS (SELECT 1 FROM gone)")
+    "WITH r AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) "
+    "AS r(job_type, unique_key, job_id)), "
+    "gone AS (DELETE FROM stream_jobs_unique u USING r WHERE u.job_type = r.job_type "
+    "AND u.unique_key = r.unique_key AND u.job_id = r.job_id "
+    "AND (u.held_until IS NULL OR u.held_until <= statement_timestamp()) "
+    "RETURNING u.job_type, u.unique_key) "
+    "UPDATE stream_jobs_unique u SET finished_at = statement_timestamp() FROM r "
+    "WHERE u.job_type = r.job_type AND u.unique_key = r.unique_key AND u.job_id = r.job_id "
+    "AND u.finished_at IS NULL AND NOT EXISTS (SELECT 1 FROM gone g "
+    "WHERE g.job_type = u.job_type AND g.unique_key = u.unique_key)")
+_RELEASE_BATCH_MAX = 1000
+
+Release = tuple[str, str, str]  # (job type, unique key, job ID)
 SUPERSEDED_BY = "SELECT by_job_id FROM stream_jobs_superseded WHERE job_id = $1"
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 10.0
 T = TypeVar("T")
@@ -44,18 +54,53 @@ class KeyStore:
         self.settings = settings
         self._pool = pool or LazyPool(settings, max_size=4, name="stream-jobs keys")
         self.released = 0
+        self.statements = 0  # release statements run (fewer than releases under load)
+        self._waiting: list[tuple[Release, asyncio.Future[None]]] = []
+        self._flushing: asyncio.Task[None] | None = None
 
     async def close(self) -> None:
+        if self._flushing is not None:
+            await asyncio.gather(self._flushing, return_exceptions=True)
         await self._pool.close()
 
     async def release(self, job_type: str, unique_key: str, job_id: str) -> None:
-        """Give the key back (once; raises our errors)."""
+        """Give the key back (once; raises our errors), with the releases that come meanwhile."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Read by shield's waiter, or here if that waiter was cancelled: never unretrieved.
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._waiting.append(((job_type, unique_key, job_id), done))
+        if self._flushing is None:
+            self._flushing = asyncio.create_task(self._flush())
+        await asyncio.shield(done)  # a cancelled job leaves the batch to finish
+
+    async def _flush(self) -> None:
         try:
-            pool = await self._pool.get()
-            await pool.execute(RELEASE_UNIQUE, job_type, unique_key, job_id)
-        except DRIVER_ERRORS as exc:
-            raise database_error(exc, self._pool, "give back a unique key") from exc
-        self.released += 1
+            while self._waiting:
+                batch = self._waiting[:_RELEASE_BATCH_MAX]
+                del self._waiting[:_RELEASE_BATCH_MAX]
+                try:
+                    pool = await self._pool.get()
+                    await pool.execute(RELEASE_UNIQUE, *(list(column) for column in
+                                                         zip(*(r for r, _ in batch),
+                                                             strict=True)))
+                except DRIVER_ERRORS as exc:
+                    error = database_error(exc, self._pool, "give back unique keys")
+                    for _, done in batch:
+                        if not done.done():
+                            done.set_exception(error)
+                    continue
+                except StreamJobsError as exc:
+                    for _, done in batch:
+                        if not done.done():
+                            done.set_exception(exc)
+                    continue
+                self.statements += 1
+                self.released += len(batch)
+                for _, done in batch:
+                    if not done.done():
+                        done.set_result(None)
+        finally:
+            self._flushing = None
 
     async def release_until_done(self, job_type: str, unique_key: str, job_id: str,
                                  stopping: asyncio.Event) -> None:
