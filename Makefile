@@ -8,7 +8,7 @@ SJ     := $(BIN)/stream-jobs
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
 .PHONY: setup system venv stack down status lint docs unit integration test demo bench clean chaos \
-	docker-images docker-test compose-check
+	docker-images docker-test docker-check compose-check
 
 setup: system venv
 
@@ -70,19 +70,23 @@ docker-images: venv
 compose-check: docker-images
 	@env $$($(DOCKER_ENV)) $(BIN)/python -m ops.docker.compose_check
 
-# The fixture tests on the testcontainers backend, the deploy image running a worker, and
-# the compose check. Without a Docker engine the tests skip, saying why (pytest exits 0).
-DOCKER_TESTS = tests/integration/test_stack_fixtures.py tests/docker
+# `make test`'s Docker part: the fixture tests on the testcontainers backend (the Kafka and
+# Postgres stand-ins only). Without a Docker engine they skip, saying why (pytest exits 0).
 docker-test: venv
 	@if dockerenv=$$($(DOCKER_ENV)); then \
-	  env $$dockerenv $(BIN)/python -m ops.docker.images && \
+	  env $$dockerenv $(BIN)/python -m ops.docker.images base kafka postgres && \
 	  env $$dockerenv STREAM_JOBS_TEST_BACKEND=testcontainers \
-	    $(BIN)/pytest -q -rs $(DOCKER_TESTS) && \
-	  env $$dockerenv $(BIN)/python -m ops.docker.compose_check; \
+	    $(BIN)/pytest -q -rs tests/integration/test_stack_fixtures.py; \
 	else \
-	  echo "no Docker engine (see above): the testcontainers tests skip, and the compose check does not run"; \
-	  STREAM_JOBS_TEST_BACKEND=testcontainers $(BIN)/pytest -q -rs $(DOCKER_TESTS); \
+	  echo "no Docker engine (see above): the testcontainers tests skip"; \
+	  STREAM_JOBS_TEST_BACKEND=testcontainers $(BIN)/pytest -q -rs tests/integration/test_stack_fixtures.py; \
 	fi
+
+# The Docker files for real (~3 min warm, outside `make test` to keep CI short): the fixture
+# tests on testcontainers, the deploy image running a worker, and the compose check.
+docker-check: docker-test docker-images
+	@env $$($(DOCKER_ENV)) STREAM_JOBS_TEST_BACKEND=testcontainers $(BIN)/pytest -q -rs tests/docker
+	@env $$($(DOCKER_ENV)) $(BIN)/python -m ops.docker.compose_check
 
 demo: stack
 	$(SJ) demo

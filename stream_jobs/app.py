@@ -30,6 +30,7 @@ from stream_jobs.handlers import (
     new_handler,
 )
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
+from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients
 from stream_jobs.naming import validate_job_type
 from stream_jobs.payloads import validation_summary
 from stream_jobs.periodic import MissedPolicy, ScheduleSpec, every_seconds
@@ -53,6 +54,11 @@ class App:
         self.handlers: dict[str, JobHandler] = {}
         # Schedules declared in code: type -> name -> (spec, payload function).
         self.periodic_jobs: dict[str, dict[str, tuple[ScheduleSpec, PayloadFunc]]] = {}
+        # Where the app's clients, workers and schedulers get their Kafka clients: the
+        # real ones, or a JobTester's in-memory broker while one runs (stream_jobs.testing).
+        self.kafka: KafkaClients = AIOKAFKA
+        # Types declared in code instead of topics/ (a JobTester's `types=` while it runs).
+        self.declared_types: dict[str, JobTypePolicy] | None = None
 
     @cached_property
     def settings(self) -> Settings:
@@ -115,9 +121,11 @@ class App:
 
         return register
 
-    def schedules(self, job_type: str) -> tuple[ScheduleSpec, ...]:
-        """The type's schedules: its `[[schedules]]`, then those declared in code."""
-        policy = self.job_type(job_type)
+    def schedules(self, job_type: str, *,
+                  policy: JobTypePolicy | None = None) -> tuple[ScheduleSpec, ...]:
+        """The type's schedules: its `[[schedules]]` (in `policy`, default: topics/), then
+        those declared in code."""
+        policy = policy or self.job_type(job_type)
         in_code = [spec for spec, _ in self.periodic_jobs.get(job_type, {}).values()]
         for spec in in_code:
             if any(s.name == spec.name for s in policy.schedules):
@@ -130,15 +138,16 @@ class App:
         types = self.job_types()
         return sorted(t for t, p in types.items() if p.schedules or self.periodic_jobs.get(t))
 
-    def scheduler(self, job_type: str, **options: Any) -> Scheduler | None:
+    def scheduler(self, job_type: str, *, policy: JobTypePolicy | None = None,
+                  **options: Any) -> Scheduler | None:
         """The scheduler of `job_type` (None when it has no schedules). A TOML payload
         that does not fit the handler's model is refused here, before anything fires."""
         from stream_jobs.schedules import Scheduler
 
-        specs = self.schedules(job_type)
+        policy = policy or self.job_type(job_type)
+        specs = self.schedules(job_type, policy=policy)
         if not specs:
             return None
-        policy = self.job_type(job_type)
         models = self.models()
         model = models.get(job_type)
         for spec in specs:
@@ -150,6 +159,7 @@ class App:
                                       f"does not fit {model.__name__}: "
                                       f"{validation_summary(exc)}.") from exc
         payloads = {name: func for name, (_, func) in self.periodic_jobs.get(job_type, {}).items()}
+        options.setdefault("kafka", self.kafka)
         return Scheduler(self.settings, policy, specs, payloads=payloads, models=models,
                          **options)
 
@@ -162,7 +172,10 @@ class App:
                 from None
 
     def job_types(self) -> dict[str, JobTypePolicy]:
-        """The declared types from `topics/` (`STREAM_JOBS_TOPICS_DIR`)."""
+        """The declared types from `topics/` (`STREAM_JOBS_TOPICS_DIR`), or those declared
+        in code (`declared_types`)."""
+        if self.declared_types is not None:
+            return dict(self.declared_types)
         return load_job_types(self.settings.topics_dir)
 
     def job_type(self, name: str) -> JobTypePolicy:
@@ -174,17 +187,19 @@ class App:
     def client(self) -> JobClient:
         from stream_jobs.client import JobClient
 
-        return JobClient(self.settings, self.job_types(), models=self.models())
+        return JobClient(self.settings, self.job_types(), models=self.models(), kafka=self.kafka)
 
     def sync_client(self) -> SyncJobClient:
         from stream_jobs.client import SyncJobClient
 
-        return SyncJobClient(self.settings, self.job_types(), models=self.models())
+        return SyncJobClient(self.settings, self.job_types(), models=self.models(),
+                             kafka=self.kafka)
 
     def worker(self, job_type: str, **options: Any) -> Worker:
         from stream_jobs.runtime.worker import Worker
 
         options.setdefault("children", self.client())  # for ctx.enqueue(): every type's checks
+        options.setdefault("kafka", self.kafka)
         # Every worker of a type runs its scheduler; one of them leads (docs/schedules.md).
         options.setdefault("scheduler", self.scheduler(job_type))
         return Worker(self.settings, self.job_type(job_type), self.handler(job_type), **options)

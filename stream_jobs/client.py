@@ -36,7 +36,7 @@ from stream_jobs.dedup.pool import LazyPool
 from stream_jobs.errors import ConfigError, PayloadError, PayloadTooLarge
 from stream_jobs.job_ids import MAX_JOB_ID_CHARS, new_job_id
 from stream_jobs.job_types import JobTypePolicy, get_job_type
-from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients, Producer
 from stream_jobs.naming import lane_topic, tier_topic
 from stream_jobs.outbox.unique import (
     Build,
@@ -81,25 +81,27 @@ class JobClient:
     """Async enqueueing; use as `async with app.client() as client:`."""
 
     def __init__(self, settings: Settings, job_types: Mapping[str, JobTypePolicy], *,
-                 models: Mapping[str, type[BaseModel]] | None = None) -> None:
+                 models: Mapping[str, type[BaseModel]] | None = None,
+                 kafka: KafkaClients = AIOKAFKA) -> None:
         self.settings = settings
         self._types = dict(job_types)
         self._models = dict(models or {})
-        self._producer_or_none: JobProducer | None = None
+        self._kafka = kafka
+        self._producer_or_none: Producer | None = None
         # Postgres, for unique and debounced enqueues without conn= and for cancels:
         # opened on first use, so a client that uses neither never connects.
         self._db: LazyPool | None = None
         self._cancels: CancelStore | None = None
 
     @property
-    def _producer(self) -> JobProducer:
+    def _producer(self) -> Producer:
         if self._producer_or_none is None:
             raise RuntimeError("Use the client as `async with app.client() as client:`.")
         return self._producer_or_none
 
     async def __aenter__(self) -> JobClient:
         # aiokafka binds to the running loop, so the producer is made here, not in __init__.
-        self._producer_or_none = JobProducer(self.settings)
+        self._producer_or_none = self._kafka.producer(self.settings)
         await self._producer_or_none.start()
         return self
 
@@ -325,8 +327,9 @@ class SyncJobClient:
     """
 
     def __init__(self, settings: Settings, job_types: Mapping[str, JobTypePolicy], *,
-                 models: Mapping[str, type[BaseModel]] | None = None) -> None:
-        self._client = JobClient(settings, job_types, models=models)
+                 models: Mapping[str, type[BaseModel]] | None = None,
+                 kafka: KafkaClients = AIOKAFKA) -> None:
+        self._client = JobClient(settings, job_types, models=models, kafka=kafka)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="stream-jobs-client",
                                         daemon=True)

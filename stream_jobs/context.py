@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from stream_jobs.client import Job, Seconds
 from stream_jobs.dedup.deferred import DeferredWrites
 from stream_jobs.dedup.fencing import FencingToken
-from stream_jobs.dedup.store import DedupStore
-from stream_jobs.dedup.sync_once import once_in
+from stream_jobs.dedup.store import Dedup
 from stream_jobs.errors import ConfigError, NotInTransaction
 from stream_jobs.outbox.rows import child_job_id, insert_args, insert_sql
 from stream_jobs.outbox.writer import write_async
@@ -40,7 +39,7 @@ class JobContext:
                  "_lend_slot", "_offset", "_partition", "_topic", "_writes")
 
     def __init__(self, job: JobRecord, *, topic: str, partition: int, offset: int,
-                 dedup: DedupStore,
+                 dedup: Dedup,
                  lend_slot: Callable[[], AbstractContextManager[None]] | None = None,
                  children: JobClient | None = None) -> None:
         self._job = job
@@ -210,8 +209,7 @@ class JobContext:
         is acknowledged as a duplicate. A transaction already open on `session` is
         joined and committed with the block.
         """
-        return once_in(session, job_id=self.job_id, job_type=self.job_type,
-                       attempt=self.attempt, table=self._dedup.table)
+        return self._dedup.once_sync(session, self.job_id, self.job_type, self.attempt)
 
 
 def ms_to_datetime(ms: int) -> datetime:

@@ -145,3 +145,8 @@ class JobInterrupted(StreamJobsError):
 
 class LeadershipLost(StreamJobsError):
     """A scheduler's lock session ended or failed: it no longer leads its type's schedules."""
+
+
+class NotSettled(StreamJobsError):
+    """A `JobTester` run did not come to rest: a job still running at its time limit, or
+    work that keeps making more work (stream_jobs.testing)."""

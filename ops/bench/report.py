@@ -17,6 +17,7 @@ from typing import Any, TypedDict
 
 from ops.bench import control as control_bench
 from ops.bench import outbox as outbox_bench
+from ops.bench import tester as tester_bench
 
 # (name, numerator figure, denominator figure)
 RATIOS: list[tuple[str, str, str]] = [
@@ -66,6 +67,10 @@ RATIOS: list[tuple[str, str, str]] = [
     ("the same, jobs/s per worker core", "processes.p2_per_core", "processes.p1_per_core"),
     ("outbox through to Kafka / direct enqueue_many (its section)", "outbox.through",
      "outbox.direct"),
+    ("tour test: a real worker on the stack / JobTester", "tester.tour_stack",
+     "tester.tour_memory"),
+    ("no-op jobs: JobTester / a real worker on the stack", "tester.noop_memory",
+     "tester.noop_stack"),
 ]
 
 RETRY_JITTER_MAX_MS = 500.0  # 10% of the 5 s tier (stream_jobs.retry.RetryPolicy)
@@ -139,6 +144,9 @@ OUTBOX_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op
 # Cancel, unique jobs, debounce: in their own section too (`BENCH_ONLY=control`).
 CONTROL_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target,
                       unit) for text, num, den, op, target, unit in control_bench.GOALS]
+# JobTester's goals: in its own section too (`BENCH_ONLY=tester`).
+TESTER_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target, unit)
+                for text, num, den, op, target, unit in tester_bench.GOALS]
 
 # `stream-jobs worker --processes 2` on this 2-core box (ops/bench/processes.py): the second
 # process must add most of a core's worth of jobs, and supervising must cost nothing per job.
@@ -365,6 +373,7 @@ def render(data: dict[str, Any]) -> str:
     out += outbox_bench.section(figures, goal_rows(figures, OUTBOX_GOALS), table, fmt)
     out += control_bench.section(figures, goal_rows(figures, CONTROL_GOALS), table, fmt,
                                  ratio_of)
+    out += tester_bench.section(figures, goal_rows(figures, TESTER_GOALS), table, fmt)
     out += ["## Machine and versions", ""]
     rows = [[k, str(v)] for k, v in machine.items()]
     rows += [[k, str(v)] for k, v in meta.get("versions", {}).items()]
@@ -666,7 +675,7 @@ def scaling_section(scaling: dict[str, Any], error: str | None = None) -> list[s
 # sections feed the shared Goals, Figures and Ratios tables.
 PROCESSES_HEADING = "Worker processes"
 OWN_HEADINGS: dict[str, str] = {"scaling": SCALING_HEADING, "processes": PROCESSES_HEADING,
-                               "outbox": outbox_bench.HEADING,
+                               "outbox": outbox_bench.HEADING, "tester": tester_bench.HEADING,
                                "control": control_bench.HEADING}
 
 

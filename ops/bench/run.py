@@ -4,6 +4,7 @@
     BENCH_QUICK=1 .venv/bin/python -m ops.bench.run   # smoke: small N, 1 run, < 3 minutes
     BENCH_ONLY=scaling .venv/bin/python -m ops.bench.run   # some sections only (comma list)
     BENCH_ONLY=processes .venv/bin/python -m ops.bench.run # worker --processes 2 against 1
+    BENCH_ONLY=tester .venv/bin/python -m ops.bench.run    # JobTester beside the real stack
     BENCH_SKIP=scaling .venv/bin/python -m ops.bench.run   # full, but keep Scaling's last
 
 The code under test (stream_jobs/, ops/bench/) is copied to ops/bench/out/code first and
@@ -51,6 +52,7 @@ from ops.bench import (
     scaling,
     schedules,
     sync_noop,
+    tester,
 )
 from ops.bench.common import (
     BENCH_DIR,
@@ -237,6 +239,7 @@ def _sections() -> list[Section]:
         ("scaling", scaling.scaling),
         ("processes", processes.processes),
         ("outbox", outbox.outbox),
+        ("tester", tester.tester),
         ("control", control.control),
     ]
 

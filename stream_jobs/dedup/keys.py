@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from stream_jobs.dedup.pool import DRIVER_ERRORS, LazyPool, database_error
-from stream_jobs.errors import Abandoned, StreamJobsError
+from stream_jobs.errors import Abandoned, DatabaseUnavailable, StreamJobsError
 from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.keys")
@@ -121,14 +121,15 @@ class KeyStore:
 
 async def until_done(call: Callable[[], Awaitable[T]], stopping: asyncio.Event,
                      what: str) -> T:
-    """`call()` retried with backoff (up to 10 s) while it raises our errors; `Abandoned`
+    """`call()` retried with backoff (up to 10 s) while Postgres is unavailable; `Abandoned`
     once `stopping` is set. For the reads and writes a job's outcome waits on: its offset
-    stays unfinished meanwhile, so a crash here delivers the job again."""
+    stays unfinished meanwhile, so a crash here delivers the job again. Any other error
+    (a schema without the tables) is raised: waiting would not cure it."""
     backoff_s = _BACKOFF_FIRST_S
     while True:
         try:
             return await call()
-        except StreamJobsError as exc:
+        except DatabaseUnavailable as exc:
             log.warning("%s, trying again in %.1f s: %s", what, backoff_s, exc)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopping.wait(), backoff_s)

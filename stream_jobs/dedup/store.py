@@ -15,20 +15,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import (
+    AbstractAsyncContextManager,
     AbstractContextManager,
     asynccontextmanager,
     nullcontext,
 )
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import asyncpg
 
 from stream_jobs.dedup.deferred import DeferredWrites, WriteBatcher
 from stream_jobs.dedup.fencing import FENCING_SEQUENCE, TokenIssuer
 from stream_jobs.dedup.group_commit import INSERT_DONE, GroupCommitter
-from stream_jobs.dedup.sync_once import done_table
+from stream_jobs.dedup.sync_once import done_table, once_in
 from stream_jobs.errors import AlreadyDone, ConfigError, DatabaseUnavailable
 from stream_jobs.settings import Settings, redact_url
 
@@ -36,6 +37,43 @@ from stream_jobs.settings import Settings, redact_url
 _UNREACHABLE = (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
 
 _FETCH_TOKENS = f"SELECT nextval('{FENCING_SEQUENCE}') FROM generate_series(1, $1)"
+
+S = TypeVar("S")
+
+
+class DeferredBlock(Protocol):
+    """`async with store.once_deferred(...) as writes:`, and what the body records into."""
+
+    @property
+    def writes(self) -> DeferredWrites: ...
+
+    async def __aenter__(self) -> DeferredWrites: ...
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None: ...
+
+
+class Dedup(Protocol):
+    """What a worker and its jobs' `JobContext` use of a dedup store: `DedupStore` on
+    Postgres, or `stream_jobs.testing`'s in-memory one. The meanings are `DedupStore`'s."""
+
+    @property
+    def table(self) -> str: ...
+
+    def once(self, job_id: str, job_type: str, attempt: int
+             ) -> AbstractAsyncContextManager[Any]: ...
+
+    def once_deferred(
+            self, job_id: str, job_type: str, attempt: int, *,
+            while_waiting: Callable[[], AbstractContextManager[None]] | None = None,
+    ) -> DeferredBlock: ...
+
+    def once_sync(self, session: S, job_id: str, job_type: str, attempt: int
+                  ) -> AbstractContextManager[S]: ...
+
+    def fencing_token(self) -> asyncio.Future[int]: ...
+
+    async def close(self) -> None: ...
 
 
 class DedupStore:
@@ -148,6 +186,13 @@ class DedupStore:
         then nothing the body recorded was applied. `while_waiting` wraps the wait for the
         commit. See `stream_jobs.dedup.deferred`."""
         return _DeferredBlock(self, job_id, job_type, attempt, while_waiting)
+
+    def once_sync(self, session: S, job_id: str, job_type: str, attempt: int
+                  ) -> AbstractContextManager[S]:
+        """`ctx.once_sync(session)`: the job's dedup row in `session`'s own transaction
+        (see `stream_jobs.dedup.sync_once`)."""
+        return once_in(session, job_id=job_id, job_type=job_type, attempt=attempt,
+                       table=self.table)
 
     async def _deferred_batcher(self) -> WriteBatcher:
         if self._batcher is None:

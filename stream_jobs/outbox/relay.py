@@ -30,6 +30,7 @@ from typing import Any
 import asyncpg
 
 from stream_jobs.errors import DatabaseUnavailable, OutboxWriteError, StreamJobsError
+from stream_jobs.kafka.clients import Producer
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.outbox import rows as sql
 from stream_jobs.outbox.rows import OutboxRow, decode_headers, retry_delay_s, sendable
@@ -60,7 +61,7 @@ class OutboxRelay:
     """A self-contained service: `await relay.run(stop)` until `stop` is set, or
     `async with relay:` and `await relay.drain()` for a one-off move."""
 
-    def __init__(self, settings: Settings, *, producer: JobProducer | None = None,
+    def __init__(self, settings: Settings, *, producer: Producer | None = None,
                  batch_max: int | None = None, sweep_interval_s: float | None = None) -> None:
         self.settings = settings
         self.schema = settings.database_schema

@@ -28,7 +28,7 @@ import orjson
 
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.kafka import TopicPartition
-from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.clients import Producer
 
 log = logging.getLogger("stream_jobs.heartbeats")
 
@@ -147,7 +147,7 @@ def newest_beats(entries: Sequence[Sequence[tuple[str, int, int]]]
     return newest
 
 
-async def send_heartbeats(producer: JobProducer, partitions: Sequence[TopicPartition],
+async def send_heartbeats(producer: Producer, partitions: Sequence[TopicPartition],
                           sender: str, now_ms: int) -> int:
     """Write one heartbeat into each partition, pipelined; how many the broker took."""
     value = heartbeat_value(sender, now_ms)

@@ -23,8 +23,8 @@ from stream_jobs.clock import now_ms
 from stream_jobs.errors import BadRecord, CommitRefused
 from stream_jobs.failures import FailureInfo
 from stream_jobs.kafka import TopicPartition
-from stream_jobs.kafka.consumer import new_consumer
-from stream_jobs.kafka.producer import JobProducer, until_acked
+from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients, Producer
+from stream_jobs.kafka.producer import until_acked
 from stream_jobs.naming import dlq_topic
 from stream_jobs.record import JobRecord, Record, dead_letter_headers, dead_letter_origin
 from stream_jobs.runtime.dispatch import Dispatcher, LentSlot, PartitionWork, Runner
@@ -69,9 +69,10 @@ class GroupMember(ABC):
     """One member of a consumer group that dispatches records and commits finished offsets."""
 
     def __init__(self, settings: Settings, group_id: str, topics: list[str], *,
-                 job_type: str, producer: JobProducer, concurrency: int, grace_s: float,
+                 job_type: str, producer: Producer, concurrency: int, grace_s: float,
                  commit_interval_s: float, max_buffered: int, fetch_records: int = 500,
-                 lane_weights: Sequence[tuple[str, int]] = ()) -> None:
+                 lane_weights: Sequence[tuple[str, int]] = (),
+                 kafka: KafkaClients = AIOKAFKA) -> None:
         self.settings = settings
         self.job_type = job_type
         self.producer = producer
@@ -87,7 +88,7 @@ class GroupMember(ABC):
                                      chain_of=self.chain_of, on_finished=self.relieve,
                                      stopping=self.stopping, lane_weights=lane_weights,
                                      name=group_id)
-        self.consumer = new_consumer(
+        self.consumer = kafka.consumer(
             settings,
             # A fetch may wait for a whole rebalance; it needs more than the default 40 s.
             request_timeout_ms=max(settings.kafka_request_timeout_ms, 40_000),

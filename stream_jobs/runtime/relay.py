@@ -26,7 +26,7 @@ from stream_jobs.clock import now_ms
 from stream_jobs.errors import Abandoned, BadRecord
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka import TopicPartition
-from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients, Producer
 from stream_jobs.logs import job_fields
 from stream_jobs.naming import lane_topic, parse_topic, relay_group, tier_topic
 from stream_jobs.outcomes import Outcome
@@ -48,30 +48,34 @@ _UNBOUNDED = 1_000_000
 class Relay(GroupMember):
     """Moves due records from a type's delay tiers back to its lanes."""
 
-    def __init__(self, settings: Settings, policy: JobTypePolicy, producer: JobProducer, *,
+    def __init__(self, settings: Settings, policy: JobTypePolicy, producer: Producer, *,
                  grace_s: float = 10.0, commit_interval_s: float = 0.5,
-                 max_buffered: int = 1000, cancelled: set[str] | None = None,
+                 max_buffered: int = 1000, kafka: KafkaClients = AIOKAFKA,
+                 cancelled: set[str] | None = None,
                  outcomes: Counter[str] | None = None) -> None:
         prefix = settings.topic_prefix
         tiers = [tier_topic(prefix, policy.job_type, tier) for tier in policy.retry_tiers]
         super().__init__(settings, relay_group(prefix, policy.job_type), tiers,
                          job_type=policy.job_type, producer=producer,
                          concurrency=_UNBOUNDED, grace_s=grace_s,
-                         commit_interval_s=commit_interval_s, max_buffered=max_buffered)
+                         commit_interval_s=commit_interval_s, max_buffered=max_buffered,
+                         kafka=kafka)
         self.policy = policy
         self.retry_policy = RetryPolicy(tiers=policy.retry_tiers, max_attempts=policy.max_attempts)
         self.released = 0
         self.hops = 0
         self._wake: dict[TopicPartition, asyncio.Event] = {}
+        # Tier partitions whose head is held now, with the wall time (Unix ms) it waits for.
+        self.holding: dict[TopicPartition, int] = {}
         # The worker's: cancelled IDs (kept current by its cancel watch) and its counters.
         self._cancelled: set[str] = cancelled if cancelled is not None else set()
         self.outcomes: Counter[str] = outcomes if outcomes is not None else Counter()
-        self._holding: dict[TopicPartition, str] = {}  # job ID held at each partition's head
+        self.held_jobs: dict[TopicPartition, str] = {}  # the job ID of each held head
 
     def on_cancel(self, job_id: str) -> None:
         """A cancel arrived: wake the partition holding that job, which then finishes it."""
-        for tp, held in self._holding.items():
-            if held == job_id and (event := self._wake.get(tp)) is not None:
+        for tp, held in list(self.held_jobs.items()):
+            if held == job_id and (event := self._wake.pop(tp, None)) is not None:
                 event.set()
 
     def chain_of(self, record: Record) -> Hashable:
@@ -88,6 +92,15 @@ class Relay(GroupMember):
     async def stop(self) -> None:
         self.stopping.set()
         await super().stop()
+
+    def recheck(self) -> None:
+        """Wake every held record to read the clock again now: one that is due goes, the
+        others are held again. For a clock that jumps (`stream_jobs.testing`'s virtual
+        one); the system clock's records wake by their timers."""
+        for tp in list(self.holding):
+            event = self._wake.pop(tp, None)
+            if event is not None:
+                event.set()
 
     async def handle(self, work: PartitionWork, record: Record, runner: Runner) -> None:
         prefix = self.settings.topic_prefix
@@ -111,16 +124,16 @@ class Relay(GroupMember):
             hold_until = min(due, record.timestamp + self.retry_policy.max_hold_ms(tier))
             # A timer may wake a millisecond early against the wall clock; waking early
             # must not count as "still not due", which would send the record round again.
-            self._holding[work.tp] = job.job_id
+            self.held_jobs[work.tp] = job.job_id
             try:
                 while hold_until > now:
-                    await self._hold(work, (hold_until - now) / 1000)
+                    await self._hold(work, hold_until, (hold_until - now) / 1000)
                     if job.job_id in self._cancelled:
                         self.outcomes[Outcome.CANCELLED] += 1
                         return
                     now = now_ms()
             finally:
-                self._holding.pop(work.tp, None)
+                self.held_jobs.pop(work.tp, None)
         if due > now:
             hop = tier_for_delay(self.policy.retry_tiers, (due - now) / 1000)
             await self.write(tier_topic(prefix, job.job_type, hop), job)
@@ -130,15 +143,20 @@ class Relay(GroupMember):
         await self.write(lane_topic(prefix, job.job_type, lane), replace(job, not_before_ms=None))
         self.released += 1
 
-    async def _hold(self, work: PartitionWork, seconds: float) -> None:
-        """Pause the partition until the head is due, or until revocation wakes us."""
+    async def _hold(self, work: PartitionWork, until_ms: int, seconds: float) -> None:
+        """Pause the partition until the head is due, or until revocation (or `recheck`)
+        wakes us."""
         wake = self._wake.setdefault(work.tp, asyncio.Event())
         self.pause(work)
+        self.holding[work.tp] = until_ms
         try:
-            with contextlib.suppress(TimeoutError):
+            # A held record lends its runner's slot: the dispatcher starts runners for the
+            # chains that are ready only while its runners are fewer than them, so a head
+            # fetched later on another partition would otherwise wait for this one's time.
+            with self.lend_slot(), contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), seconds)
         finally:
+            self.holding.pop(work.tp, None)
             self.resume(work)
         if work.revoked or self.stopping.is_set():
             raise Abandoned("revoked while holding a delayed record")
-        wake.clear()  # woken by a cancel: the next hold waits again

@@ -21,8 +21,7 @@ from typing import Any, Protocol
 import orjson
 
 from stream_jobs.errors import StreamJobsError
-from stream_jobs.kafka.admin import ensure_internal_topic
-from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients, Producer
 from stream_jobs.naming import stats_topic
 from stream_jobs.settings import Settings
 
@@ -155,10 +154,10 @@ class ShadowReport:
             return None
 
 
-async def ensure_stats_topic(settings: Settings) -> None:
+async def ensure_stats_topic(settings: Settings, kafka: KafkaClients = AIOKAFKA) -> None:
     """Create `P._stats` if it is missing (one partition, one day of reports)."""
-    await ensure_internal_topic(settings, stats_topic(settings.topic_prefix),
-                                {"retention.ms": str(REPORT_RETENTION_MS)})
+    await kafka.ensure_internal_topic(settings, stats_topic(settings.topic_prefix),
+                                      {"retention.ms": str(REPORT_RETENTION_MS)})
 
 
 class Report(Protocol):
@@ -167,7 +166,7 @@ class Report(Protocol):
     def to_json(self) -> bytes: ...
 
 
-async def publish(settings: Settings, producer: JobProducer, member_id: str,
+async def publish(settings: Settings, producer: Producer, member_id: str,
                   report: Report) -> None:
     """Write one report; a report that cannot be written is logged and skipped."""
     try:
@@ -177,11 +176,12 @@ async def publish(settings: Settings, producer: JobProducer, member_id: str,
         log.warning("report of %s not written: %s", member_id, exc)
 
 
-async def publish_every(settings: Settings, producer: JobProducer, member_id: str,
-                        report: Callable[[], Report], interval_s: float) -> None:
+async def publish_every(settings: Settings, producer: Producer, member_id: str,
+                        report: Callable[[], Report], interval_s: float, *,
+                        kafka: KafkaClients = AIOKAFKA) -> None:
     """Publish `report()` every `interval_s` until cancelled (the stats topic made first)."""
     try:
-        await ensure_stats_topic(settings)
+        await ensure_stats_topic(settings, kafka)
     except StreamJobsError as exc:
         log.warning("cannot create the stats topic; reports are skipped: %s", exc)
     while True:

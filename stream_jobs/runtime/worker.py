@@ -33,7 +33,7 @@ from stream_jobs.clock import now_ms
 from stream_jobs.context import JobContext
 from stream_jobs.dedup.cancel_watch import CancelWatch
 from stream_jobs.dedup.keys import KeyStore
-from stream_jobs.dedup.store import DedupStore
+from stream_jobs.dedup.store import Dedup, DedupStore
 from stream_jobs.errors import (
     AlreadyDone,
     BadRecord,
@@ -46,7 +46,7 @@ from stream_jobs.handlers import JobHandler
 from stream_jobs.histogram import DurationHistogram
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka import TopicPartition
-from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients
 from stream_jobs.logs import job_fields
 from stream_jobs.naming import (
     control_topic,
@@ -112,26 +112,27 @@ class Worker(GroupMember):
     def __init__(self, settings: Settings, policy: JobTypePolicy, handler: JobHandler, *,
                  grace_s: float = 10.0, commit_interval_s: float = 0.5,
                  max_buffered: int | None = None, relay: bool = True,
-                 dedup: DedupStore | None = None, report_interval_s: float = 5.0,
+                 dedup: Dedup | None = None, report_interval_s: float = 5.0,
                  control: bool = True, children: JobClient | None = None,
-                 scheduler: Scheduler | None = None, cancels: CancelWatch | None = None,
-                 keys: KeyStore | None = None) -> None:
+                 scheduler: Scheduler | None = None, kafka: KafkaClients = AIOKAFKA,
+                 cancels: CancelWatch | None = None, keys: KeyStore | None = None) -> None:
         prefix = settings.topic_prefix
         lanes = [lane_topic(prefix, policy.job_type, lane) for lane in policy.priorities]
         weights = [(lane_topic(prefix, policy.job_type, lane), weight)
                    for lane, weight in policy.lane_weights]
         super().__init__(settings, worker_group(prefix, policy.job_type), lanes,
-                         job_type=policy.job_type, producer=JobProducer(settings),
+                         job_type=policy.job_type, producer=kafka.producer(settings),
                          concurrency=handler.concurrency, grace_s=grace_s,
                          commit_interval_s=commit_interval_s,
                          max_buffered=max_buffered or max(2 * handler.concurrency,
                                                           DEFAULT_MAX_BUFFERED),
-                         lane_weights=weights)
+                         lane_weights=weights, kafka=kafka)
+        self.kafka = kafka
         self.policy = policy
         self.handler = handler
         self.retry_policy = RetryPolicy(tiers=policy.retry_tiers,
                                         max_attempts=policy.max_attempts)
-        self.dedup = dedup or DedupStore(settings)
+        self.dedup: Dedup = dedup or DedupStore(settings)
         self._owns_dedup = dedup is None
         self.children = children  # checks and makes the child jobs of ctx.enqueue()
         self.outcomes: Counter[str] = Counter()
@@ -143,8 +144,9 @@ class Worker(GroupMember):
         self._cancelled = self.admission.cancelled
         self._running = self.admission.running
         self._watched = self.admission.watch is not None  # cancels reach it
-        self.relay = Relay(settings, policy, self.producer, grace_s=grace_s,
-                           cancelled=self._cancelled, outcomes=self.outcomes) if relay else None
+        self.relay = (Relay(settings, policy, self.producer, grace_s=grace_s, kafka=kafka,
+                            cancelled=self._cancelled, outcomes=self.outcomes)
+                      if relay else None)
         if self.relay is not None:
             self.admission.subscribe(self.relay.on_cancel)
         self.dead_letter_reasons: Counter[str] = Counter()
@@ -232,7 +234,7 @@ class Worker(GroupMember):
 
     async def _report_every(self) -> None:
         await publish_every(self.settings, self.producer, self.worker_id, self.report,
-                            self.report_interval_s)
+                            self.report_interval_s, kafka=self.kafka)
 
     async def _report(self, *, final: bool = False) -> None:
         await publish(self.settings, self.producer, self.worker_id, self.report(final=final))

@@ -38,6 +38,7 @@ from stream_jobs.errors import (
     StreamJobsError,
 )
 from stream_jobs.job_types import JobTypePolicy
+from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients
 from stream_jobs.periodic import ScheduleSpec
 from stream_jobs.schedules import state
 from stream_jobs.schedules.firings import Due, due_firings, firing_job_id
@@ -63,8 +64,10 @@ class Scheduler:
                  specs: Sequence[ScheduleSpec], *,
                  payloads: Mapping[str, PayloadFunc] | None = None,
                  models: Mapping[str, type[BaseModel]] | None = None,
-                 lease_s: float | None = None, holder: str | None = None) -> None:
+                 lease_s: float | None = None, holder: str | None = None,
+                 kafka: KafkaClients = AIOKAFKA) -> None:
         self.settings = settings
+        self.kafka = kafka
         self.policy = policy
         self.job_type = policy.job_type
         self.specs = tuple(specs)
@@ -118,7 +121,8 @@ class Scheduler:
 
     async def _client(self) -> JobClient | None:
         while not self._stopping.is_set():
-            client = JobClient(self.settings, {self.job_type: self.policy}, models=self.models)
+            client = JobClient(self.settings, {self.job_type: self.policy}, models=self.models,
+                               kafka=self.kafka)
             try:
                 return await client.__aenter__()
             except StreamJobsError as exc:

@@ -1,8 +1,11 @@
-"""pytest fixtures on a real Kafka and Postgres (registered as a pytest plugin on install).
+"""pytest fixtures for handler tests (registered as a pytest plugin on install).
 
-`stream_jobs_stack` is the run's stack, from the backend `STREAM_JOBS_TEST_BACKEND`
-chooses (`stream_jobs.testing.stack`). Per test, the other fixtures give a corner of it
-of the test's own:
+`job_tester` runs an app's handlers in memory: `t = job_tester(app)` is a `JobTester`
+(`stream_jobs.testing.tester`), open for the test and closed after it.
+
+The rest put handlers on a real Kafka and Postgres. `stream_jobs_stack` is the run's
+stack, from the backend `STREAM_JOBS_TEST_BACKEND` chooses (`stream_jobs.testing.stack`).
+Per test, the other fixtures give a corner of it of the test's own:
 
 - `stream_jobs_prefix`: a topic prefix no other test uses (also the schema's name);
 - `stream_jobs_settings`: `Settings` on the stack with that prefix, that schema and a
@@ -24,7 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -46,9 +49,27 @@ from stream_jobs.testing.stack import (
     run_async,
     settings_for,
 )
+from stream_jobs.testing.tester import JobTester
 
 Bind = Callable[..., App]
+StartTester = Callable[..., JobTester]
 T = TypeVar("T")
+
+
+@pytest.fixture
+def job_tester() -> Iterator[StartTester]:
+    """`t = job_tester(app, **options)`: a `JobTester` on `app` (options as its own: types,
+    database_url, start, timeout_s), open until the test ends. In memory: no services."""
+    opened: list[JobTester] = []
+
+    def start(app: App, **options: Any) -> JobTester:
+        tester = JobTester(app, **options).open()
+        opened.append(tester)
+        return tester
+
+    yield start
+    for tester in reversed(opened):
+        tester.close()
 
 
 @pytest.fixture(scope="session")

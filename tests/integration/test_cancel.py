@@ -98,7 +98,7 @@ async def test_a_job_delayed_an_hour_is_finished_as_soon_as_it_is_cancelled(
         assert worker.relay is not None
         relay = worker.relay
         running = asyncio.create_task(worker.run(until_idle=True))
-        await until(lambda: job_id in relay._holding.values(), "the relay to hold the job")
+        await until(lambda: job_id in relay.held_jobs.values(), "the relay to hold the job")
         asked = time.monotonic()
         answer = await client.cancel(job_id, job_type="cancel.delayed")
         await asyncio.wait_for(running, 30)
@@ -125,7 +125,7 @@ async def test_a_job_waiting_in_a_delay_tier_is_cancelled_there(app: App,
         assert worker.relay is not None
         relay = worker.relay
         running = asyncio.create_task(worker.run(until_idle=True))
-        await until(lambda: job_id in relay._holding.values(), "the retry to wait in tier 1h")
+        await until(lambda: job_id in relay.held_jobs.values(), "the retry to wait in tier 1h")
         answer = await client.cancel(job_id, job_type="cancel.tier")
         await asyncio.wait_for(running, 30)
     assert answer.answer is CancelAnswer.CANCELLED

@@ -109,3 +109,35 @@ async def test_a_delay_past_the_largest_tier_hops_and_the_relay_never_busy_polls
     print(f"\n[relay] {len(window)} polls in {elapsed_s:.1f} s, {paused_polls} while paused,"
           f" {relay.hops} hops; far ran {far_ms - enqueued} ms after enqueue, "
           f"run_at job {at_ms - run_at_ms} ms after its time")
+
+
+async def test_a_record_held_for_long_does_not_hold_up_a_due_one_behind_another_partition(
+        app: App, declare: Declare) -> None:
+    # Found by the in-memory JobTester: a relay whose runners were all holding records
+    # started no runner for a record fetched later on another partition, so a 1 s delay
+    # waited for a 20 s one to be released.
+    await declare("held.job", partitions=1, retry_tiers=["1s", "20s"], max_attempts=2)
+    ran: dict[str, int] = {}
+
+    @app.job("held.job")
+    async def held(job: dict[str, str], ctx: JobContext) -> None:
+        ran[job["name"]] = _ms()
+
+    worker = app.worker("held.job")
+    relay = worker.relay
+    assert relay is not None
+    running = asyncio.create_task(worker.run())
+    try:
+        await until(lambda: bool(worker.partitions) and bool(relay.partitions),
+                    "the worker and the relay to hold their partitions", 30)
+        async with app.client() as client:
+            await client.enqueue("held.job", {"name": "far"}, delay=20)
+            await until(lambda: relay.in_flight() == 1, "the relay to hold the 20 s job", 30)
+            enqueued = _ms()
+            await client.enqueue("held.job", {"name": "soon"}, delay=1)
+        await until(lambda: "soon" in ran, "the 1 s job to run while the 20 s one waits", 10)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(running, 30)
+    assert "far" not in ran
+    assert ran["soon"] - enqueued < (1 + RELAY_POLL_S + LATE_S) * 1000
