@@ -26,6 +26,8 @@ from stream_jobs.errors import PermanentError
 from stream_jobs.outbox.relay import OutboxRelay
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
+from stream_jobs.testing import JobTester
+from stream_jobs.uniqueness import Enqueued
 from tests.integration.cli_env import settings_env
 
 from .conftest import Declare
@@ -207,3 +209,32 @@ async def test_two_producers_racing_on_debounced_keys_run_one_job_per_key_and_wi
     assert worker.outcomes["superseded"] == 1_000 - len(windows)
     marked = await _rows(app.settings, "SELECT job_id FROM stream_jobs_superseded")
     assert {r["job_id"] for r in marked} == superseded
+
+
+async def test_the_job_tester_on_postgres_runs_unique_and_debounced_jobs(
+        settings: Settings, schema: str) -> None:
+    """JobTester with `database_url=`: the keys in the real tables, the jobs through the
+    real outbox into the in-memory broker; a window ends by Postgres' clock and is
+    waited for on the tester's virtual one."""
+    app = App(settings)
+    ran: list[int] = []
+
+    @app.job("tester.keyed")
+    async def work(job: dict[str, int], ctx: JobContext) -> None:
+        ran.append(job["n"])
+
+    types: dict[str, Any] = {"tester.keyed": {"partitions": 2, "retry_tiers": ["1s", "1m"]}}
+    async with JobTester(app, types=types, database_url=settings.database_url,
+                         database_schema=schema) as t:
+        first = await t.enqueue("tester.keyed", {"n": 1}, unique_key="once")
+        held = await t.enqueue("tester.keyed", {"n": 2}, unique_key="once")
+        for n in (10, 11, 12):
+            await t.enqueue("tester.keyed", {"n": n}, key="doc", debounce="1s")
+        await t.run_until_idle()
+    assert isinstance(first, Enqueued)
+    assert first.sent
+    assert isinstance(held, Enqueued)
+    assert not held.sent
+    assert held == first
+    assert sorted(ran) == [1, 12]
+    assert t.outcomes["superseded"] == 2
