@@ -24,13 +24,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from stream_jobs.context import JobContext
 from stream_jobs.dedup.cancel_watch import CancelWatch, OnCancel
 from stream_jobs.dedup.cancels import CancelStore
 from stream_jobs.dedup.keys import KeyStore, until_done
-from stream_jobs.errors import ConfigError, StreamJobsError
+from stream_jobs.errors import ConfigError, JobInterrupted, StreamJobsError
 from stream_jobs.record import HEADER_UNIQUE, JobRecord
+from stream_jobs.runtime.calls import HandlerCall
 from stream_jobs.runtime.dispatch import Runner
 from stream_jobs.settings import Settings
 
@@ -109,12 +111,23 @@ class Admission:
         if self.interruptible and runner.task is not None:
             runner.task.cancel()
 
-    def left(self, job_id: str, runner: Runner, ctx: JobContext) -> None:
-        """The handler call of `ctx` ended (returned, raised or was interrupted)."""
-        if self.running.get(job_id, (None,))[0] is runner:
-            del self.running[job_id]
-        if ctx._cancelled and self.interruptible and runner.task is not None:
-            runner.task.uncancel()  # the cancellation we asked for is consumed
+    async def call(self, call: HandlerCall, job_id: str, runner: Runner, payload: Any,
+                   ctx: JobContext) -> Exception | None:
+        """`call(runner, payload, ctx)` (the worker's handler call), with the job known by
+        ID meanwhile so that a cancel can stop it; a run stopped so ends `JobInterrupted`."""
+        running = self.running
+        running[job_id] = (runner, ctx)
+        try:
+            return await call(runner, payload, ctx)
+        except asyncio.CancelledError:
+            if not ctx._cancelled:
+                raise  # revoked past the grace period, or the worker is being torn down
+            return JobInterrupted("The run was stopped for a cancel that did not complete.")
+        finally:
+            if running.get(job_id, (None,))[0] is runner:
+                del running[job_id]
+            if ctx._cancelled and self.interruptible and runner.task is not None:
+                runner.task.uncancel()  # the cancellation we asked for is consumed
 
     async def confirmed(self, job: JobRecord) -> bool:
         """Whether the cancel that stopped a run of `job` committed (waiting a little for

@@ -26,7 +26,6 @@ import random
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
-from typing import Any
 
 from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
@@ -34,13 +33,7 @@ from stream_jobs.context import JobContext
 from stream_jobs.dedup.cancel_watch import CancelWatch
 from stream_jobs.dedup.keys import KeyStore
 from stream_jobs.dedup.store import Dedup, DedupStore
-from stream_jobs.errors import (
-    AlreadyDone,
-    BadRecord,
-    JobInterrupted,
-    PermanentError,
-    StreamJobsError,
-)
+from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError, StreamJobsError
 from stream_jobs.failures import FailureInfo
 from stream_jobs.handlers import JobHandler
 from stream_jobs.histogram import DurationHistogram
@@ -136,13 +129,10 @@ class Worker(GroupMember):
         self._owns_dedup = dedup is None
         self.children = children  # checks and makes the child jobs of ctx.enqueue()
         self.outcomes: Counter[str] = Counter()
-        # Cancels, unique keys, debounce (stream_jobs.runtime.admission): the hot path reads
-        # its set of cancelled IDs and its map of running jobs directly.
+        # Cancels, unique keys, debounce: the hot path reads the set of cancelled IDs directly.
         self.admission = Admission(settings, policy.job_type, stopping=self.stopping,
-                                   interruptible=not handler.sync,
-                                   cancels=cancels, keys=keys)
+                                   interruptible=not handler.sync, cancels=cancels, keys=keys)
         self._cancelled = self.admission.cancelled
-        self._running = self.admission.running
         self._watched = self.admission.watch is not None  # cancels reach it
         self.relay = (Relay(settings, policy, self.producer, grace_s=grace_s, kafka=kafka,
                             cancelled=self._cancelled, outcomes=self.outcomes)
@@ -440,8 +430,9 @@ class Worker(GroupMember):
         ctx = JobContext(job, topic=record.topic, partition=record.partition,
                          offset=record.offset, dedup=self.dedup, lend_slot=self.lend_slot,
                          children=self.children)
-        if self._watched:
-            error = await self._call_interruptible(job, runner, payload, ctx)
+        if self._watched:  # known by job ID meanwhile, so that a cancel can stop it
+            error = await self.admission.call(self._call_handler, job.job_id, runner,
+                                              payload, ctx)
         else:  # no cancel reaches this worker (STREAM_JOBS_CANCEL_WATCH=false)
             error = await self._call_handler(runner, payload, ctx)
         if ctx._cancelled and await self.admission.confirmed(job):
@@ -461,19 +452,6 @@ class Worker(GroupMember):
         else:
             reason = Reason.PERMANENT if isinstance(error, PermanentError) else Reason.HANDLER_ERROR
         return await self._failed(job, record, error, reason)
-
-    async def _call_interruptible(self, job: JobRecord, runner: Runner, payload: Any,
-                                  ctx: JobContext) -> Exception | None:
-        """The handler call, known by job ID meanwhile so that a cancel can stop it."""
-        self._running[job.job_id] = (runner, ctx)
-        try:
-            return await self._call_handler(runner, payload, ctx)
-        except asyncio.CancelledError:
-            if not ctx._cancelled:
-                raise  # revoked past the grace period, or the worker is being torn down
-            return JobInterrupted("The run was stopped for a cancel that did not complete.")
-        finally:
-            self.admission.left(job.job_id, runner, ctx)
 
     async def _failed(self, job: JobRecord, record: Record, exc: BaseException,
                       reason: str) -> Outcome:
