@@ -405,14 +405,15 @@ class Worker(GroupMember):
         return outcome
 
     async def _start(self, job: JobRecord, record: Record, runner: Runner) -> Outcome:
+        if job.debounce_key is not None and await self.admission.superseded(job):
+            return Outcome.SUPERSEDED
+        # No await from here to the handler call, so a cancel is seen here or stops the run.
         cancelled = self._cancelled
         if cancelled and job.job_id in cancelled:
             return Outcome.CANCELLED
         now = now_ms()
         if job.expires_at_ms is not None and now >= job.expires_at_ms:
             return Outcome.EXPIRED
-        if job.debounce_key is not None and await self.admission.superseded(job):
-            return Outcome.SUPERSEDED
         try:
             payload = self.handler.parse_payload(job.payload)
         except BadRecord as bad:
