@@ -103,6 +103,8 @@ bench: stack $(VENV)/.bench-installed
 # CHAOS_JOBS=N jobs per run, CHAOS_RUNS=R runs each, CHAOS_ONLY=kill9,zombie,... a subset.
 chaos: stack
 	$(BIN)/python -m ops.chaos.run
+	# Cancels racing runs while workers are killed (docs/control.md; ~30 s): prints its verdict.
+	$(BIN)/python -m ops.chaos.cancels
 
 $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[dev,bench]'

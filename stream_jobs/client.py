@@ -10,6 +10,12 @@ the outbox table in that transaction instead, and exists if and only if it commi
 relay then moves it to Kafka (`stream_jobs.outbox`). The ID is returned at once, and no
 Kafka connection is needed: such a client need not be entered.
 
+With `unique_key=` or `debounce=` the job always goes through the outbox: its key and its
+outbox row commit in one transaction (the caller's, or one of the client's own), and the
+answer is an `Enqueued` (a `str`) saying whether this call sent it
+(`stream_jobs.uniqueness`). `cancel(job_id)` stops a job that has not finished
+(`stream_jobs.cancels`).
+
 `result` waits for a kept result (docs/results.md), `status` says where a job is, and
 `chain` / `batch` make workflows whose next steps and callbacks are written exactly once
 (docs/workflows.md).
@@ -23,40 +29,37 @@ from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
 from stream_jobs import clock
+from stream_jobs.cancels import Cancellation
+from stream_jobs.dedup.cancels import CancelStore
+from stream_jobs.dedup.pool import LazyPool
 from stream_jobs.dedup.results import ResultReader
-from stream_jobs.errors import (
-    ConfigError,
-    PayloadError,
-    PayloadTooLarge,
-    ResultNotKept,
-    ResultTimeout,
-)
+from stream_jobs.errors import ConfigError, PayloadError, PayloadTooLarge
 from stream_jobs.job_ids import MAX_JOB_ID_CHARS, new_job_id
 from stream_jobs.job_types import JobTypePolicy, get_job_type
 from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients, Producer
 from stream_jobs.lookup import JobLocation, locate_job
 from stream_jobs.naming import lane_topic, tier_topic
+from stream_jobs.outbox.unique import (
+    Build,
+    KeyAnswer,
+    enqueue_keyed_async,
+    enqueue_keyed_own,
+    enqueue_keyed_sync,
+)
 from stream_jobs.outbox.writer import write_async, write_sync
 from stream_jobs.payloads import encode_payload, validation_summary
 from stream_jobs.record import JobRecord
 from stream_jobs.retry import tier_for_delay
 from stream_jobs.settings import Settings
-from stream_jobs.workflows.create import (
-    Plan,
-    batch_plan,
-    chain_plan,
-    write_plan,
-    write_plan_alone,
-)
-from stream_jobs.workflows.progress import Progress, read_progress
+from stream_jobs.uniqueness import Enqueued, KeyClaim, Window, key_claim
+from stream_jobs.workflows.calls import SyncWorkflowCalls, WorkflowCalls
 
 T = TypeVar("T")
-M = TypeVar("M", bound=BaseModel)
 Seconds = float | int | timedelta
 
 
@@ -81,7 +84,7 @@ def _seconds(value: Seconds, what: str) -> float:
     return seconds
 
 
-class JobClient:
+class JobClient(WorkflowCalls):
     """Async enqueueing; use as `async with app.client() as client:`."""
 
     def __init__(self, settings: Settings, job_types: Mapping[str, JobTypePolicy], *,
@@ -94,6 +97,10 @@ class JobClient:
         self._kept = dict(kept or {})  # types with keep_result: seconds kept
         self._producer_or_none: Producer | None = None
         self._results: ResultReader | None = None
+        # Postgres, for unique and debounced enqueues without conn= and for cancels:
+        # opened on first use, so a client that uses neither never connects.
+        self._db: LazyPool | None = None
+        self._cancels: CancelStore | None = None
 
     @property
     def _producer(self) -> Producer:
@@ -115,6 +122,39 @@ class JobClient:
         if self._producer_or_none is not None:
             await self._producer_or_none.stop()
             self._producer_or_none = None
+        await self.close_database()
+
+    async def close_database(self) -> None:
+        """Close the Postgres connections of cancels and unique enqueues, if any were made."""
+        if self._cancels is not None:
+            await self._cancels.close()
+            self._cancels = None
+        if self._db is not None:
+            await self._db.close()
+            self._db = None
+
+    @overload
+    async def enqueue(
+        self, job_type: str, payload: BaseModel | Mapping[str, Any], *,
+        key: str | bytes | None = None, job_id: str | None = None, priority: str = "default",
+        delay: Seconds | None = None, run_at: datetime | None = None,
+        expires_in: Seconds | None = None, conn: Any = None, unique_key: None = None,
+        unique_for: None = None, debounce: None = None) -> str: ...
+
+    @overload
+    async def enqueue(
+        self, job_type: str, payload: BaseModel | Mapping[str, Any], *,
+        key: str | bytes | None = None, job_id: str | None = None, priority: str = "default",
+        delay: Seconds | None = None, run_at: datetime | None = None,
+        expires_in: Seconds | None = None, conn: Any = None, unique_key: str,
+        unique_for: Window | None = None, debounce: Window | None = None) -> Enqueued: ...
+
+    @overload
+    async def enqueue(
+        self, job_type: str, payload: BaseModel | Mapping[str, Any], *,
+        key: str | bytes | None = None, job_id: str | None = None, priority: str = "default",
+        expires_in: Seconds | None = None, conn: Any = None, unique_key: str | None = None,
+        debounce: Window) -> Enqueued: ...
 
     async def enqueue(
         self,
@@ -128,6 +168,9 @@ class JobClient:
         run_at: datetime | None = None,
         expires_in: Seconds | None = None,
         conn: Any = None,
+        unique_key: str | None = None,
+        unique_for: Window | None = None,
+        debounce: Window | None = None,
     ) -> str:
         """Write one job and return its ID once the broker has it.
 
@@ -137,9 +180,21 @@ class JobClient:
         `expires_in` drops the job (counted as expired) if it has not run by then.
         `conn` (asyncpg connection, SQLAlchemy AsyncConnection or AsyncSession, in a
         transaction): write the job in that transaction instead; see the module's docstring.
+
+        `unique_key` (with `unique_for`, e.g. "10m"): while a job holding the key is
+        pending, or within `unique_for` of its enqueue, send nothing and answer that job's
+        ID. `debounce` (e.g. "30s", on `unique_key` or else `key`): of the key's jobs
+        enqueued in one window only the last runs, when the window ends. Either returns an
+        `Enqueued`, which is the job ID and says whether this call sent it; the job goes
+        through the outbox (docs/control.md).
         """
-        topic, record = self.prepare(Job(job_type, payload, key, job_id, priority, delay,
-                                         run_at, expires_in))
+        job = Job(job_type, payload, key, job_id, priority, delay, run_at, expires_in)
+        if unique_key is not None or unique_for is not None or debounce is not None:
+            claim = key_claim(unique_key=unique_key, unique_for=unique_for, debounce=debounce,
+                              key=key, delay=delay, run_at=run_at)
+            assert claim is not None
+            return await self.enqueue_keyed(job, claim, conn)
+        topic, record = self.prepare(job)
         if conn is not None:
             await write_async(conn, [(topic, record)], self.settings.database_schema)
             return record.job_id
@@ -160,75 +215,61 @@ class JobClient:
         await self._producer.send_many(prepared)
         return [record.job_id for _, record in prepared]
 
-    # -- results and status ------------------------------------------------------------------
+    async def enqueue_keyed(self, job: Job, claim: KeyClaim, conn: Any = None) -> Enqueued:
+        """`enqueue` of a job with a unique or debounce `claim` (see `enqueue`)."""
+        job_id, build = self.prepare_keyed(job, claim)
+        schema = self.settings.database_schema
+        if conn is not None:
+            answer = await enqueue_keyed_async(conn, claim, job.job_type, job_id, schema, build)
+        else:
+            if self._db is None:
+                self._db = LazyPool(self.settings, max_size=4, name="stream-jobs client")
+            answer = await enqueue_keyed_own(self._db, claim, job.job_type, job_id, schema,
+                                             build)
+        return answer.enqueued()
 
-    # `timeout` is the contract's name (DESIGN.md): a wait bounded by the call itself.
-    async def result(self, job_id: str, *, timeout: float = 30.0,  # noqa: ASYNC109
-                     model: type[M] | None = None) -> Any:
-        """The job's kept result, waiting up to `timeout` seconds for it (woken by the
-        worker's commit, not by polling); validated by `model` if given.
+    def prepare_keyed(self, job: Job, claim: KeyClaim) -> tuple[str, Build]:
+        """The job ID of a unique or debounced `job`, and how to make its record once the
+        key answered. Every check happens here, before the key is touched: a job that is
+        refused takes no key."""
+        topic, record = self.prepare(job)
+        if claim.kind == "unique":
+            record = record.with_(unique_key=claim.key)
 
-        Raises `JobFailed` (dead-lettered), `JobCancelled` or `JobExpired` with the
-        reason; `ResultTimeout` when the job has not finished in time; `ResultNotKept`
-        when it finished but no result of it is kept (no `keep_result`, or pruned).
+        def build(answer: KeyAnswer) -> tuple[str, JobRecord]:
+            if claim.kind == "unique" or answer.not_before_ms is None:
+                return topic, record
+            now = clock.now_ms()
+            # A debounced job waits for its window's end, in the delay tier that fits.
+            due = answer.not_before_ms if answer.not_before_ms > now else None
+            held = record.with_(debounce_key=claim.key, not_before_ms=due)
+            return self._route(held, now), held
+
+        return record.job_id, build
+
+    async def cancel(self, job_id: str, *, job_type: str | None = None,
+                     reason: str | None = None) -> Cancellation:
+        """Cancel a job that has not finished: it never starts (checked before it starts
+        and at every delay-tier hop), and a run in progress is interrupted (an async
+        handler gets `CancelledError` at its next await; a sync one sees `ctx.cancelled`).
+        A job that already finished is left as it is, and the answer says so.
+
+        `job_type` narrows which workers keep the ID (all of the schema's otherwise).
+        The answer is decided by the dedup table (docs/control.md): for jobs that write
+        through `ctx.once()` it is exact, done or cancelled, never both. Needs Postgres
+        only (`STREAM_JOBS_DATABASE_URL`), not Kafka.
         """
-        if self._results is None:
-            self._results = ResultReader(self.settings)
-        found = await self._results.wait(job_id, timeout)
-        if found is None:
-            raise await self._no_result(job_id, timeout)
-        if not found.succeeded:
-            raise found.failure()
-        return found.parsed(model) if model is not None else found.value()
-
-    async def _no_result(self, job_id: str, waited_s: float) -> Exception:
-        assert self._results is not None
-        job_type = await self._results.finished_type(job_id)
         if job_type is not None:
-            why = ("its type keeps no results: declare it with @app.job(..., keep_result="
-                   "'1d')" if job_type not in self._kept else "its result was pruned")
-            return ResultNotKept(f"Job {job_id} ({job_type}) finished, but no result of it "
-                                 f"is kept: {why}.")
-        return ResultTimeout(f"Job {job_id} has no result after {waited_s:g} s: it has not "
-                             f"finished yet (`stream-jobs job {job_id}` says where it is).")
+            get_job_type(self._types, job_type)
+        if not job_id or len(job_id) > MAX_JOB_ID_CHARS:
+            raise ConfigError(f"A job ID is 1 to {MAX_JOB_ID_CHARS} characters.")
+        if self._cancels is None:
+            self._cancels = CancelStore(self.settings)
+        return await self._cancels.cancel(job_id, job_type=job_type, reason=reason)
 
     async def status(self, job_id: str, *, job_type: str | None = None) -> JobLocation:
-        """Where the job is: what `stream-jobs job ID` shows (the dedup and results rows,
-        then a bounded scan of the type's topics)."""
+        """Where the job is: what `stream-jobs job ID` shows (its result too, if kept)."""
         return await locate_job(self.settings, self._types, job_id, job_type=job_type)
-
-    # -- chains and batches --------------------------------------------------------------
-
-    async def chain(self, *jobs: Job, chain_id: str | None = None, conn: Any = None) -> str:
-        """Run `jobs` one after another: each is enqueued when the one before succeeded,
-        with that one's result in `ctx.parent_result`; a step that is dead-lettered stops
-        the chain. Returns the chain's ID (`stream-jobs batch ID` shows where it is).
-        Written in one transaction (the caller's asyncpg `conn`, or the client's own)."""
-        plan = chain_plan(self.settings.database_schema, chain_id or new_job_id(), jobs,
-                          self.prepare)
-        return await self._write(plan, conn)
-
-    async def batch(self, jobs: Iterable[Job], *, on_success: Job | None = None,
-                    on_complete: Job | None = None, batch_id: str | None = None,
-                    conn: Any = None) -> str:
-        """Enqueue `jobs` as a batch: `on_success` runs once when every member succeeded,
-        `on_complete` once when every member finished (dead letters included), however
-        often members were retried or delivered again. A callback's payload gets the
-        counts under `"batch"` (`BatchSummary`). Returns the batch's ID."""
-        plan = batch_plan(self.settings.database_schema, batch_id or new_job_id(), list(jobs),
-                          self.prepare, on_success=on_success, on_complete=on_complete)
-        return await self._write(plan, conn)
-
-    async def progress(self, workflow_id: str) -> Progress:
-        """Where a batch or chain stands (`UnknownWorkflow` if there is none)."""
-        return await read_progress(self.settings, workflow_id)
-
-    async def _write(self, plan: Plan, conn: Any) -> str:
-        if conn is not None:
-            await write_plan(conn, plan)
-        else:
-            await write_plan_alone(self.settings, plan)
-        return plan.workflow_id
 
     def prepare(self, job: Job, *, now_ms: int | None = None) -> tuple[str, JobRecord]:
         """The topic and record for `job`, or the error that keeps it from being sent."""
@@ -271,11 +312,16 @@ class JobClient:
             expires_at_ms=now + int(expires_s * 1000) if expires_s is not None else None,
             lane=job.priority,
         )
+        return self._route(record, now, policy), record
+
+    def _route(self, record: JobRecord, now: int, policy: JobTypePolicy | None = None) -> str:
+        """The topic of `record`: its lane, or the delay tier that fits its not-before."""
         prefix = self.settings.topic_prefix
-        if record.not_before_ms is None:
-            return lane_topic(prefix, job.job_type, job.priority), record
+        if record.not_before_ms is None or record.not_before_ms <= now:
+            return lane_topic(prefix, record.job_type, record.lane)
+        policy = policy or get_job_type(self._types, record.job_type)
         tier = tier_for_delay(policy.retry_tiers, (record.not_before_ms - now) / 1000)
-        return tier_topic(prefix, job.job_type, tier), record
+        return tier_topic(prefix, record.job_type, tier)
 
     def _encode(self, job_type: str, payload: BaseModel | Mapping[str, Any]) -> bytes:
         value = encode_payload(payload)
@@ -289,12 +335,14 @@ class JobClient:
         return value
 
 
-class SyncJobClient:
+class SyncJobClient(SyncWorkflowCalls):
     """Blocking enqueueing for sync code (Django/Flask views, scripts).
 
     Runs a `JobClient` on an event loop in a background thread; safe to share between
     threads. Use as `with app.sync_client() as client:`.
     """
+
+    _client: JobClient
 
     def __init__(self, settings: Settings, job_types: Mapping[str, JobTypePolicy], *,
                  models: Mapping[str, type[BaseModel]] | None = None,
@@ -320,17 +368,51 @@ class SyncJobClient:
         finally:
             self._shutdown()
 
+    @overload
+    def enqueue(self, job_type: str, payload: BaseModel | Mapping[str, Any], *,
+                conn: Any = None, unique_key: None = None, unique_for: None = None,
+                debounce: None = None, **options: Any) -> str: ...
+
+    @overload
+    def enqueue(self, job_type: str, payload: BaseModel | Mapping[str, Any], *,
+                conn: Any = None, unique_key: str, unique_for: Window | None = None,
+                debounce: Window | None = None, **options: Any) -> Enqueued: ...
+
+    @overload
+    def enqueue(self, job_type: str, payload: BaseModel | Mapping[str, Any], *,
+                conn: Any = None, unique_key: str | None = None, unique_for: None = None,
+                debounce: Window, **options: Any) -> Enqueued: ...
+
     def enqueue(self, job_type: str, payload: BaseModel | Mapping[str, Any], *, conn: Any = None,
-                **options: Any) -> str:
+                unique_key: str | None = None, unique_for: Window | None = None,
+                debounce: Window | None = None, **options: Any) -> str:
         """As `JobClient.enqueue`, blocking until the broker acknowledged the job.
 
         With `conn` (a SQLAlchemy Connection or Session, a DB-API connection such as
         psycopg's, or Django's `django.db.connection`): written on the calling thread in
         that connection's transaction, returning at once; the client need not be entered.
+        `unique_key`, `unique_for` and `debounce` mean what `JobClient.enqueue`'s do; with
+        them the answer is an `Enqueued`, once the key and the job are committed.
         """
+        if unique_key is not None or unique_for is not None or debounce is not None:
+            job = Job(job_type, payload, **options)
+            claim = key_claim(unique_key=unique_key, unique_for=unique_for, debounce=debounce,
+                              key=job.key, delay=job.delay, run_at=job.run_at)
+            assert claim is not None
+            if conn is None:
+                return self._call(self._client.enqueue_keyed(job, claim))
+            job_id, build = self._client.prepare_keyed(job, claim)
+            return enqueue_keyed_sync(conn, claim, job.job_type, job_id,
+                                      self._client.settings.database_schema, build).enqueued()
         if conn is not None:
             return self.enqueue_many([Job(job_type, payload, **options)], conn=conn)[0]
-        return self._call(self._client.enqueue(job_type, payload, **options))
+        sent: str = self._call(self._client.enqueue(job_type, payload, **options))
+        return sent
+
+    def cancel(self, job_id: str, *, job_type: str | None = None,
+               reason: str | None = None) -> Cancellation:
+        """As `JobClient.cancel`, blocking."""
+        return self._call(self._client.cancel(job_id, job_type=job_type, reason=reason))
 
     def enqueue_many(self, jobs: Iterable[Job], *, conn: Any = None) -> list[str]:
         if conn is not None:
@@ -339,24 +421,8 @@ class SyncJobClient:
             return [record.job_id for _, record in prepared]
         return self._call(self._client.enqueue_many(list(jobs)))
 
-    def result(self, job_id: str, *, timeout: float = 30.0,
-               model: type[M] | None = None) -> Any:
-        """As `JobClient.result`, blocking until the result is there (or the timeout)."""
-        return self._call(self._client.result(job_id, timeout=timeout, model=model))
-
     def status(self, job_id: str, *, job_type: str | None = None) -> JobLocation:
         return self._call(self._client.status(job_id, job_type=job_type))
-
-    def chain(self, *jobs: Job, chain_id: str | None = None) -> str:
-        return self._call(self._client.chain(*jobs, chain_id=chain_id))
-
-    def batch(self, jobs: Iterable[Job], *, on_success: Job | None = None,
-              on_complete: Job | None = None, batch_id: str | None = None) -> str:
-        return self._call(self._client.batch(list(jobs), on_success=on_success,
-                                             on_complete=on_complete, batch_id=batch_id))
-
-    def progress(self, workflow_id: str) -> Progress:
-        return self._call(self._client.progress(workflow_id))
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

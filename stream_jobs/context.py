@@ -1,6 +1,6 @@
 """What a handler gets besides its payload: the job's identity, `once()` (and, for sync
 handlers, `once_sync(session)`), `enqueue()`, `batch()` / `chain()`, its fencing token,
-and a chain step's `parent_result`."""
+a chain step's `parent_result`, and whether it was cancelled."""
 
 from __future__ import annotations
 
@@ -38,8 +38,9 @@ class JobContext:
 
     # `_fencing` is left unset until `fencing_token` is first read: a handler that never
     # reads it pays nothing for it, not even a store here.
-    __slots__ = ("_children", "_conn", "_dedup", "_enqueued", "_fencing", "_finish", "_job",
-                 "_lend_slot", "_offset", "_partition", "_topic", "_writes", "returned")
+    __slots__ = ("_cancelled", "_children", "_conn", "_dedup", "_enqueued", "_fencing",
+                 "_finish", "_job", "_lend_slot", "_offset", "_partition", "_topic", "_writes",
+                 "returned")
 
     def __init__(self, job: JobRecord, *, topic: str, partition: int, offset: int,
                  dedup: Dedup,
@@ -60,6 +61,8 @@ class JobContext:
         # The job's finish transaction (keep_result, batch member, chain step), else None.
         self._finish = finish
         self.returned: object = None  # what the handler returned (set by the worker)
+        # Set by the worker when a cancel for this job arrives while it runs.
+        self._cancelled = False
 
     @property
     def job_id(self) -> str:
@@ -100,6 +103,15 @@ class JobContext:
     @property
     def lane(self) -> str:
         return self._job.lane
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the job was cancelled while this run goes on (`client.cancel`). An
+        async handler also gets `CancelledError` at its next await; a sync one (which
+        cannot be interrupted) should look at this between steps and return. Either way
+        the job finishes as `cancelled`, and a `ctx.once()` block it has not committed
+        yet cannot commit any more."""
+        return self._cancelled
 
     @property
     def fencing_token(self) -> Awaitable[int]:

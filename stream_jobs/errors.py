@@ -131,6 +131,18 @@ class OutboxWriteError(StreamJobsError):
     """A job could not be written to the outbox in the caller's transaction (roll it back)."""
 
 
+class JobNotFound(StreamJobsError):
+    """No job with the given ID was found (not finished, and in none of the topics scanned)."""
+
+
+class CancelPending(StreamJobsError):
+    """A cancel waited for a run that holds the job's dedup row and did not stop in time."""
+
+
+class JobInterrupted(StreamJobsError):
+    """A run stopped for a cancel that did not complete: it failed, and is retried."""
+
+
 class LeadershipLost(StreamJobsError):
     """A scheduler's lock session ended or failed: it no longer leads its type's schedules."""
 

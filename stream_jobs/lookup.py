@@ -1,11 +1,12 @@
 """`stream-jobs job JOB_ID`: what happened to one job.
 
-In order: the dedup table (a row means the job's `ctx.once()` transaction committed:
-done) and its row of `stream_jobs_results` if it keeps one (its result, or how it ended
-without one: docs/results.md), then a bounded scan of the type's lanes, delay tiers and
-DLQ for records carrying the job ID. The latest sighting tells where the job is:
-dead-lettered, waiting in a tier, waiting (or running) in a lane, or finished in its lane
-without a dedup row.
+In order: the cancels (a cancelled job, and a debounced job a newer one superseded, is
+that whatever Kafka still holds), the dedup table (a row means the job's `ctx.once()`
+transaction committed: done) and its row of `stream_jobs_results` if it keeps one (its
+result, or how it ended without one: docs/results.md), then a bounded scan of the type's
+lanes, delay tiers and DLQ for records carrying the job ID. The latest sighting tells
+where the job is: dead-lettered, waiting in a tier, waiting (or running) in a lane, or
+finished in its lane without a dedup row.
 
 Cost: the scan reads every record (payloads included) written to those topics since the
 job ID's creation time less a minute of clock slack (UUIDv7 IDs carry it), and at most
@@ -25,9 +26,11 @@ from typing import Any, Literal
 
 import asyncpg
 
+from stream_jobs.dedup.cancels import CancelStore
+from stream_jobs.dedup.keys import KeyStore
 from stream_jobs.dedup.results import ResultReader
 from stream_jobs.dedup.store import DedupStore
-from stream_jobs.errors import ConfigError, DatabaseUnavailable
+from stream_jobs.errors import ConfigError, DatabaseUnavailable, StreamJobsError
 from stream_jobs.failures import FailureInfo, parse_failure
 from stream_jobs.job_ids import job_id_time_ms
 from stream_jobs.job_types import JobTypePolicy, get_job_type
@@ -46,7 +49,8 @@ from stream_jobs.record import (
 from stream_jobs.results import StoredResult
 from stream_jobs.settings import Settings
 
-Status = Literal["done", "dead_lettered", "retrying", "pending", "finished", "not_seen"]
+Status = Literal["done", "dead_lettered", "retrying", "pending", "finished", "not_seen",
+                 "cancelled", "superseded"]
 
 DEFAULT_MAX_RECORDS_PER_TOPIC = 100_000
 # Producers', workers' and brokers' clocks disagree a little; look this much earlier.
@@ -82,12 +86,13 @@ class JobLocation:
     status: Status
     job_type: str | None = None
     attempt: int | None = None
-    finished_at: datetime | None = None  # from the dedup row
+    finished_at: datetime | None = None  # from the dedup row (a cancel: when it was made)
     last: Sighting | None = None  # the sighting the status rests on
     sightings: tuple[Sighting, ...] = ()
     scanned_records: int = 0
     complete: bool = True  # False: a scan stopped at its cap, the job may be further on
     notes: tuple[str, ...] = ()
+    detail: str = ""  # cancelled or superseded: when, why, by which job
     # Its row of stream_jobs_results: a kept result, or how a job that keeps one ended.
     result: StoredResult | None = None
 
@@ -97,6 +102,9 @@ class JobLocation:
 
     def _where(self) -> str:
         job, last = f"Job {self.job_id}", self.last
+        if self.status in ("cancelled", "superseded"):
+            kind = f" ({self.job_type})" if self.job_type else ""
+            return f"{job}{kind} is {self.status}: {self.detail}"
         if self.status == "done":
             when = self.finished_at.isoformat() if self.finished_at else "an unknown time"
             return (f"{job} ({self.job_type}) is done: attempt {self.attempt} committed "
@@ -234,6 +242,9 @@ async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
     chosen = ([get_job_type(types, job_type)] if job_type is not None
               else [types[name] for name in sorted(types)])
     notes: list[str] = []
+    stopped = await _stopped(settings, job_id, notes)
+    if stopped is not None:
+        return stopped
     row = await _dedup_row(settings, job_id, notes)
     result = await _result_row(settings, job_id, notes)
     if row is not None:
@@ -277,7 +288,7 @@ async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
     status, last = judge(sightings)
     return JobLocation(job_id, status, type_of[last.topic] if last else None,
                        last.attempt if last else None, None, last, tuple(sightings), scanned,
-                       complete, tuple(notes), result)
+                       complete, tuple(notes), result=result)
 
 
 def _topics(prefix: str, policy: JobTypePolicy
@@ -300,6 +311,31 @@ async def _result_row(settings: Settings, job_id: str, notes: list[str]
         notes.append(f"The results table was not checked ({exc}).")
     finally:
         await reader.close()
+    return None
+
+
+async def _stopped(settings: Settings, job_id: str, notes: list[str]) -> JobLocation | None:
+    """The job's location if a cancel or a newer debounced job stopped it, else None."""
+    cancels, keys = CancelStore(settings), KeyStore(settings)
+    try:
+        cancelled = await asyncio.wait_for(cancels.cancelled(job_id), 15)
+        if cancelled is not None:
+            job_type, reason, when = cancelled
+            said = f" Reason: {reason}." if reason else ""
+            return JobLocation(job_id, "cancelled", job_type or None, None, when,
+                               notes=tuple(notes),
+                               detail=f"it was cancelled at {when.isoformat(timespec='seconds')}"
+                               f" and does not run again.{said}")
+        by = await asyncio.wait_for(keys.superseded_by(job_id), 15)
+        if by is not None:
+            return JobLocation(job_id, "superseded", notes=tuple(notes),
+                               detail=f"job {by}, enqueued later in its debounce window, runs "
+                               "instead.")
+    except (StreamJobsError, TimeoutError) as exc:
+        notes.append(f"Cancels were not checked ({exc}).")
+    finally:
+        await cancels.close()
+        await keys.close()
     return None
 
 

@@ -19,6 +19,8 @@ class Outcome(StrEnum):
     DEAD_LETTERED = "dead_lettered"  # no attempts left, or permanently bad
     EXPIRED = "expired"  # past its expiry: finished without running
     DUPLICATE = "duplicate"  # its dedup row existed: finished without running
+    CANCELLED = "cancelled"  # cancelled before it started, or interrupted by a cancel
+    SUPERSEDED = "superseded"  # debounced: a newer job of its key ran instead
 
 
 class Reason(StrEnum):

@@ -38,6 +38,10 @@ HEADER_ERROR = "sj-error"
 HEADER_REQUEUES = "sj-requeues"
 HEADER_RERUN_OF = "sj-rerun-of"
 HEADER_TRACEPARENT = "traceparent"
+# Unique jobs and debounce (stream_jobs/uniqueness.py): the key a job holds, so the worker
+# releases it (or checks for a newer job of it) only for jobs that carry one.
+HEADER_UNIQUE = "sj-unique"
+HEADER_DEBOUNCE = "sj-debounce"
 # The batch or chain a job belongs to (stream_jobs/workflows/): "batch:ID" or "chain:STEP:ID".
 HEADER_WORKFLOW = "sj-workflow"
 
@@ -55,6 +59,8 @@ _KNOWN_HEADERS = frozenset(
         HEADER_REQUEUES,
         HEADER_RERUN_OF,
         HEADER_TRACEPARENT,
+        HEADER_UNIQUE,
+        HEADER_DEBOUNCE,
         HEADER_WORKFLOW,
     }
 )
@@ -93,6 +99,8 @@ class _Changes(TypedDict, total=False):
     requeues: int
     rerun_of: str | None
     traceparent: str | None
+    unique_key: str | None
+    debounce_key: str | None
     workflow: str | None
 
 
@@ -130,6 +138,8 @@ class JobRecord:
     requeues: int = 0
     rerun_of: str | None = None
     traceparent: str | None = None
+    unique_key: str | None = None  # held from enqueue until the job finishes
+    debounce_key: str | None = None  # of its key's jobs in one window, only the last runs
     workflow: str | None = None
 
     def headers(self) -> list[tuple[str, bytes]]:
@@ -154,6 +164,10 @@ class JobRecord:
             out.append((HEADER_RERUN_OF, self.rerun_of.encode()))
         if self.traceparent is not None:
             out.append((HEADER_TRACEPARENT, self.traceparent.encode()))
+        if self.unique_key is not None:
+            out.append((HEADER_UNIQUE, self.unique_key.encode()))
+        if self.debounce_key is not None:
+            out.append((HEADER_DEBOUNCE, self.debounce_key.encode()))
         if self.workflow is not None:
             out.append((HEADER_WORKFLOW, self.workflow.encode()))
         return out
@@ -238,6 +252,8 @@ def _from_headers(found: dict[str, bytes | None], payload: bytes, key: bytes | N
         rerun_of=_text(found, HEADER_RERUN_OF) if HEADER_RERUN_OF in found else None,
         failure=parse_failure(found.get(HEADER_ERROR)),
         traceparent=_traceparent(found.get(HEADER_TRACEPARENT)),
+        unique_key=_text(found, HEADER_UNIQUE) if HEADER_UNIQUE in found else None,
+        debounce_key=_text(found, HEADER_DEBOUNCE) if HEADER_DEBOUNCE in found else None,
         workflow=_text(found, HEADER_WORKFLOW) if HEADER_WORKFLOW in found else None,
     )
 

@@ -104,10 +104,11 @@ class StoredResult:
         what = {"failed": "was dead-lettered", "expired": "expired before it ran",
                 "cancelled": "was cancelled", "superseded": "was superseded by a newer job"}
         because = f": {self.error}" if self.error else ""
+        # Attempt 0: no run of it ever started (cancelled where it waited).
+        after = f" after attempt {self.attempt}" if self.attempt else ""
         return cls(f"Job {self.job_id} ({self.job_type}) "
-                   f"{what.get(self.state, 'ended as ' + self.state)} after attempt "
-                   f"{self.attempt}{because}.", job_id=self.job_id, state=self.state,
-                   reason=self.error)
+                   f"{what.get(self.state, 'ended as ' + self.state)}{after}{because}.",
+                   job_id=self.job_id, state=self.state, reason=self.error)
 
     def to_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "job_type": self.job_type, "state": self.state,

@@ -79,6 +79,11 @@ class Settings(BaseSettings):
     # rows, which their batch's counters rest on, are kept at least workflow_keep_s.
     max_result_bytes: int = Field(default=1_048_576, gt=0)
     workflow_keep_s: float = Field(default=7 * 86_400.0, gt=0)
+    # Cancels (docs/control.md): a worker keeps its type's cancelled job IDs in memory,
+    # loaded at start and kept current by LISTEN/NOTIFY, and checks each job before it
+    # starts. false: it does not listen, and a cancelled job is stopped only by its
+    # ctx.once() claim meeting the cancel's dedup row.
+    cancel_watch: bool = True
 
     # The collector's young-generation threshold while a worker runs: CPython's 700 cost a
     # deferred exactly-once worker a quarter of its CPU; 0 leaves it.

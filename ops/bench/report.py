@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
+from ops.bench import control as control_bench
 from ops.bench import outbox as outbox_bench
 from ops.bench import results as results_bench
 from ops.bench import tester as tester_bench
@@ -144,6 +145,9 @@ OUTBOX_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op
 # Results and batches: in their own section too (`BENCH_ONLY=results`).
 RESULTS_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target,
                       unit) for text, num, den, op, target, unit in results_bench.GOALS]
+# Cancel, unique jobs, debounce: in their own section too (`BENCH_ONLY=control`).
+CONTROL_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target,
+                      unit) for text, num, den, op, target, unit in control_bench.GOALS]
 # JobTester's goals: in its own section too (`BENCH_ONLY=tester`).
 TESTER_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target, unit)
                 for text, num, den, op, target, unit in tester_bench.GOALS]
@@ -372,6 +376,8 @@ def render(data: dict[str, Any]) -> str:
                                  data.get("errors", {}).get("processes"))
     out += outbox_bench.section(figures, goal_rows(figures, OUTBOX_GOALS), table, fmt)
     out += results_bench.section(figures, goal_rows(figures, RESULTS_GOALS), table, fmt)
+    out += control_bench.section(figures, goal_rows(figures, CONTROL_GOALS), table, fmt,
+                                 ratio_of)
     out += tester_bench.section(figures, goal_rows(figures, TESTER_GOALS), table, fmt)
     out += ["## Machine and versions", ""]
     rows = [[k, str(v)] for k, v in machine.items()]
@@ -675,6 +681,7 @@ def scaling_section(scaling: dict[str, Any], error: str | None = None) -> list[s
 PROCESSES_HEADING = "Worker processes"
 OWN_HEADINGS: dict[str, str] = {"scaling": SCALING_HEADING, "processes": PROCESSES_HEADING,
                                "outbox": outbox_bench.HEADING, "tester": tester_bench.HEADING,
+                               "control": control_bench.HEADING,
                                "results": results_bench.HEADING}
 
 

@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from ops.bench import (
+    control,
     fencing,
     kafka_tools,
     memory,
@@ -242,6 +243,7 @@ def _sections() -> list[Section]:
         ("outbox", outbox.outbox),
         ("tester", tester.tester),
         ("results", results_section.results),
+        ("control", control.control),
     ]
 
 

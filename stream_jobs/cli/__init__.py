@@ -11,6 +11,7 @@ import sys
 import typer
 from rich.console import Console
 
+from stream_jobs.cli import cancel as _cancel  # noqa: F401 - registers `cancel`
 from stream_jobs.cli import db as _db  # noqa: F401 - registers `db prune`
 from stream_jobs.cli import demo as _demo  # noqa: F401 - registers `demo`
 from stream_jobs.cli import enqueue as _enqueue  # noqa: F401 - registers `enqueue`

@@ -7,7 +7,9 @@ Rows older than that protect nothing, so the command refuses a cutoff inside the
 lane retention of the declared types unless `--force`.
 
 The fencing tokens (`ctx.fencing_token`) come from one sequence, a single number with no
-row per job, so there is nothing of theirs to prune.
+row per job, so there is nothing of theirs to prune. Cancels, superseded markers, unique
+keys given back and debounce windows that ended before the same cutoff go with the dedup
+rows (a cancel's marker is a dedup row).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from stream_jobs.cli.common import settings_of
 from stream_jobs.cli.worker import db_app
+from stream_jobs.dedup.cancels import CancelStore
 from stream_jobs.dedup.store import DedupStore
 from stream_jobs.durations import format_duration, parse_duration
 from stream_jobs.errors import ConfigError
@@ -73,8 +76,10 @@ def prune(
             f"reset) and would run twice without their rows. Use --older-than "
             f"{_spelled(floor[0])} or more, or --force.")
 
-    async def main() -> tuple[str, int, int, int, int]:
+    async def main() -> tuple[str, int, int, int, int, int]:
         store = DedupStore(settings)
+        cancels = CancelStore(settings)
+        others = 0
         progress = Progress(TextColumn("prune"), BarColumn(), MofNCompleteColumn(),
                             console=console, transient=True)
         task = progress.add_task("prune", total=None)
@@ -87,17 +92,26 @@ def prune(
                 results = await store.prune_results(batch=batch, dry_run=dry_run)
                 workflows = await prune_finished(settings, older_than_s, batch=batch,
                                                  dry_run=dry_run)
+            if not dry_run:
+                try:
+                    others = await cancels.prune(cutoff)
+                except ConfigError as exc:  # a schema migrated before cancels existed
+                    console.print(f"[dim]cancels and unique keys not pruned: {exc}[/]")
         finally:
             await store.close()
-        return cutoff.isoformat(timespec="seconds"), matched, deleted, results, workflows
+            await cancels.close()
+        return (cutoff.isoformat(timespec="seconds"), matched, deleted, others, results,
+                workflows)
 
-    when, total, deleted, results, workflows = asyncio.run(main())
+    when, total, deleted, others, results, workflows = asyncio.run(main())
     where = f"in schema {settings.database_schema}"
     if dry_run:
         console.print(f"would delete {total:,} dedup rows finished before {when} {where} "
                       "(dry run: nothing deleted)")
     else:
-        console.print(f"deleted {deleted:,} dedup rows finished before {when} {where}")
+        console.print(f"deleted {deleted:,} dedup rows finished before {when} {where}"
+                      + (f", and {others:,} rows of cancels, unique keys and debounce "
+                         "windows" if others else ""))
     verb = "would delete" if dry_run else "deleted"
     console.print(f"{verb} {results:,} kept results past their keep_result and {workflows:,} "
                   f"batches and chains finished before {when}")

@@ -27,7 +27,8 @@ status_console = Console(stderr=True)
 OUTBOX_ALERT_AGE_S = 60.0
 
 _STATUS_STYLE = {"done": "green", "finished": "green", "pending": "cyan", "retrying": "yellow",
-                 "dead_lettered": "red", "not_seen": "magenta"}
+                 "dead_lettered": "red", "not_seen": "magenta", "cancelled": "yellow",
+                 "superseded": "dim"}
 
 
 def stats(
@@ -85,7 +86,8 @@ def job(
                                     help="Records read per topic at most."),
 ) -> None:
     """What happened to a job: done (dedup row), dead-lettered (with the reason), waiting
-    in a delay tier or a lane, finished without a dedup row, or not seen."""
+    in a delay tier or a lane, finished without a dedup row, cancelled, superseded (by a
+    newer debounced job), or not seen."""
     settings, types = _load(ctx, job_type)
 
     async def run() -> JobLocation:
@@ -143,8 +145,8 @@ def render_stats(shot: StatsSnapshot, settings: Settings, partitions: bool) -> G
     waiting.add_column("oldest", justify="right")
     rates = Table(title=f"last {shot.window_s:g} s, from worker reports")
     rates.add_column("type", no_wrap=True)
-    for column in ("done/s", "retried/s", "dead/s", "expired/s", "workers", "in flight",
-                   "limit"):
+    for column in ("done/s", "retried/s", "dead/s", "expired/s", "cancelled/s",
+                   "superseded/s", "workers", "in flight", "limit"):
         rates.add_column(column, justify="right")
     notes: list[str] = []
     for t in shot.types:
@@ -155,8 +157,9 @@ def render_stats(shot: StatsSnapshot, settings: Settings, partitions: bool) -> G
         for i, row in enumerate(rows):
             waiting.add_row(t.job_type if i == 0 else "", *row, end_section=i == len(rows) - 1)
         per_s = t.rates.per_s()
-        rates.add_row(t.job_type, *(f"{per_s[k]:.2f}" for k in ("done", "retried",
-                                                              "dead_lettered", "expired")),
+        rates.add_row(t.job_type, *(f"{per_s[k]:.2f}" for k in (
+                          "done", "retried", "dead_lettered", "expired", "cancelled",
+                          "superseded")),
                       str(len(t.workers)), f"{sum(w.in_flight for w in t.workers):,}",
                       _limit(t))
         if t.heartbeats is not None and t.heartbeats.stuck:

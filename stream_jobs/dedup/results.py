@@ -20,15 +20,18 @@ import asyncio
 import contextlib
 import hashlib
 import zlib
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import asyncpg
+from pydantic import BaseModel
 
-from stream_jobs.errors import ConfigError, DatabaseUnavailable
+from stream_jobs.errors import ConfigError, DatabaseUnavailable, ResultNotKept, ResultTimeout
 from stream_jobs.results import StoredResult
 from stream_jobs.settings import Settings, redact_url
 
 TABLE = "stream_jobs_results"
+M = TypeVar("M", bound=BaseModel)
 _CHANNEL_MAX = 63  # Postgres keeps 63 bytes of an identifier; a channel is one
 CONNECT_TIMEOUT_S = 10.0
 _DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
@@ -52,10 +55,16 @@ def results_channel(schema: str, job_id: str) -> str:
 
 
 def select_result_sql(schema: str) -> str:
-    """$1 job ID: its row, unless past its expiry (pruning may lag behind)."""
+    """$1 job ID: its row, unless past its expiry (pruning may lag behind); else, for a
+    job cancelled before a worker met it, a `cancelled` row made from its cancel."""
+    cancels = f'"{schema}".stream_jobs_cancels'
     return ("SELECT job_id, job_type, state, result::text AS result, error, attempt, "
             f"finished_at, expires_at FROM {results_table(schema)} "
-            "WHERE job_id = $1 AND expires_at > now()")
+            "WHERE job_id = $1 AND expires_at > now() "
+            "UNION ALL SELECT c.job_id, c.job_type, 'cancelled', NULL, "
+            "'cancelled' || COALESCE(': ' || c.reason, ''), 0, c.cancelled_at, 'infinity' "
+            f"FROM {cancels} c WHERE c.job_id = $1 AND NOT EXISTS (SELECT 1 FROM "
+            f"{results_table(schema)} r WHERE r.job_id = $1) LIMIT 1")
 
 
 def stored(row: Any) -> StoredResult:
@@ -92,6 +101,26 @@ class ResultReader:
         except _DRIVER_ERRORS as exc:
             raise self._unavailable(exc) from exc
         return None if row is None else stored(row)
+
+    async def result(self, job_id: str, timeout_s: float, *, model: type[M] | None = None,
+                     kept: Mapping[str, float] | None = None) -> Any:
+        """What `client.result` returns: the job's result once it exists (validated by
+        `model`), or the error that says why there is none (see `JobClient.result`).
+        `kept` names the types that keep results, for the sentence of a finished job."""
+        found = await self.wait(job_id, timeout_s)
+        if found is None:
+            job_type = await self.finished_type(job_id)
+            if job_type is None:
+                raise ResultTimeout(f"Job {job_id} has no result after {timeout_s:g} s: it "
+                                    f"has not finished yet (`stream-jobs job {job_id}` says "
+                                    "where it is).")
+            why = ("its type keeps no results: declare it with @app.job(..., keep_result="
+                   "'1d')" if job_type not in (kept or {}) else "its result was pruned")
+            raise ResultNotKept(f"Job {job_id} ({job_type}) finished, but no result of it is "
+                                f"kept: {why}.")
+        if not found.succeeded:
+            raise found.failure()
+        return found.parsed(model) if model is not None else found.value()
 
     async def finished_type(self, job_id: str) -> str | None:
         """The type of the job if it has a dedup row (it finished), else None."""

@@ -1,6 +1,7 @@
 """The database schema stream-jobs owns, held by SQLAlchemy and rendered to DDL for
 `stream-jobs db migrate`: the dedup table, the transactional outbox's table, the
-fencing token sequence, the kept results, and the batches' and chains' rows.
+fencing token sequence, the kept results, the batches' and chains' rows, and the tables of
+cancels, unique keys and debounce windows.
 
 Kept apart from `dedup.py` so that importing the runtime does not import SQLAlchemy.
 `db migrate` also creates the schedules' state (`stream_jobs_schedules`, read and written
@@ -156,6 +157,76 @@ workflow_jobs_table = Table(
 )
 
 
+# Cancel, unique jobs and debounce (stream_jobs/cancels.py, stream_jobs/uniqueness.py).
+# A cancel's row; the same transaction writes the job's dedup row (attempt 0), the
+# arbiter. Workers load their type's IDs (job_type "" when the canceller named none).
+cancels_table = Table(
+    "stream_jobs_cancels",
+    metadata,
+    Column("job_id", String(MAX_JOB_ID_CHARS), primary_key=True),
+    Column("job_type", String(249), nullable=False, server_default=""),
+    Column("reason", Text, nullable=True),
+    Column("cancelled_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+_cancels_type_index = Index("stream_jobs_cancels_job_type", cancels_table.c.job_type)
+_cancels_at_index = Index("stream_jobs_cancels_cancelled_at", cancels_table.c.cancelled_at)
+
+# A unique key and the job holding it. Held while finished_at is NULL (the job pending)
+# and until held_until (unique_for after the enqueue); then the next enqueue takes it.
+# taken_in: the transaction that took it, so an enqueue can tell it took the key itself.
+unique_table = Table(
+    "stream_jobs_unique",
+    metadata,
+    Column("job_type", String(249), primary_key=True),
+    Column("unique_key", String(255), primary_key=True),
+    Column("job_id", String(MAX_JOB_ID_CHARS), nullable=False),
+    Column("taken_in", BigInteger, nullable=False),
+    Column("taken_at", DateTime(timezone=True), nullable=False,
+           server_default=func.clock_timestamp()),
+    Column("held_until", DateTime(timezone=True), nullable=True),
+    Column("finished_at", DateTime(timezone=True), nullable=True),
+)
+_unique_job_index = Index("stream_jobs_unique_job_id", unique_table.c.job_id)
+
+# The open debounce window of a key and its latest job; one row per key, replaced when a
+# job comes after the window ended. superseded_job_id: the job the latest one replaced
+# (set by the enqueue that replaced it, which marks it in stream_jobs_superseded).
+debounce_table = Table(
+    "stream_jobs_debounce",
+    metadata,
+    Column("job_type", String(249), primary_key=True),
+    Column("debounce_key", String(255), primary_key=True),
+    Column("job_id", String(MAX_JOB_ID_CHARS), nullable=False),
+    Column("superseded_job_id", String(MAX_JOB_ID_CHARS), nullable=True),
+    Column("window_ends_at", DateTime(timezone=True), nullable=False),
+)
+
+# Debounced jobs a newer job of their window replaced: written in that job's enqueue
+# transaction, read by the worker before a debounced job starts.
+superseded_table = Table(
+    "stream_jobs_superseded",
+    metadata,
+    Column("job_id", String(MAX_JOB_ID_CHARS), primary_key=True),
+    Column("job_type", String(249), nullable=False),
+    Column("by_job_id", String(MAX_JOB_ID_CHARS), nullable=False),
+    Column("superseded_at", DateTime(timezone=True), nullable=False,
+           server_default=func.now()),
+)
+_superseded_at_index = Index("stream_jobs_superseded_at", superseded_table.c.superseded_at)
+
+
+def control_ddl() -> list[str]:
+    """The statements for the cancel, unique-key and debounce tables."""
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    out = []
+    for table in (cancels_table, unique_table, debounce_table, superseded_table):
+        out.append(str(CreateTable(table, if_not_exists=True).compile(dialect=dialect)))
+    for index in (_cancels_type_index, _cancels_at_index, _unique_job_index,
+                  _superseded_at_index):
+        out.append(str(CreateIndex(index, if_not_exists=True).compile(dialect=dialect)))
+    return out
+
+
 def schema_ddl() -> list[str]:
     """The statements that create the schema, rendered by SQLAlchemy for Postgres."""
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
@@ -169,4 +240,5 @@ def schema_ddl() -> list[str]:
           for t in (results_table, workflows_table, workflow_jobs_table)),
         *(str(CreateIndex(i, if_not_exists=True).compile(dialect=dialect))
           for i in (_results_expiry_index, _open_workflows_index, _finished_workflows_index)),
+        *control_ddl(),
     ]

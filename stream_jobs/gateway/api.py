@@ -1,9 +1,10 @@
-"""The gateway's JSON routes: enqueue, look a job up, types and stats, the DLQ.
+"""The gateway's JSON routes: enqueue, look a job up, cancel it, types and stats, the DLQ.
 
-Write and operator routes (enqueue, job and batch lookup, DLQ list and requeue) need the
-bearer token; types and stats are open. Errors are one sentence in `detail`: 401 no or
-wrong token, 404 unknown type, letter, batch or chain, 413 a payload or request over its
-limit, 422 a request that cannot be a job, 503 (with Retry-After) Kafka not answering.
+Write and operator routes (enqueue, job and batch lookup, cancel, DLQ list and requeue)
+need the bearer token; types and stats are open. Errors are one sentence in `detail`: 401
+no or wrong token, 404 unknown type, letter, job, batch or chain, 409 a cancel that waited
+for a run which did not stop, 413 a payload or request over its limit, 422 a request that
+cannot be a job, 503 (with Retry-After) Kafka or Postgres not answering.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from stream_jobs.gateway.auth import Authorized
 from stream_jobs.gateway.state import Gateway, gateway_of
 from stream_jobs.job_types import get_job_type
 from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, locate_job
+from stream_jobs.tools.cancel import cancel_job
 from stream_jobs.tools.stats import collect
 from stream_jobs.workflows.progress import read_progress
 
@@ -133,8 +135,8 @@ class RequeueOut(BaseModel):
 
 class JobOut(BaseModel):
     job_id: str
-    status: str = Field(description="done, dead_lettered, retrying, pending, finished or "
-                        "not_seen.")
+    status: str = Field(description="done, dead_lettered, retrying, pending, finished, "
+                        "cancelled, superseded or not_seen.")
     summary: str
     job_type: str | None
     attempt: int | None
@@ -165,10 +167,27 @@ class BatchOut(BaseModel):
     callbacks: list[dict[str, Any]]
 
 
+class CancelIn(BaseModel):
+    """Why: kept with the cancel, and shown by a lookup of the job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(default=None, max_length=500)
+
+
+class CancelOut(BaseModel):
+    job_id: str
+    job_type: str | None
+    answer: str = Field(description="cancelled, already_cancelled or already_finished.")
+    changed: bool = Field(description="True when this request cancelled the job.")
+    summary: str
+
+
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     described = {
         401: "No bearer token, or not the gateway's.",
-        404: "Unknown job type (or letter, batch or chain).",
+        404: "Unknown job type (or letter, job, batch or chain).",
+        409: "The cancel waited for a run inside ctx.once() that did not stop; ask again.",
         413: "A payload or the request is over its limit.",
         503: "Kafka did not answer; try again after Retry-After seconds.",
     }
@@ -252,6 +271,23 @@ async def batch(gateway: GatewayDep,
     written; a chain's current step, or the step that stopped it."""
     found = await read_progress(gateway.settings, workflow_id)
     return BatchOut(**found.to_dict())
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=CancelOut, tags=["jobs"],
+             dependencies=[Authorized], responses=_errors(401, 404, 409, 503))
+async def cancel(gateway: GatewayDep,
+                 job_id: Annotated[str, Path(min_length=1, max_length=64)],
+                 job_type: Annotated[str | None, Query(alias="type", max_length=249)] = None,
+                 body: Annotated[CancelIn | None, Body()] = None) -> CancelOut:
+    """Cancel a job that has not finished: it never starts, and a run in progress is
+    interrupted. A finished job is left as it is (`changed` is false); an unknown ID is
+    404. `type` narrows the search for the job to one type's topics."""
+    if job_type is not None:
+        get_job_type(gateway.types, job_type)
+    answer = await cancel_job(gateway.settings, gateway.types, job_id, job_type=job_type,
+                              reason=(body or CancelIn()).reason)
+    return CancelOut(job_id=answer.job_id, job_type=answer.job_type, answer=answer.answer,
+                     changed=answer.changed, summary=answer.summary())
 
 
 @router.get("/types", response_model=list[TypeOut], tags=["types"])

@@ -2,7 +2,8 @@
 
 One `JobClient` lives as long as the app (its producer stays connected), and a
 background task samples stats for `/metrics` and the dashboard. Errors of ours become
-HTTP answers here, one sentence each: UnknownJobType, LetterNotFound and UnknownWorkflow 404,
+HTTP answers here, one sentence each: UnknownJobType, LetterNotFound, JobNotFound and
+UnknownWorkflow 404, CancelPending 409,
 PayloadTooLarge 413, PayloadError and ConfigError 422, Kafka not answering 503 with
 Retry-After, NotAuthorized 401.
 """
@@ -25,9 +26,11 @@ from stream_jobs.errors import (
     AccessDenied,
     AuthenticationFailed,
     BrokerUnavailable,
+    CancelPending,
     ConfigError,
     DatabaseUnavailable,
     DlqRefused,
+    JobNotFound,
     LetterNotFound,
     NotAuthorized,
     PayloadError,
@@ -132,6 +135,9 @@ def _handlers(gateway: Gateway) -> dict[Any, Handler]:
     async def too_large(_: Request, exc: PayloadTooLarge) -> Response:
         return _problem(413, exc)
 
+    async def conflict(_: Request, exc: StreamJobsError) -> Response:
+        return _problem(409, exc)
+
     async def unprocessable(_: Request, exc: StreamJobsError) -> Response:
         # The shape of FastAPI's own 422, so a client reads every 422 alike.
         return JSONResponse({"detail": [{"loc": ["body"], "msg": str(exc),
@@ -149,7 +155,7 @@ def _handlers(gateway: Gateway) -> dict[Any, Handler]:
 
     handlers: dict[Any, Handler] = {
         NotAuthorized: not_authorized, UnknownJobType: not_found, LetterNotFound: not_found,
-        UnknownWorkflow: not_found,
+        JobNotFound: not_found, CancelPending: conflict, UnknownWorkflow: not_found,
         PayloadTooLarge: too_large, PayloadError: unprocessable, ConfigError: unprocessable,
         RequestValidationError: invalid_request,
     }

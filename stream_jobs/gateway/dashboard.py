@@ -5,7 +5,9 @@ throughput and failure-rate charts over the last hour from the gateway's stats s
 the schedules (next fire, last firing, paused, leader) and the open batches and chains
 (members done, failed, pending) read from Postgres; it refreshes itself. `/ui/dlq/{type}`
 browses the DLQ (reason histogram, recent letters, a letter's details) and requeues,
-always through a confirmation page that shows what a dry run found. DLQ pages need the
+always through a confirmation page that shows what a dry run found. `/ui/jobs/{id}` shows
+what happened to one job, with a button that cancels it (through a confirmation page)
+while it has not finished. DLQ and job pages need the
 session that `/login` sets from the gateway's token.
 """
 
@@ -28,7 +30,9 @@ from stream_jobs.gateway.api import RequeueIn, run_requeue
 from stream_jobs.gateway.charts import bar_chart, line_chart
 from stream_jobs.gateway.state import SESSION_COOKIE, Gateway, gateway_of
 from stream_jobs.job_types import get_job_type
+from stream_jobs.lookup import JobLocation, locate_job
 from stream_jobs.schedules.listing import ScheduleView, read_schedules
+from stream_jobs.tools.cancel import cancel_job
 from stream_jobs.workflows.progress import Progress, open_workflows
 
 templates = Environment(loader=PackageLoader("stream_jobs.gateway", "templates"),
@@ -220,6 +224,61 @@ async def do_requeue(request: Request, job_type: str, gateway: GatewayDep) -> Re
         done = f"Requeued {result.requeued} of {result.selected} selected" + \
             (f"; {left}" if left else "") + "."
     return RedirectResponse(f"/ui/dlq/{quote(job_type)}?{urlencode({'done': done})}",
+                            status_code=303)
+
+
+_CANCELLABLE = ("pending", "retrying")
+
+
+async def _located(gateway: Gateway, job_id: str, job_type: str | None) -> JobLocation:
+    if job_type:
+        get_job_type(gateway.types, job_type)
+    return await locate_job(gateway.settings, gateway.types, job_id, job_type=job_type or None)
+
+
+@router.get("/ui/jobs")
+async def find_job(id: str | None = None) -> Response:
+    """The overview's search box: to the job's page."""
+    target = f"/ui/jobs/{quote(id.strip(), safe='')}" if id and id.strip() else "/"
+    return RedirectResponse(target, status_code=303)
+
+
+@router.get("/ui/jobs/{job_id}", response_class=HTMLResponse)
+async def job_page(request: Request, job_id: str, gateway: GatewayDep,
+                   type: str | None = None, done: str | None = None) -> Response:
+    if not _signed_in(request, gateway):
+        return _to_login(request)
+    found = await _located(gateway, job_id, type)
+    return _page("job.html", found=found, done=done, quote=quote,
+                 cancellable=found.status in _CANCELLABLE)
+
+
+@router.get("/ui/jobs/{job_id}/cancel", response_class=HTMLResponse)
+async def confirm_cancel(request: Request, job_id: str, gateway: GatewayDep,
+                         type: str | None = None) -> Response:
+    """What the job is doing now, with the button that cancels it."""
+    if not _signed_in(request, gateway):
+        return _to_login(request)
+    found = await _located(gateway, job_id, type)
+    return _page("cancel.html", found=found, quote=quote)
+
+
+@router.post("/ui/jobs/{job_id}/cancel")
+async def do_cancel(request: Request, job_id: str, gateway: GatewayDep) -> Response:
+    if not _signed_in(request, gateway):
+        return _to_login(request)
+    form = await _form(request)
+    job_type = form.get("type") or None
+    if job_type:
+        get_job_type(gateway.types, job_type)
+    try:
+        answer = await cancel_job(gateway.settings, gateway.types, job_id, job_type=job_type,
+                                  reason=form.get("reason") or None)
+    except StreamJobsError as exc:
+        done = str(exc)
+    else:
+        done = answer.summary()
+    return RedirectResponse(f"/ui/jobs/{quote(job_id, safe='')}?{urlencode({'done': done})}",
                             status_code=303)
 
 

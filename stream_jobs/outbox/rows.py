@@ -75,7 +75,7 @@ def table(schema: str) -> str:
     return f'"{schema}".{TABLE}'
 
 
-def _spell(sql: str, style: Placeholders, names: Sequence[str]) -> str:
+def spell(sql: str, style: Placeholders, names: Sequence[str]) -> str:
     """`sql` with `{0}`, `{1}`... as the driver's placeholders: asyncpg's `$1`, DB-API's
     `%s` (psycopg, Django) or SQLAlchemy's `:name`."""
     if style == "asyncpg":
@@ -87,7 +87,7 @@ def _spell(sql: str, style: Placeholders, names: Sequence[str]) -> str:
     return sql.format(*marks)
 
 
-_INSERT_NAMES = ("topics", "keys", "vals", "headers", "channel")
+INSERT_NAMES = ("topics", "keys", "vals", "headers", "channel")
 
 
 def insert_sql(schema: str, style: Placeholders) -> str:
@@ -102,7 +102,7 @@ def insert_sql(schema: str, style: Placeholders) -> str:
         "ORDER BY r.n RETURNING 1) "
         "SELECT pg_notify(CAST({4} AS text), '')"
     )
-    return _spell(sql, style, _INSERT_NAMES)
+    return spell(sql, style, INSERT_NAMES)
 
 
 def insert_args(records: Sequence[tuple[str, Any]], schema: str) -> tuple[Any, ...]:
@@ -115,7 +115,7 @@ def insert_args(records: Sequence[tuple[str, Any]], schema: str) -> tuple[Any, .
 
 def named_args(args: Sequence[Any]) -> dict[str, Any]:
     """`insert_args` by name, for SQLAlchemy's `text()`."""
-    return dict(zip(_INSERT_NAMES, args, strict=True))
+    return dict(zip(INSERT_NAMES, args, strict=True))
 
 
 def claim_sql(schema: str) -> str:

@@ -15,25 +15,26 @@ any failed write of theirs, and must be rolled back.
 
 Nothing here imports a driver: the connection's kind is read from its class, so only the
 caller's own driver has to be installed. An `OutboxStandIn` (`stream_jobs.testing`'s
-in-memory transaction) keeps the rows itself, for handler tests without a database.
+in-memory transaction) keeps the rows itself, for handler tests without a database; it
+runs no other statement (`run_async` and `run_sync` refuse it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from stream_jobs.errors import NotInTransaction, OutboxWriteError
-from stream_jobs.outbox.rows import insert_args, insert_sql, named_args
+from stream_jobs.outbox.rows import INSERT_NAMES, Placeholders, insert_args, insert_sql
 
 Prepared = Sequence[tuple[str, Any]]  # (topic, record) pairs, as `JobClient.prepare` makes
+SqlFor = Callable[[Placeholders], str]  # a statement, spelt for a driver's placeholders
+T = TypeVar("T")
 
 # SQLSTATEs of a missing table or schema: `db migrate` was not run there.
 _NOT_MIGRATED = {"42P01", "3F000"}
 # psycopg's TransactionStatus.INTRANS (and psycopg2's TRANSACTION_STATUS_INTRANS).
 _INTRANS = 2
-
-
 
 
 @runtime_checkable
@@ -56,16 +57,42 @@ async def write_async(conn: Any, records: Prepared, schema: str) -> None:
     """Write `records` through an async connection of the caller's, in its transaction."""
     if not records:
         return
+    stand_in = _stand_in(conn, _family(conn))
+    if stand_in is not None:
+        stand_in.keep_outbox_rows(records)
+        return
+    await run_async(conn, lambda style: insert_sql(schema, style),
+                    insert_args(records, schema), INSERT_NAMES, schema)
+
+
+def write_sync(conn: Any, records: Prepared, schema: str) -> None:
+    """Write `records` through a sync connection of the caller's, in its transaction."""
+    if not records:
+        return
+    stand_in = _stand_in(conn, _family(conn))
+    if stand_in is not None:
+        stand_in.keep_outbox_rows(records)
+        return
+    run_sync(conn, lambda style: insert_sql(schema, style), insert_args(records, schema),
+             INSERT_NAMES, schema)
+
+
+async def run_async(conn: Any, sql: SqlFor, args: Sequence[Any], names: Sequence[str],
+                    schema: str, *, fetch: bool = False) -> tuple[Any, ...] | None:
+    """Run one statement (`sql(style)` spells it for the driver's placeholders) through an
+    async connection of the caller's, in its transaction; with `fetch`, its one row."""
     family = _family(conn)
-    args = insert_args(records, schema)
     if family == "asyncpg":
         if not conn.is_in_transaction():
             raise NotInTransaction(
                 "enqueue(conn=...) got an asyncpg connection outside a transaction: a job "
                 "written now would exist even if your work rolled back. Enqueue inside "
                 "`async with conn.transaction():`.")
-        await _guarded(conn.execute(insert_sql(schema, "asyncpg"), *args), schema)
-        return
+        if fetch:
+            row = await _guarded(conn.fetchrow(sql("asyncpg"), *args), schema)
+            return None if row is None else tuple(row)
+        await _guarded(conn.execute(sql("asyncpg"), *args), schema)
+        return None
     if family == "sqlalchemy" and hasattr(conn, "sync_session"):  # AsyncSession
         conn = await _guarded(conn.connection(), schema)  # its connection, begun if need be
     if family == "sqlalchemy" and hasattr(conn, "sync_connection"):  # AsyncConnection
@@ -75,28 +102,17 @@ async def write_async(conn: Any, records: Prepared, schema: str) -> None:
         _refuse_sqlalchemy_autocommit(conn.sync_connection)
         from sqlalchemy import text
 
-        await _guarded(conn.execute(text(insert_sql(schema, "named")), named_args(args)),
-                       schema)
-        return
-    stand_in = _stand_in(conn, family)
-    if stand_in is not None:
-        stand_in.keep_outbox_rows(records)
-        return
+        result = await _guarded(conn.execute(text(sql("named")), _named(names, args)), schema)
+        return _first(result) if fetch else None
     raise TypeError(_unknown(conn, "JobClient", "an asyncpg connection, a SQLAlchemy "
                              "AsyncConnection or AsyncSession",
                              "SyncJobClient takes SQLAlchemy Sessions and DB-API connections"))
 
 
-def write_sync(conn: Any, records: Prepared, schema: str) -> None:
-    """Write `records` through a sync connection of the caller's, in its transaction."""
-    if not records:
-        return
+def run_sync(conn: Any, sql: SqlFor, args: Sequence[Any], names: Sequence[str], schema: str,
+             *, fetch: bool = False) -> tuple[Any, ...] | None:
+    """`run_async` for a sync connection of the caller's (SQLAlchemy, DB-API, Django)."""
     family = _family(conn)
-    stand_in = _stand_in(conn, family)
-    if stand_in is not None:
-        stand_in.keep_outbox_rows(records)
-        return
-    args = insert_args(records, schema)
     if family == "asyncpg" or hasattr(conn, "sync_session") or hasattr(conn, "sync_connection"):
         raise TypeError(_unknown(conn, "SyncJobClient", "a SQLAlchemy Connection or Session, "
                                  "a DB-API connection or django.db.connection",
@@ -107,9 +123,9 @@ def write_sync(conn: Any, records: Prepared, schema: str) -> None:
         _refuse_sqlalchemy_autocommit(conn)
         from sqlalchemy import text
 
-        _run_guarded(lambda: conn.execute(text(insert_sql(schema, "named")), named_args(args)),
-                     schema)
-        return
+        result = _run_guarded(lambda: conn.execute(text(sql("named")), _named(names, args)),
+                              schema)
+        return _first(result) if fetch else None
     if callable(getattr(conn, "get_autocommit", None)) and hasattr(conn, "in_atomic_block"):
         if conn.get_autocommit():  # Django: autocommit mode, outside transaction.atomic()
             raise NotInTransaction(
@@ -125,14 +141,25 @@ def write_sync(conn: Any, records: Prepared, schema: str) -> None:
             "a job written now would exist even if your work rolled back. Turn autocommit "
             "off, or enqueue inside `with conn.transaction():`.")
 
-    def run() -> None:
+    def run() -> tuple[Any, ...] | None:
         cursor = conn.cursor()
         try:
-            cursor.execute(insert_sql(schema, "format"), args)
+            cursor.execute(sql("format"), tuple(args))
+            row = cursor.fetchone() if fetch else None
         finally:
             cursor.close()
+        return None if row is None else tuple(row)
 
-    _run_guarded(run, schema)
+    return _run_guarded(run, schema)
+
+
+def _named(names: Sequence[str], args: Sequence[Any]) -> dict[str, Any]:
+    return dict(zip(names, args, strict=True))
+
+
+def _first(result: Any) -> tuple[Any, ...] | None:
+    row = result.first()
+    return None if row is None else tuple(row)
 
 
 def _dbapi_in_transaction(conn: Any) -> bool:
@@ -166,9 +193,9 @@ async def _guarded(awaitable: Any, schema: str) -> Any:
         raise _write_failed(exc, schema) from exc
 
 
-def _run_guarded(call: Any, schema: str) -> None:
+def _run_guarded(call: Callable[[], T], schema: str) -> T:
     try:
-        call()
+        return call()
     except Exception as exc:
         raise _write_failed(exc, schema) from exc
 
@@ -204,4 +231,4 @@ def _unknown(conn: object, client: str, takes: str, other: str) -> str:
     return f"{client}.enqueue(conn=...) takes {takes}, not a {kind}{tail}."
 
 
-__all__ = ["write_async", "write_sync"]
+__all__ = ["OutboxStandIn", "run_async", "run_sync", "write_async", "write_sync"]

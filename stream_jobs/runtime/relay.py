@@ -7,6 +7,10 @@ the partition is paused and a timer is set (no busy polling, no sleeping inside 
 still not due (a delay longer than the largest tier), it hops: it is written again to the
 tier that fits what remains, and the partition moves on. Offsets are committed only
 after the broker acknowledged the release or the hop.
+
+A cancelled job (its ID in the worker's set of cancelled IDs, docs/control.md) is
+finished here, counted `cancelled`, instead of being released or hopped; a held one is
+woken by its cancel, so a job delayed an hour ends as soon as it is cancelled.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Hashable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import replace
 
 from stream_jobs.clock import now_ms
@@ -24,7 +29,9 @@ from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients, Producer
 from stream_jobs.logs import job_fields
 from stream_jobs.naming import lane_topic, parse_topic, relay_group, tier_topic
+from stream_jobs.outcomes import Outcome
 from stream_jobs.record import (
+    JobRecord,
     Record,
     decode_record,
 )
@@ -44,7 +51,10 @@ class Relay(GroupMember):
 
     def __init__(self, settings: Settings, policy: JobTypePolicy, producer: Producer, *,
                  grace_s: float = 10.0, commit_interval_s: float = 0.5,
-                 max_buffered: int = 1000, kafka: KafkaClients = AIOKAFKA) -> None:
+                 max_buffered: int = 1000, kafka: KafkaClients = AIOKAFKA,
+                 cancelled: set[str] | None = None,
+                 outcomes: Counter[str] | None = None,
+                 ended: Callable[[JobRecord], Awaitable[None]] | None = None) -> None:
         prefix = settings.topic_prefix
         tiers = [tier_topic(prefix, policy.job_type, tier) for tier in policy.retry_tiers]
         super().__init__(settings, relay_group(prefix, policy.job_type), tiers,
@@ -59,6 +69,18 @@ class Relay(GroupMember):
         self._wake: dict[TopicPartition, asyncio.Event] = {}
         # Tier partitions whose head is held now, with the wall time (Unix ms) it waits for.
         self.holding: dict[TopicPartition, int] = {}
+        # The worker's: cancelled IDs (kept current by its cancel watch) and its counters.
+        self._cancelled: set[str] = cancelled if cancelled is not None else set()
+        self.outcomes: Counter[str] = outcomes if outcomes is not None else Counter()
+        self.held_jobs: dict[TopicPartition, str] = {}  # the job ID of each held head
+        # The worker's record of a cancelled job's end (kept results, batch counters).
+        self._ended = ended
+
+    def on_cancel(self, job_id: str) -> None:
+        """A cancel arrived: wake the partition holding that job, which then finishes it."""
+        for tp, held in list(self.held_jobs.items()):
+            if held == job_id and (event := self._wake.pop(tp, None)) is not None:
+                event.set()
 
     def chain_of(self, record: Record) -> Hashable:
         return None  # one chain per partition: strictly in order
@@ -96,6 +118,9 @@ class Relay(GroupMember):
                         record.topic, record.partition, record.offset, bad.reason,
                         extra=job_fields(None, record, reason=bad.reason))
             return
+        if job.job_id in self._cancelled:
+            await self._cancelled_here(job)
+            return
         tier = parse_topic(prefix, record.topic).tier or self.policy.retry_tiers[0]
         due = job.not_before_ms or 0
         now = now_ms()
@@ -103,9 +128,16 @@ class Relay(GroupMember):
             hold_until = min(due, record.timestamp + self.retry_policy.max_hold_ms(tier))
             # A timer may wake a millisecond early against the wall clock; waking early
             # must not count as "still not due", which would send the record round again.
-            while hold_until > now:
-                await self._hold(work, hold_until, (hold_until - now) / 1000)
-                now = now_ms()
+            self.held_jobs[work.tp] = job.job_id
+            try:
+                while hold_until > now:
+                    await self._hold(work, hold_until, (hold_until - now) / 1000)
+                    if job.job_id in self._cancelled:
+                        await self._cancelled_here(job)
+                        return
+                    now = now_ms()
+            finally:
+                self.held_jobs.pop(work.tp, None)
         if due > now:
             hop = tier_for_delay(self.policy.retry_tiers, (due - now) / 1000)
             await self.write(tier_topic(prefix, job.job_type, hop), job)
@@ -114,6 +146,11 @@ class Relay(GroupMember):
         lane = job.lane if job.lane in self.policy.priorities else "default"
         await self.write(lane_topic(prefix, job.job_type, lane), replace(job, not_before_ms=None))
         self.released += 1
+
+    async def _cancelled_here(self, job: JobRecord) -> None:
+        if self._ended is not None:
+            await self._ended(job)
+        self.outcomes[Outcome.CANCELLED] += 1
 
     async def _hold(self, work: PartitionWork, until_ms: int, seconds: float) -> None:
         """Pause the partition until the head is due, or until revocation (or `recheck`)

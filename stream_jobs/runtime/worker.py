@@ -8,6 +8,9 @@ ends in exactly one outcome (see `Outcome`); its offset is marked finished only 
 outcome is durable (a retry or dead letter acknowledged by the broker), so no path drops
 a job.
 
+Cancels, unique keys and debounce: checked before a job starts, and a unique key given
+back once it finished (`stream_jobs.runtime.admission`, docs/control.md).
+
 Flow control (docs/flow-control.md): lanes are served by their weights; the type's
 rate limit (TOML, or `stream-jobs throttle` through `P._control`) is split across the
 group by partition ownership (`stream_jobs.ratelimit`); heartbeats are written into every
@@ -28,6 +31,8 @@ from typing import Any
 from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
 from stream_jobs.context import JobContext
+from stream_jobs.dedup.cancel_watch import CancelWatch
+from stream_jobs.dedup.keys import KeyStore
 from stream_jobs.dedup.store import Dedup, DedupStore
 from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError, StreamJobsError
 from stream_jobs.failures import FailureInfo
@@ -55,6 +60,7 @@ from stream_jobs.record import (
     decode_record,
 )
 from stream_jobs.retry import DeadLetter, RetryPolicy, decide
+from stream_jobs.runtime.admission import Admission, holds_key
 from stream_jobs.runtime.calls import handler_call
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.gc_tuning import worker_collector
@@ -104,7 +110,8 @@ class Worker(GroupMember):
                  max_buffered: int | None = None, relay: bool = True,
                  dedup: Dedup | None = None, report_interval_s: float = 5.0,
                  control: bool = True, children: JobClient | None = None,
-                 scheduler: Scheduler | None = None, kafka: KafkaClients = AIOKAFKA) -> None:
+                 scheduler: Scheduler | None = None, kafka: KafkaClients = AIOKAFKA,
+                 cancels: CancelWatch | None = None, keys: KeyStore | None = None) -> None:
         prefix = settings.topic_prefix
         lanes = [lane_topic(prefix, policy.job_type, lane) for lane in policy.priorities]
         weights = [(lane_topic(prefix, policy.job_type, lane), weight)
@@ -126,9 +133,18 @@ class Worker(GroupMember):
         self.children = children  # checks and makes the child jobs of ctx.enqueue()
         # Results, batch members, chain steps: what a job that needs it commits at its end.
         self.finisher = Finisher.of(self.dedup, settings, policy.job_type, handler.keep_result_s)
-        self.relay = (Relay(settings, policy, self.producer, grace_s=grace_s, kafka=kafka)
-                      if relay else None)
         self.outcomes: Counter[str] = Counter()
+        # Cancels, unique keys, debounce: the hot path reads the set of cancelled IDs directly.
+        self.admission = Admission(settings, policy.job_type, stopping=self.stopping,
+                                   interruptible=not handler.sync, cancels=cancels, keys=keys)
+        self._cancelled = self.admission.cancelled
+        self._watched = self.admission.watch is not None  # cancels reach it
+        self.relay = (Relay(settings, policy, self.producer, grace_s=grace_s, kafka=kafka,
+                            cancelled=self._cancelled, outcomes=self.outcomes,
+                            ended=self._ended_unrun)
+                      if relay else None)
+        if self.relay is not None:
+            self.admission.subscribe(self.relay.on_cancel)
         self.dead_letter_reasons: Counter[str] = Counter()
         # Handler run times, kept only while metrics are on (`stream_jobs.runtime.metrics`).
         self.durations: DurationHistogram | None = None
@@ -164,7 +180,8 @@ class Worker(GroupMember):
         try:
             # The control topic is read to its end while the consumer starts, so a type
             # throttled at run time never starts a job at its TOML rate.
-            await asyncio.gather(self.start(), self._catch_up(follower))
+            await asyncio.gather(self.start(), self._catch_up(follower),
+                                 self.admission.start())
             self.loop_watch.start()
             if self.relay is not None:
                 await self.relay.start()
@@ -195,6 +212,7 @@ class Worker(GroupMember):
             await self.producer.stop()
             if self._owns_dedup:
                 await self.dedup.close()
+            await self.admission.close()
 
     def report(self, *, final: bool = False) -> WorkerReport:
         """This worker's counters now (what it publishes to `P._stats`)."""
@@ -285,8 +303,8 @@ class Worker(GroupMember):
             return True
         if self.rate_share_per_s is not None:
             expires_at = _expires_at_ms(record.headers)
-            if expires_at is not None and now_ms() >= expires_at and not self._ends_recorded(
-                    record.headers):
+            if (expires_at is not None and now_ms() >= expires_at
+                    and not holds_key(record.headers) and not self._ends_recorded(record.headers)):
                 self.outcomes[Outcome.EXPIRED] += 1
                 return True
         return False
@@ -390,6 +408,28 @@ class Worker(GroupMember):
                         record.topic, record.partition, record.offset, bad.reason,
                         extra=job_fields(None, record, reason=bad.reason))
             return Outcome.DEAD_LETTERED
+        outcome = await self._start(job, record, runner)
+        if (job.unique_key is not None or job.debounce_key is not None) \
+                and outcome is not Outcome.RETRIED:
+            await self.admission.give_back(job)  # finished: its unique key is free again
+        if outcome is Outcome.CANCELLED or outcome is Outcome.SUPERSEDED:
+            await self._ended_unrun(job, outcome)
+        return outcome
+
+    async def _ended_unrun(self, job: JobRecord, outcome: Outcome = Outcome.CANCELLED) -> None:
+        """Record a cancelled or superseded job's end where it counts: its kept result's
+        row (client.result raises JobCancelled) and its batch's counters."""
+        reason = ("superseded by a newer job of its debounce key"
+                  if outcome is Outcome.SUPERSEDED else "cancelled")
+        await record_ending(self.finisher, job, str(outcome), reason, self.stopping)
+
+    async def _start(self, job: JobRecord, record: Record, runner: Runner) -> Outcome:
+        if job.debounce_key is not None and await self.admission.superseded(job):
+            return Outcome.SUPERSEDED
+        # No await from here to the handler call, so a cancel is seen here or stops the run.
+        cancelled = self._cancelled
+        if cancelled and job.job_id in cancelled:
+            return Outcome.CANCELLED
         now = now_ms()
         if job.expires_at_ms is not None and now >= job.expires_at_ms:
             await record_ending(self.finisher, job, "expired", "expired before it ran",
@@ -415,14 +455,22 @@ class Worker(GroupMember):
         ctx = JobContext(job, topic=record.topic, partition=record.partition,
                          offset=record.offset, dedup=self.dedup, lend_slot=self.lend_slot,
                          children=self.children, finish=finish)
-        if finish is None:
+        if finish is not None:
+            error = await self._call_finished(finish, job, runner, payload, ctx)
+        elif self._watched:  # known by job ID meanwhile, so that a cancel can stop it
+            error = await self.admission.call(self._call_handler, job.job_id, runner,
+                                              payload, ctx)
+        else:  # no cancel reaches this worker (STREAM_JOBS_CANCEL_WATCH=false)
             error = await self._call_handler(runner, payload, ctx)
-        else:
-            error = await self._call_finished(finish, runner, payload, ctx)
+        if ctx._cancelled and await self.admission.confirmed(job):
+            # Whatever the run did: its ctx.once() could not commit (the cancel holds the
+            # dedup row), and a failure is not retried.
+            return Outcome.CANCELLED
         if error is None:
             return Outcome.SUCCEEDED
         if isinstance(error, AlreadyDone):
-            return Outcome.DUPLICATE
+            met_cancel = await self.admission.cancelled_instead(job)
+            return Outcome.CANCELLED if met_cancel else Outcome.DUPLICATE
         if isinstance(error, TimeoutError):
             reason = Reason.TIMEOUT
             log.warning("job %s (%s) attempt %d ran past its timeout of %g s", job.job_id,
@@ -432,14 +480,18 @@ class Worker(GroupMember):
             reason = Reason.PERMANENT if isinstance(error, PermanentError) else Reason.HANDLER_ERROR
         return await self._failed(job, record, error, reason)
 
-    async def _call_finished(self, finish: Finish, runner: Runner, payload: Any,
+    async def _call_finished(self, finish: Finish, job: JobRecord, runner: Runner, payload: Any,
                              ctx: JobContext) -> Exception | None:
         """The handler of a job with a finish transaction (stream_jobs.workflows.finish):
         its result, dedup row, effects and counters commit when it returns."""
         error: Exception | None = await finish.before()
         if error is None:
             try:
-                error = await self._call_handler(runner, payload, ctx)
+                if self._watched:
+                    error = await self.admission.call(self._call_handler, job.job_id, runner,
+                                                      payload, ctx)
+                else:
+                    error = await self._call_handler(runner, payload, ctx)
             except BaseException:
                 await finish.abandon()  # revoked or torn down: nothing of it commits
                 raise

@@ -176,7 +176,9 @@ class JobTester:
     async def enqueue(self, job_type: str, payload: BaseModel | Mapping[str, Any],
                       **options: Any) -> str:
         """`JobClient.enqueue` into the tester (same options, checks and errors)."""
-        return await (await self._entered_client()).enqueue(job_type, payload, **options)
+        client = await self._entered_client()
+        job_id: str = await client.enqueue(job_type, payload, **options)
+        return job_id
 
     async def enqueue_many(self, jobs: Iterable[Job], *, conn: Any = None) -> list[str]:
         """`JobClient.enqueue_many` into the tester."""
@@ -260,7 +262,10 @@ class JobTester:
     def _worker(self, job_type: str, dedup: Dedup) -> Worker:
         children = JobClient(self.settings, self._types, models=self.app.models(),
                              kafka=self._kafka)
-        return Worker(self.settings, self._types[job_type], self.app.handler(job_type),
+        # In memory there is no Postgres to LISTEN on for cancels (docs/control.md).
+        settings = (self.settings if self.on_postgres
+                    else self.settings.model_copy(update={"cancel_watch": False}))
+        return Worker(settings, self._types[job_type], self.app.handler(job_type),
                       dedup=dedup, kafka=self._kafka, children=children, control=False,
                       grace_s=1.0)
 

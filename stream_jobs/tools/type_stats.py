@@ -17,7 +17,7 @@ live workers, shadow and heartbeats. Pure: no Kafka here (`stream_jobs.tools.sta
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -57,36 +57,41 @@ def age_s(now_ms: int, timestamp_ms: int) -> float:
 
 @dataclass(frozen=True)
 class OutcomeCounts:
-    """Jobs by outcome; `done` is succeeded plus duplicate (finished, nothing to retry)."""
+    """Jobs by outcome; `done` is succeeded plus duplicate (finished, nothing to retry).
+    `cancelled` and `superseded` finished without running to the end (docs/control.md)."""
 
     done: int = 0
     retried: int = 0
     dead_lettered: int = 0
     expired: int = 0
+    cancelled: int = 0
+    superseded: int = 0
 
     @classmethod
     def of(cls, outcomes: Mapping[str, int]) -> OutcomeCounts:
         return cls(done=outcomes.get(Outcome.SUCCEEDED, 0) + outcomes.get(Outcome.DUPLICATE, 0),
                    retried=outcomes.get(Outcome.RETRIED, 0),
                    dead_lettered=outcomes.get(Outcome.DEAD_LETTERED, 0),
-                   expired=outcomes.get(Outcome.EXPIRED, 0))
+                   expired=outcomes.get(Outcome.EXPIRED, 0),
+                   cancelled=outcomes.get(Outcome.CANCELLED, 0),
+                   superseded=outcomes.get(Outcome.SUPERSEDED, 0))
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def since(self, earlier: OutcomeCounts) -> OutcomeCounts:
         # Counters are cumulative per worker ID, so a difference is never negative unless
         # reports were reordered; clamp rather than report negative work.
-        return OutcomeCounts(max(0, self.done - earlier.done),
-                             max(0, self.retried - earlier.retried),
-                             max(0, self.dead_lettered - earlier.dead_lettered),
-                             max(0, self.expired - earlier.expired))
+        before = earlier.as_dict()
+        return OutcomeCounts(**{k: max(0, v - before[k]) for k, v in self.as_dict().items()})
 
     def __add__(self, other: OutcomeCounts) -> OutcomeCounts:
-        return OutcomeCounts(self.done + other.done, self.retried + other.retried,
-                             self.dead_lettered + other.dead_lettered,
-                             self.expired + other.expired)
+        more = other.as_dict()
+        return OutcomeCounts(**{k: v + more[k] for k, v in self.as_dict().items()})
 
     @property
     def total(self) -> int:
-        return self.done + self.retried + self.dead_lettered + self.expired
+        return sum(self.as_dict().values())
 
 
 @dataclass(frozen=True)
@@ -97,9 +102,7 @@ class Rates:
     counts: OutcomeCounts = OutcomeCounts()
 
     def per_s(self) -> dict[str, float]:
-        c, w = self.counts, self.window_s
-        return {"done": c.done / w, "retried": c.retried / w,
-                "dead_lettered": c.dead_lettered / w, "expired": c.expired / w}
+        return {k: v / self.window_s for k, v in self.counts.as_dict().items()}
 
 
 def latest_reports(reports: Iterable[WorkerReport]) -> dict[str, WorkerReport]:
@@ -235,8 +238,7 @@ class TypeStats:
             "rates": {
                 "window_s": self.rates.window_s,
                 "per_s": {k: round(v, 3) for k, v in self.rates.per_s().items()},
-                "counts": {"done": counts.done, "retried": counts.retried,
-                           "dead_lettered": counts.dead_lettered, "expired": counts.expired},
+                "counts": counts.as_dict(),
             },
             "workers": {"alive": len(self.workers),
                         "in_flight": sum(w.in_flight for w in self.workers),

@@ -183,6 +183,16 @@ async def write_plan_alone(settings: Settings, plan: Plan) -> None:
         await conn.close()
 
 
+async def write_plan_in(settings: Settings, plan: Plan, conn: Any) -> str:
+    """Run `plan` in the caller's transaction (`conn`, asyncpg) or one of its own; the
+    workflow's ID."""
+    if conn is not None:
+        await write_plan(conn, plan)
+    else:
+        await write_plan_alone(settings, plan)
+    return plan.workflow_id
+
+
 async def record_plan(writes: DeferredWrites, plan: Plan) -> None:
     """Record `plan` into a deferred block: applied with the job's dedup row."""
     for sql, args in plan.statements:
@@ -190,4 +200,4 @@ async def record_plan(writes: DeferredWrites, plan: Plan) -> None:
 
 
 __all__ = ["JobSpec", "Plan", "batch_plan", "chain_plan", "record_plan", "write_plan",
-           "write_plan_alone"]
+           "write_plan_alone", "write_plan_in"]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stream_jobs.cancels import MARKER_ATTEMPT
 from stream_jobs.dedup.deferred import ColumnStatement
 from stream_jobs.dedup.results import results_table
 from stream_jobs.outbox.rows import table as outbox_table
@@ -60,13 +61,19 @@ def _upsert_succeeded(schema: str) -> str:
 
 
 def _insert_terminal(schema: str) -> str:
+    # A dedup row of a run (not a cancel's marker, attempt 0) means the job succeeded: it
+    # never gets a terminal row. A cancelled job's row says why, in the cancel's words.
+    reason = (f"COALESCE((SELECT 'cancelled: ' || c.reason FROM "
+              f"{_t(schema, 'stream_jobs_cancels')} c WHERE c.job_id = CAST($1 AS varchar) "
+              "AND c.reason IS NOT NULL AND CAST($7 AS varchar) = 'cancelled'), "
+              "CAST($4 AS text))")
     return (
         f"r AS (INSERT INTO {results_table(schema)} (job_id, job_type, state, result, error, "
         "attempt, finished_at, expires_at) SELECT CAST($1 AS varchar), CAST($2 AS varchar), "
-        "CAST($7 AS varchar), NULL, CAST($4 AS text), CAST($3 AS int), now(), "
+        f"CAST($7 AS varchar), NULL, {reason}, CAST($3 AS int), now(), "
         "now() + make_interval(secs => $5) "
         f"WHERE NOT EXISTS (SELECT 1 FROM {_t(schema, 'stream_jobs_done')} "
-        "WHERE job_id = CAST($1 AS varchar)) "
+        f"WHERE job_id = CAST($1 AS varchar) AND attempt <> {MARKER_ATTEMPT}) "
         "ON CONFLICT (job_id) DO NOTHING RETURNING true AS fresh)")
 
 

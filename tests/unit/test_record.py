@@ -97,6 +97,8 @@ records = st.builds(
     requeues=st.integers(0, INT64),
     rerun_of=st.none() | texts,
     traceparent=st.none() | texts,
+    unique_key=st.none() | texts,
+    debounce_key=st.none() | texts,
 )
 
 

@@ -1,0 +1,213 @@
+"""Cancels racing runs while workers are killed: `python -m ops.chaos.cancels`.
+
+Real `stream-jobs worker ops.chaos.app:app` processes (3 by default) drain
+`CANCEL_CHAOS_JOBS` jobs (20,000) whose effect is a row written through `ctx.once()` (even
+jobs) or `ctx.once_deferred()` (odd ones), each transaction held open a few milliseconds
+so that cancels and kills land inside it. Meanwhile this process cancels a third of the
+jobs, in random order, as they run, and kills a worker with SIGKILL every few seconds (and
+starts another): the cancels meet jobs waiting, running, inside an open transaction, and
+jobs of a dead worker waiting for their next owner.
+
+What it checks, once drained: every job is exactly one of done or cancelled. Done: one
+effect row (the table has no unique constraint, so a second would show), and a cancel of
+it (if any) answered "already finished". Cancelled: no effect row, and its cancel answered
+"cancelled". No job is lost (neither), and every cancel's answer matches the tables.
+`tests/integration/test_cancel_chaos.py` runs the same trial at CI size.
+
+    STREAM_JOBS_DATABASE_URL=... .venv/bin/python -m ops.chaos.cancels
+    CANCEL_CHAOS_JOBS=5000 CANCEL_CHAOS_KILLS=3 .venv/bin/python -m ops.chaos.cancels
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import asyncpg
+import orjson
+
+from ops.chaos import collect
+from ops.chaos.app import EFFECTS_TABLE, JOB_TYPE
+from ops.chaos.observe import group_stable
+from ops.chaos.workers import WorkerGroup
+from stream_jobs.cancels import CancelAnswer
+from stream_jobs.client import Job, JobClient
+from stream_jobs.dedup.store import prepare_schema
+from stream_jobs.job_types import load_job_types
+from stream_jobs.kafka.topics import apply
+from stream_jobs.settings import Settings, load_settings
+
+log = logging.getLogger("ops.chaos.cancels")
+OUT_DIR = Path(__file__).resolve().parent / "out"
+CANCEL_SHARE = 3  # one job in three is cancelled
+CANCELLERS = 4
+
+
+@dataclass
+class CancelTrialResult:
+    jobs: int
+    kills: int
+    seconds: float = 0.0
+    cancelled: int = 0
+    finished_first: int = 0
+    done: int = 0
+    duplicate_effects: int = 0
+    lost: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+async def _rows(settings: Settings, sql: str) -> list[str]:
+    conn = await asyncpg.connect(settings.database_url,
+                                 server_settings={"search_path": settings.database_schema})
+    try:
+        return [r[0] for r in await conn.fetch(sql)]
+    finally:
+        await conn.close()
+
+
+async def _kill_now_and_then(group: WorkerGroup, kills: int, rng: random.Random) -> int:
+    """SIGKILL a worker `kills` times, 0.5 to 2 s apart, starting another each time."""
+    for _ in range(kills):
+        await asyncio.sleep(rng.uniform(0.5, 2.0))  # the faults' spacing
+        live = group.live()
+        if not live:
+            break
+        group.kill(rng.choice(live))
+        group.start()
+    return kills
+
+
+async def _drained(settings: Settings, jobs: int, cancelled: int, within_s: float) -> bool:
+    """Every job has an effect or was cancelled (the cancels table counts both the
+    answers that won and none else)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            effects = await _rows(settings, f"SELECT DISTINCT job_id FROM {EFFECTS_TABLE}")
+            if len(effects) + cancelled >= jobs:
+                return True
+        await asyncio.sleep(0.5)  # a poll interval
+    return False
+
+
+async def cancel_trial(base: Settings, out_dir: Path, *, jobs: int, kills: int,
+                       workers: int = 3, hold_ms: int = 3) -> CancelTrialResult:
+    """One run (see the module's docstring); a clean run drops its topics' schema."""
+    began = time.monotonic()
+    result = CancelTrialResult(jobs, kills)
+    prefix = f"cchaos{uuid.uuid4().hex[:10]}"
+    folder = out_dir / prefix
+    topics_dir = folder / "topics"
+    topics_dir.mkdir(parents=True)
+    (topics_dir / f"{JOB_TYPE}.toml").write_text(
+        'partitions = 6\nretry_tiers = ["1s", "5s"]\nmax_attempts = 8\n')
+    settings = base.model_copy(update={"topic_prefix": prefix, "database_schema": prefix,
+                                       "topics_dir": topics_dir})
+    types = load_job_types(topics_dir)
+    await prepare_schema(settings, [collect.SCHEMA_SQL])
+    await apply(settings, types)
+    group = WorkerGroup(settings, folder, hold_ms=hold_ms)
+    rng = random.Random(jobs)
+    answers: dict[str, CancelAnswer] = {}
+    try:
+        for _ in range(workers):
+            group.start()
+        await group_stable(settings, JOB_TYPE, workers, within_s=120)
+        client = JobClient(settings, types)
+        async with client:
+            ids: list[str] = []
+            for start in range(0, jobs, 1000):
+                ids += await client.enqueue_many(Job(JOB_TYPE, {"n": i})
+                                                 for i in range(start, min(jobs, start + 1000)))
+            chosen = rng.sample(ids, len(ids) // CANCEL_SHARE)
+            killing = asyncio.create_task(_kill_now_and_then(group, kills, rng))
+            # Cancels spread over the kills' time, so that they meet dead workers' jobs.
+            over_s = 1.25 * kills + 1.0
+            paced = time.monotonic()
+
+            async def canceller(share: list[str]) -> None:
+                for i, job_id in enumerate(share):
+                    due = paced + over_s * i / max(1, len(share))
+                    await asyncio.sleep(max(0.0, due - time.monotonic()))  # the pace
+                    answers[job_id] = (await client.cancel(job_id, job_type=JOB_TYPE)).answer
+
+            await asyncio.gather(*(canceller(chosen[k::CANCELLERS])
+                                   for k in range(CANCELLERS)))
+            result.kills = await killing
+        won = sum(1 for a in answers.values() if a is CancelAnswer.CANCELLED)
+        if not await _drained(settings, jobs, won, 600):
+            result.problems.append("not drained within 600 s")
+        group.close()
+        effects = await _rows(settings, f"SELECT job_id FROM {EFFECTS_TABLE}")
+        cancels = set(await _rows(settings, "SELECT job_id FROM stream_jobs_cancels"))
+    finally:
+        group.close()
+    _judge(result, ids, answers, effects, cancels)
+    result.seconds = round(time.monotonic() - began, 1)
+    if result.ok:
+        conn = await asyncpg.connect(settings.database_url)
+        try:
+            await conn.execute(f'DROP SCHEMA "{prefix}" CASCADE')
+        finally:
+            await conn.close()
+    else:
+        (folder / "problems.txt").write_text("\n".join(result.problems) + "\n")
+    return result
+
+
+def _judge(result: CancelTrialResult, ids: list[str], answers: dict[str, CancelAnswer],
+           effects: list[str], cancels: set[str]) -> None:
+    done = set(effects)
+    won = {j for j, a in answers.items() if a is CancelAnswer.CANCELLED}
+    first = {j for j, a in answers.items() if a is CancelAnswer.ALREADY_FINISHED}
+    result.cancelled, result.finished_first, result.done = len(won), len(first), len(done)
+    result.duplicate_effects = len(effects) - len(done)
+    result.lost = len(set(ids) - done - won)
+    problems = result.problems
+    if result.duplicate_effects:
+        problems.append(f"{result.duplicate_effects} effects written twice")
+    if both := done & won:
+        problems.append(f"{len(both)} jobs both done and cancelled, e.g. {min(both)}")
+    if missing := first - done:
+        problems.append(f"{len(missing)} cancels said 'already finished' of jobs with no "
+                        f"effect, e.g. {min(missing)}")
+    if result.lost:
+        problems.append(f"{result.lost} jobs neither done nor cancelled")
+    if cancels != won:
+        problems.append(f"the cancels table holds {len(cancels)} rows for {len(won)} cancels")
+    if other := {a for a in answers.values()} - {CancelAnswer.CANCELLED,
+                                                  CancelAnswer.ALREADY_FINISHED}:
+        problems.append(f"unexpected answers: {sorted(other)}")
+    if not won or not first:
+        problems.append("the cancels did not race the runs (all won, or none did)")
+
+
+async def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    jobs = int(os.environ.get("CANCEL_CHAOS_JOBS", "20000"))
+    kills = int(os.environ.get("CANCEL_CHAOS_KILLS", "5"))
+    OUT_DIR.mkdir(exist_ok=True)
+    result = await cancel_trial(load_settings(), OUT_DIR, jobs=jobs, kills=kills)
+    (OUT_DIR / "cancels.json").write_bytes(orjson.dumps(asdict(result),
+                                                        option=orjson.OPT_INDENT_2))
+    verdict = "ok" if result.ok else "PROBLEMS: " + "; ".join(result.problems)
+    print(f"{result.jobs} jobs, {result.kills} workers killed, {result.seconds} s: "
+          f"{result.cancelled} cancelled, {result.finished_first} finished before their "
+          f"cancel, {result.done} done, {result.duplicate_effects} duplicate effects, "
+          f"{result.lost} lost: {verdict}")
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(asyncio.run(main()))

@@ -1,0 +1,195 @@
+"""The cancelled job IDs of one type, in memory, kept current by LISTEN/NOTIFY.
+
+A worker checks every job against `ids` before it starts, which costs a set lookup and
+no query. The set is filled at start and after every reconnect: the watch LISTENs first
+and reads the table second, so a cancel committed in between is seen either way (twice
+is harmless). Each cancel NOTIFYs in its own transaction, so the notice arrives as it
+commits (within milliseconds here) and the watch tells its subscribers, which interrupt
+a job that is running.
+
+If Postgres does not answer, the worker starts anyway with what it has and the watch
+keeps trying in the background (backing off to 5 s), then reloads. Meanwhile a job
+cancelled in that gap may start; if it writes through `ctx.once()` its claim still
+meets the cancel's dedup row, so it commits nothing and finishes as cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+
+from stream_jobs.cancels import NoticeKind, channel, concerns, parse_notice
+from stream_jobs.dedup.cancels import CancelStore
+from stream_jobs.dedup.pool import DRIVER_ERRORS
+from stream_jobs.errors import StreamJobsError
+from stream_jobs.settings import Settings
+
+log = logging.getLogger("stream_jobs.cancels")
+
+APPLICATION_NAME = "stream-jobs cancel watch"
+FIRST_LOAD_TIMEOUT_S = 5.0
+_BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 5.0
+
+OnCancel = Callable[[str], None]
+# What a connect-and-load attempt may end with, all retried.
+_ATTEMPT_ERRORS: tuple[type[BaseException], ...] = (StreamJobsError, TimeoutError,
+                                                    *DRIVER_ERRORS)
+
+
+class CancelWatch:
+    """`ids` holds the type's cancelled job IDs; `subscribe(f)` calls `f(job_id)` for each
+    cancel that arrives (or that a reload finds), and `subscribe(..., on_interrupt=g)`
+    `g(job_id)` for each interrupt asked for (a cancel waiting on a run's open
+    `ctx.once()`), on the event loop."""
+
+    def __init__(self, settings: Settings, job_type: str, *,
+                 store: CancelStore | None = None) -> None:
+        self.settings = settings
+        self.job_type = job_type
+        self.ids: set[str] = set()
+        self.loads = 0  # successful loads of the table: 0 until the first one
+        self._store = store or CancelStore(settings)
+        self._owns_store = store is None
+        self._subscribers: list[OnCancel] = []
+        self._interrupters: list[OnCancel] = []
+        self._awaited: dict[str, asyncio.Future[None]] = {}  # confirmed() waits
+        self._channel = channel(settings.database_schema)
+        self._conn: Any = None
+        self._lost = asyncio.Event()
+        self._keeper: asyncio.Task[None] | None = None
+
+    def subscribe(self, on_cancel: OnCancel, *, on_interrupt: OnCancel | None = None) -> None:
+        self._subscribers.append(on_cancel)
+        if on_interrupt is not None:
+            self._interrupters.append(on_interrupt)
+
+    async def confirmed(self, job_id: str, within_s: float) -> bool:
+        """Whether `job_id` is cancelled, waiting up to `within_s` for its notice (after
+        an interrupt the cancel commits within milliseconds), then asking Postgres."""
+        if job_id in self.ids:
+            return True
+        waiter = self._awaited.get(job_id)
+        if waiter is None:
+            waiter = self._awaited[job_id] = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), within_s)
+            return True
+        except TimeoutError:
+            return await self._store.is_cancelled(job_id)
+        finally:
+            if self._awaited.get(job_id) is waiter:
+                del self._awaited[job_id]
+
+    async def start(self) -> None:
+        """Listen and load once (within FIRST_LOAD_TIMEOUT_S), then keep the connection;
+        a first attempt that fails is logged and retried in the background."""
+        try:
+            await asyncio.wait_for(self._connect(), FIRST_LOAD_TIMEOUT_S)
+        except _ATTEMPT_ERRORS as exc:
+            log.warning("%s: cancels not loaded yet (%s); jobs start meanwhile, and the "
+                        "watch keeps trying", self.job_type, _said(exc))
+            self._lost.set()
+        self._keeper = asyncio.create_task(self._keep())
+
+    async def stop(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+            self._keeper = None
+        await self._drop()
+        if self._owns_store:
+            await self._store.close()
+
+    async def is_cancelled(self, job_id: str) -> bool:
+        """Whether `job_id` is cancelled, asking Postgres when the set does not have it
+        (for a run that found its dedup row taken: a cancel, or an earlier run)."""
+        if job_id in self.ids:
+            return True
+        return await self._store.is_cancelled(job_id)
+
+    # -- the connection -----------------------------------------------------------------------
+
+    async def _connect(self) -> None:
+        try:
+            conn = await asyncpg.connect(
+                self.settings.database_url, timeout=10,
+                server_settings={"search_path": self.settings.database_schema,
+                                 "application_name": APPLICATION_NAME})
+        except DRIVER_ERRORS as exc:
+            raise StreamJobsError(f"cannot connect to Postgres: {_said(exc)}") from exc
+        try:
+            await conn.add_listener(self._channel, self._notified)
+            conn.add_termination_listener(self._terminated)
+            found = await self._store.cancelled_ids(self.job_type)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await conn.close(timeout=2)
+            raise
+        self._conn = conn
+        self._lost.clear()
+        self.loads += 1
+        for job_id in found - self.ids:
+            self._add(job_id)
+
+    async def _keep(self) -> None:
+        """Reconnect (and reload) whenever the connection is lost, backing off."""
+        backoff_s = _BACKOFF_FIRST_S
+        while True:
+            await self._lost.wait()
+            await self._drop()
+            try:
+                await self._connect()
+            except _ATTEMPT_ERRORS as exc:
+                log.warning("%s: cancel watch cannot reach Postgres (%s); trying again in "
+                            "%.1f s", self.job_type, _said(exc), backoff_s)
+                await asyncio.sleep(backoff_s)  # a backoff, not a wait for a condition
+                backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
+                continue
+            backoff_s = _BACKOFF_FIRST_S
+            log.info("%s: cancel watch connected; %d cancelled IDs known", self.job_type,
+                     len(self.ids))
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            with contextlib.suppress(Exception):
+                await conn.close(timeout=2)
+
+    def _terminated(self, *_: object) -> None:
+        self._lost.set()
+
+    def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        found = parse_notice(payload)
+        if found is None or not concerns(found.job_type, self.job_type):
+            return
+        if found.kind is NoticeKind.INTERRUPT:
+            self._tell(self._interrupters, found.job_id)
+        elif found.job_id not in self.ids:
+            self._add(found.job_id)
+
+    def _add(self, job_id: str) -> None:
+        self.ids.add(job_id)
+        waiter = self._awaited.get(job_id)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        self._tell(self._subscribers, job_id)
+
+    def _tell(self, subscribers: list[OnCancel], job_id: str) -> None:
+        for on_cancel in subscribers:
+            try:
+                on_cancel(job_id)
+            except Exception:  # a subscriber's bug must not stop the others hearing it
+                log.exception("%s: a cancel subscriber failed on %s", self.job_type, job_id)
+
+
+def _said(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+__all__ = ["CancelWatch", "OnCancel"]

@@ -1,0 +1,73 @@
+"""A small asyncpg pool opened on first use, with the settings' schema as search_path and
+driver errors turned into ours where they enter.
+
+Cancels, unique keys and debounce windows each need a few connections to the dedup
+database, and only when they are used: a client that never cancels, or a worker whose
+jobs carry no unique key, never connects.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from stream_jobs.errors import ConfigError, DatabaseUnavailable, StreamJobsError
+from stream_jobs.settings import Settings, redact_url
+
+# Opening a connection failed: Postgres is down, refusing, or still starting.
+UNREACHABLE = (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
+
+
+class LazyPool:
+    """`await pool.get()` opens it (raising `DatabaseUnavailable`); `close()` closes it."""
+
+    def __init__(self, settings: Settings, *, max_size: int = 4, name: str = "stream-jobs"
+                 ) -> None:
+        self.settings = settings
+        self._max_size = max_size
+        self._name = name
+        self._pool: asyncpg.Pool | None = None
+
+    async def get(self) -> asyncpg.Pool:
+        if self._pool is None:
+            try:
+                self._pool = await asyncpg.create_pool(
+                    self.settings.database_url, min_size=0, max_size=self._max_size,
+                    timeout=10, server_settings={
+                        "search_path": self.settings.database_schema,
+                        "application_name": self._name})
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                raise self.unavailable(exc) from exc
+        return self._pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    def unavailable(self, exc: BaseException) -> DatabaseUnavailable:
+        return DatabaseUnavailable(
+            f"Postgres did not answer at {redact_url(self.settings.database_url)} "
+            f"(STREAM_JOBS_DATABASE_URL): {exc}")
+
+
+def database_error(exc: BaseException, pool: LazyPool, what: str) -> StreamJobsError:
+    """Our error for a driver error met while doing `what` ("cancel the job")."""
+    if isinstance(exc, StreamJobsError):
+        return exc
+    if isinstance(exc, asyncpg.UndefinedTableError | asyncpg.InvalidSchemaNameError):
+        return ConfigError(
+            f"Cannot {what}: schema {pool.settings.database_schema!r} lacks the tables of "
+            "cancels and unique keys; run `stream-jobs db migrate` (or point "
+            "STREAM_JOBS_DATABASE_SCHEMA at the schema that has them).")
+    if isinstance(exc, UNREACHABLE):
+        return pool.unavailable(exc)
+    detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return DatabaseUnavailable(f"Postgres failed to {what}: {detail}.")
+
+
+# The driver's errors, for `except` clauses at this boundary.
+DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
+__all__ = ["DRIVER_ERRORS", "UNREACHABLE", "LazyPool", "database_error"]
