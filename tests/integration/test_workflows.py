@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from stream_jobs.app import App
 from stream_jobs.client import Job, JobClient
 from stream_jobs.context import JobContext
-from stream_jobs.errors import ConfigError, PermanentError, UnknownWorkflow
+from stream_jobs.errors import ConfigError, JobCancelled, PermanentError, UnknownWorkflow
 from stream_jobs.outbox.relay import OutboxRelay
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
@@ -251,3 +251,40 @@ async def test_a_batch_in_the_callers_transaction_exists_only_if_it_commits(
                            on_success=Job(DONE, {"album": "x", "batch": {"id": "mine"}}))
     with pytest.raises(ConfigError, match="no delay or run_at"):
         await client.chain(Job(STEP, {"add": 1}), Job(STEP, {"add": 2}, delay=5))
+
+
+async def test_a_cancelled_member_counts_as_finished_and_its_result_says_cancelled(
+        flows: App, settings: Settings) -> None:
+    app = flows
+
+    @app.job(MEMBER, ordering="unordered", keep_result="1h")
+    async def member(job: dict[str, int], ctx: JobContext) -> int:
+        return job["n"]
+
+    @app.job(DONE, ordering="unordered")
+    async def done(job: Done, ctx: JobContext) -> None:
+        async with ctx.once() as conn:
+            await conn.execute("INSERT INTO ran (job_id, kind, payload) VALUES ($1, $2, $3)",
+                               ctx.job_id, job.album, job.model_dump_json())
+
+    async with app.client() as client:
+        ids = [f"member-{n}-{settings.topic_prefix}" for n in range(3)]
+        batch_id = await client.batch([Job(MEMBER, {"n": n}, job_id=i)
+                                       for n, i in enumerate(ids)],
+                                      on_success=Job(DONE, Done(album="success")),
+                                      on_complete=Job(DONE, Done(album="complete")))
+        await client.cancel(ids[1], reason="the album was deleted")
+        with pytest.raises(JobCancelled, match="the album was deleted"):
+            await client.result(ids[1], timeout=5)  # at once, from the cancel
+        async with running(app, settings, MEMBER, DONE) as workers:
+            await until(lambda: workers[1].outcomes["succeeded"] >= 1, "the callback", 60)
+        assert workers[0].outcomes == {"succeeded": 2, "cancelled": 1}
+        with pytest.raises(JobCancelled, match="cancelled: the album was deleted"):
+            await client.result(ids[1], timeout=5)
+        assert await client.result(ids[2], timeout=5) == 2
+        final = await client.progress(batch_id)
+    assert (final.succeeded, final.failed, final.state) == (2, 1, "completed")
+    rows = await sql(settings, "SELECT kind, payload FROM ran")
+    assert [r["kind"] for r in rows] == ["complete"]
+    assert Done.model_validate_json(rows[0]["payload"]).batch == BatchSummary(
+        id=batch_id, total=3, succeeded=2, failed=1)
