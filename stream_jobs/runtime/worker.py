@@ -12,16 +12,14 @@ Cancels, unique keys and debounce: checked before a job starts, and a unique key
 back once it finished (`stream_jobs.runtime.admission`, docs/control.md).
 
 Flow control (docs/flow-control.md): lanes are served by their weights; the type's
-rate limit (TOML, or `stream-jobs throttle` through `P._control`) is split across the
-group by partition ownership (`stream_jobs.ratelimit`); heartbeats are written into every
-lane partition and acknowledged at fetch time (`stream_jobs.runtime.heartbeats`).
+rate limit is shared across the group and heartbeats are written into every lane
+partition (`stream_jobs.runtime.flow_control`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 from collections import Counter
 from collections.abc import Hashable, Sequence
@@ -34,7 +32,7 @@ from stream_jobs.context import JobContext
 from stream_jobs.dedup.cancel_watch import CancelWatch
 from stream_jobs.dedup.keys import KeyStore
 from stream_jobs.dedup.store import Dedup, DedupStore
-from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError, StreamJobsError
+from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError
 from stream_jobs.failures import FailureInfo
 from stream_jobs.handlers import JobHandler
 from stream_jobs.histogram import DurationHistogram
@@ -43,16 +41,13 @@ from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients
 from stream_jobs.logs import job_fields
 from stream_jobs.naming import (
-    control_topic,
     dlq_topic,
     lane_topic,
     tier_topic,
     worker_group,
 )
 from stream_jobs.outcomes import Outcome, Reason
-from stream_jobs.ratelimit import partition_share
 from stream_jobs.record import (
-    HEADER_EXPIRES_AT,
     HEADER_WORKFLOW,
     JobRecord,
     Record,
@@ -63,36 +58,19 @@ from stream_jobs.retry import DeadLetter, RetryPolicy, decide
 from stream_jobs.runtime.admission import Admission, holds_key
 from stream_jobs.runtime.calls import handler_call
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
+from stream_jobs.runtime.flow_control import FlowControlled, header_expires_at_ms
 from stream_jobs.runtime.gc_tuning import worker_collector
-from stream_jobs.runtime.heartbeats import is_heartbeat, send_heartbeats
+from stream_jobs.runtime.heartbeats import is_heartbeat
 from stream_jobs.runtime.heartbeats import report_interval_s as heartbeat_report_interval_s
-from stream_jobs.runtime.member import Flow, GroupMember
 from stream_jobs.runtime.relay import Relay
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
 from stream_jobs.runtime.stalls import LoopWatch
-from stream_jobs.runtime.throttle import ControlFollower, RateOverride, rate_in_force
+from stream_jobs.runtime.throttle import ControlFollower
 from stream_jobs.schedules import Scheduler
 from stream_jobs.settings import Settings
 from stream_jobs.workflows.finish import Finish, Finisher, record_ending
 
 log = logging.getLogger("stream_jobs.worker")
-
-
-# Under a rate limit a worker buffers about this many seconds of its share (at least
-# RATE_BUFFER_MIN records per partition): fetching pauses instead of holding a backlog.
-RATE_BUFFER_S = 2.0
-RATE_BUFFER_MIN = 16
-
-
-
-def _expires_at_ms(headers: Sequence[tuple[str, bytes]]) -> int | None:
-    """The `sj-expires-at` header as decode_record reads it (the last one wins); None if
-    absent or malformed (decode_record then has the final word)."""
-    found: int | None = None
-    for name, value in headers:
-        if name == HEADER_EXPIRES_AT:
-            found = int(value) if value.isdigit() and len(value) <= 19 else None
-    return found
 
 
 # Records a partition may have fetched but not finished before it is paused. Well above
@@ -102,7 +80,7 @@ def _expires_at_ms(headers: Sequence[tuple[str, bytes]]) -> int | None:
 DEFAULT_MAX_BUFFERED = 2000
 
 
-class Worker(GroupMember):
+class Worker(FlowControlled):
     """Handlers for one job type with bounded concurrency, retries, dead letters and a relay."""
 
     def __init__(self, settings: Settings, policy: JobTypePolicy, handler: JobHandler, *,
@@ -153,12 +131,7 @@ class Worker(GroupMember):
                                                              policy.heartbeat_interval_s)
         self._started_at_ms = now_ms()
         # Flow control: the type's limit in force, this worker's share of it, heartbeats.
-        self.control = control
-        self.rate = rate_in_force(policy.rate_limit_per_s, None)
-        self.rate_share_per_s: float | None = None
-        self.heartbeat_interval_s = policy.heartbeat_interval_s
-        # Per lane partition: the write time (ms) of the newest heartbeat processed.
-        self.heartbeats: dict[TopicPartition, int] = {}
+        self.init_flow(policy, control=control)
         # The type's schedules (`App.worker` passes them): fired by whichever worker leads.
         self.scheduler = scheduler
         # On the loop, or (a plain `def`) on `concurrency` threads: chosen once, here.
@@ -235,66 +208,6 @@ class Worker(GroupMember):
     async def _report(self, *, final: bool = False) -> None:
         await publish(self.settings, self.producer, self.worker_id, self.report(final=final))
 
-    # -- flow control -----------------------------------------------------------------------
-
-    async def _catch_up(self, follower: ControlFollower | None) -> None:
-        if follower is None:
-            return
-        try:
-            await follower.catch_up()
-        except StreamJobsError as exc:
-            # The TOML's limit still holds; only run-time changes are lost.
-            log.warning("cannot read %s; `stream-jobs throttle` will not reach this worker: "
-                        "%s", control_topic(self.settings.topic_prefix), exc)
-            return
-        self._apply_rate(follower.overrides.get(self.policy.job_type))
-        # The group may have assigned partitions meanwhile (aiokafka joins in the
-        # background); nothing was dispatched yet, so the share is right from the start.
-        self._reshare()
-
-    def _on_control(self, job_type: str, override: RateOverride | None) -> None:
-        if job_type == self.policy.job_type:
-            self._apply_rate(override)
-            self._reshare()
-
-    def _apply_rate(self, override: RateOverride | None) -> None:
-        rate = rate_in_force(self.policy.rate_limit_per_s, override)
-        if rate != self.rate:
-            limit = "no limit" if rate.per_s is None else f"{rate.per_s:g}/s"
-            log.info("%s: rate limit now %s (%s)", self.policy.job_type, limit, rate.source)
-        self.rate = rate
-
-    def adopt(self, tps: list[TopicPartition]) -> None:
-        super().adopt(tps)
-        self._reshare()
-
-    async def release(self, tps: list[TopicPartition]) -> None:
-        await super().release(tps)
-        for tp in tps:
-            self.heartbeats.pop(tp, None)
-        self._reshare()
-
-    def _reshare(self) -> None:
-        """Take this worker's share of the type's rate: its fraction of the lane partitions."""
-        limit = self.rate.per_s
-        screen = limit is not None or self.heartbeat_interval_s is not None
-        base = self.base_flow
-        if limit is None:
-            self.rate_share_per_s = None
-            self.set_flow(replace(base, screen=screen))
-            return
-        assigned = sum(1 for w in self.partitions.values() if not w.revoked)
-        total = sum(len(self.consumer.partitions_for_topic(t) or ()) for t in self.topics)
-        share = partition_share(limit, assigned, total)
-        self.rate_share_per_s = share
-        per_partition = math.ceil(share * RATE_BUFFER_S / max(1, assigned))
-        self.set_flow(Flow(
-            max_buffered=min(base.max_buffered, max(RATE_BUFFER_MIN, per_partition)),
-            # Backpressure is checked after each fetched batch: keep batches small too.
-            fetch_records=min(base.fetch_records,
-                              max(RATE_BUFFER_MIN, math.ceil(share * RATE_BUFFER_S))),
-            rate_per_s=share, screen=screen))
-
     def screen(self, work: PartitionWork, record: Record) -> bool:
         """Finish at fetch time what needs no handler: heartbeats always, and under a rate
         limit jobs already expired, so stale work never waits for (or spends) a token."""
@@ -302,7 +215,7 @@ class Worker(GroupMember):
             self._beat(work.tp, record.timestamp)
             return True
         if self.rate_share_per_s is not None:
-            expires_at = _expires_at_ms(record.headers)
+            expires_at = header_expires_at_ms(record.headers)
             if (expires_at is not None and now_ms() >= expires_at
                     and not holds_key(record.headers) and not self._ends_recorded(record.headers)):
                 self.outcomes[Outcome.EXPIRED] += 1
@@ -313,26 +226,6 @@ class Worker(GroupMember):
         """Whether a record's job gets a row when it ends (so it is not screened out)."""
         return self.finisher.keep_s is not None or any(
             name == HEADER_WORKFLOW for name, _ in headers)
-
-    def _beat(self, tp: TopicPartition, written_ms: int) -> None:
-        if written_ms > self.heartbeats.get(tp, -1):
-            self.heartbeats[tp] = written_ms
-
-    async def _heartbeat_every(self) -> None:
-        interval_s = self.heartbeat_interval_s
-        assert interval_s is not None
-        loop = asyncio.get_running_loop()
-        due = loop.time()
-        while True:
-            tps = [TopicPartition(topic, p) for topic in self.topics
-                   for p in sorted(self.consumer.partitions_for_topic(topic) or ())]
-            try:
-                await send_heartbeats(self.producer, tps, self.worker_id, now_ms())
-            except StreamJobsError as exc:
-                log.warning("heartbeats not written: %s", exc)
-            # On a fixed schedule: the time a send takes does not stretch the interval.
-            due = max(due + interval_s, loop.time())
-            await asyncio.sleep(due - loop.time())  # a period, not a wait for a condition
 
     def request_stop(self) -> None:
         """Ask `run` to drain and return (safe from a signal handler on the loop)."""

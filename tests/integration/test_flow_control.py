@@ -35,11 +35,12 @@ from stream_jobs.context import JobContext
 from stream_jobs.job_types import load_job_types
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.naming import control_topic, stats_topic
+from stream_jobs.runtime.flow_control import RATE_BUFFER_MIN, RATE_BUFFER_S
 from stream_jobs.runtime.heartbeats import is_heartbeat
 from stream_jobs.runtime.host import WorkerHost, process_services
 from stream_jobs.runtime.reports import WorkerReport
 from stream_jobs.runtime.throttle import RateInForce, RateOverride, publish_rate
-from stream_jobs.runtime.worker import RATE_BUFFER_MIN, RATE_BUFFER_S, Worker
+from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
 from stream_jobs.tools.stats import collect
 from stream_jobs.tools.type_stats import TypeStats
