@@ -39,6 +39,7 @@ from stream_jobs.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from stream_jobs.client import JobClient, SyncJobClient
+    from stream_jobs.client_stores import ClientStores
     from stream_jobs.runtime.worker import Worker
     from stream_jobs.schedules import PayloadFunc, Scheduler
 
@@ -58,6 +59,9 @@ class App:
         # Where the app's clients, workers and schedulers get their Kafka clients: the
         # real ones, or a JobTester's in-memory broker while one runs (stream_jobs.testing).
         self.kafka: KafkaClients = AIOKAFKA
+        # Where its clients keep cancels, keys, results and workflows: Postgres (None), or
+        # a JobTester's memory while one runs.
+        self.stores: ClientStores | None = None
         # Types declared in code instead of topics/ (a JobTester's `types=` while it runs).
         self.declared_types: dict[str, JobTypePolicy] | None = None
 
@@ -198,13 +202,13 @@ class App:
         from stream_jobs.client import JobClient
 
         return JobClient(self.settings, self.job_types(), models=self.models(), kafka=self.kafka,
-                         kept=self.kept_results())
+                         kept=self.kept_results(), stores=self.stores)
 
     def sync_client(self) -> SyncJobClient:
         from stream_jobs.client import SyncJobClient
 
         return SyncJobClient(self.settings, self.job_types(), models=self.models(),
-                             kafka=self.kafka, kept=self.kept_results())
+                             kafka=self.kafka, kept=self.kept_results(), stores=self.stores)
 
     def worker(self, job_type: str, **options: Any) -> Worker:
         from stream_jobs.runtime.worker import Worker

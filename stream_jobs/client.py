@@ -35,20 +35,17 @@ from pydantic import BaseModel, ValidationError
 
 from stream_jobs import clock
 from stream_jobs.cancels import Cancellation
-from stream_jobs.dedup.cancels import CancelStore
-from stream_jobs.dedup.pool import LazyPool
-from stream_jobs.dedup.results import ResultReader
+from stream_jobs.client_stores import ClientStores, PostgresStores
 from stream_jobs.errors import ConfigError, PayloadError, PayloadTooLarge
 from stream_jobs.job_ids import MAX_JOB_ID_CHARS, new_job_id
 from stream_jobs.job_types import JobTypePolicy, get_job_type
 from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients, Producer
-from stream_jobs.lookup import JobLocation, locate_job
+from stream_jobs.lookup import JobLocation
 from stream_jobs.naming import lane_topic, tier_topic
 from stream_jobs.outbox.unique import (
     Build,
     KeyAnswer,
     enqueue_keyed_async,
-    enqueue_keyed_own,
     enqueue_keyed_sync,
 )
 from stream_jobs.outbox.writer import write_async, write_sync
@@ -89,18 +86,17 @@ class JobClient(WorkflowCalls):
 
     def __init__(self, settings: Settings, job_types: Mapping[str, JobTypePolicy], *,
                  models: Mapping[str, type[BaseModel]] | None = None,
-                 kafka: KafkaClients = AIOKAFKA, kept: Mapping[str, float] | None = None) -> None:
+                 kafka: KafkaClients = AIOKAFKA, kept: Mapping[str, float] | None = None,
+                 stores: ClientStores | None = None) -> None:
         self.settings = settings
         self._types = dict(job_types)
         self._models = dict(models or {})
         self._kafka = kafka
         self._kept = dict(kept or {})  # types with keep_result: seconds kept
         self._producer_or_none: Producer | None = None
-        self._results: ResultReader | None = None
-        # Postgres, for unique and debounced enqueues without conn= and for cancels:
-        # opened on first use, so a client that uses neither never connects.
-        self._db: LazyPool | None = None
-        self._cancels: CancelStore | None = None
+        # Cancels, keys, results, workflows, status: Postgres, opened on first use (so a
+        # client that uses none never connects), or a JobTester's memory.
+        self._stores: ClientStores = stores or PostgresStores(settings)
 
     @property
     def _producer(self) -> Producer:
@@ -116,22 +112,15 @@ class JobClient(WorkflowCalls):
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        if self._results is not None:
-            await self._results.close()
-            self._results = None
         if self._producer_or_none is not None:
             await self._producer_or_none.stop()
             self._producer_or_none = None
         await self.close_database()
 
     async def close_database(self) -> None:
-        """Close the Postgres connections of cancels and unique enqueues, if any were made."""
-        if self._cancels is not None:
-            await self._cancels.close()
-            self._cancels = None
-        if self._db is not None:
-            await self._db.close()
-            self._db = None
+        """Close the Postgres connections of cancels, unique enqueues and results, if any
+        were made."""
+        await self._stores.close()
 
     @overload
     async def enqueue(
@@ -222,10 +211,7 @@ class JobClient(WorkflowCalls):
         if conn is not None:
             answer = await enqueue_keyed_async(conn, claim, job.job_type, job_id, schema, build)
         else:
-            if self._db is None:
-                self._db = LazyPool(self.settings, max_size=4, name="stream-jobs client")
-            answer = await enqueue_keyed_own(self._db, claim, job.job_type, job_id, schema,
-                                             build)
+            answer = await self._stores.enqueue_keyed(claim, job.job_type, job_id, build)
         return answer.enqueued()
 
     def prepare_keyed(self, job: Job, claim: KeyClaim) -> tuple[str, Build]:
@@ -263,13 +249,11 @@ class JobClient(WorkflowCalls):
             get_job_type(self._types, job_type)
         if not job_id or len(job_id) > MAX_JOB_ID_CHARS:
             raise ConfigError(f"A job ID is 1 to {MAX_JOB_ID_CHARS} characters.")
-        if self._cancels is None:
-            self._cancels = CancelStore(self.settings)
-        return await self._cancels.cancel(job_id, job_type=job_type, reason=reason)
+        return await self._stores.cancel(job_id, job_type=job_type, reason=reason)
 
     async def status(self, job_id: str, *, job_type: str | None = None) -> JobLocation:
         """Where the job is: what `stream-jobs job ID` shows (its result too, if kept)."""
-        return await locate_job(self.settings, self._types, job_id, job_type=job_type)
+        return await self._stores.status(self._types, job_id, job_type=job_type)
 
     def prepare(self, job: Job, *, now_ms: int | None = None) -> tuple[str, JobRecord]:
         """The topic and record for `job`, or the error that keeps it from being sent."""
@@ -346,8 +330,10 @@ class SyncJobClient(SyncWorkflowCalls):
 
     def __init__(self, settings: Settings, job_types: Mapping[str, JobTypePolicy], *,
                  models: Mapping[str, type[BaseModel]] | None = None,
-                 kafka: KafkaClients = AIOKAFKA, kept: Mapping[str, float] | None = None) -> None:
-        self._client = JobClient(settings, job_types, models=models, kafka=kafka, kept=kept)
+                 kafka: KafkaClients = AIOKAFKA, kept: Mapping[str, float] | None = None,
+                 stores: ClientStores | None = None) -> None:
+        self._client = JobClient(settings, job_types, models=models, kafka=kafka, kept=kept,
+                                 stores=stores)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="stream-jobs-client",
                                         daemon=True)

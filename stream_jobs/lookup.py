@@ -266,7 +266,7 @@ async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
         await consumer.refresh_metadata()
         plans = []
         for policy in chosen:
-            for topic, role, name, group in _topics(settings.topic_prefix, policy):
+            for topic, role, name, group in topics_of(settings.topic_prefix, policy):
                 if not consumer.partitions_for_topic(topic):
                     continue  # never applied: nothing to find there
                 type_of[topic] = policy.job_type
@@ -291,7 +291,7 @@ async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
                        complete, tuple(notes), result=result)
 
 
-def _topics(prefix: str, policy: JobTypePolicy
+def topics_of(prefix: str, policy: JobTypePolicy
             ) -> list[tuple[str, TopicRole, str, str | None]]:
     """(topic, role, lane/tier/"dlq", the group whose commits mark progress there)."""
     work, relay = worker_group(prefix, policy.job_type), relay_group(prefix, policy.job_type)
@@ -314,23 +314,31 @@ async def _result_row(settings: Settings, job_id: str, notes: list[str]
     return None
 
 
+def cancelled_location(job_id: str, job_type: str, reason: str | None, when: datetime,
+                       notes: Sequence[str] = ()) -> JobLocation:
+    """Where a cancelled job is (from its row of the cancels)."""
+    said = f" Reason: {reason}." if reason else ""
+    return JobLocation(job_id, "cancelled", job_type or None, None, when, notes=tuple(notes),
+                       detail=f"it was cancelled at {when.isoformat(timespec='seconds')}"
+                       f" and does not run again.{said}")
+
+
+def superseded_location(job_id: str, by: str, notes: Sequence[str] = ()) -> JobLocation:
+    """Where a debounced job that job `by` superseded is."""
+    return JobLocation(job_id, "superseded", notes=tuple(notes),
+                       detail=f"job {by}, enqueued later in its debounce window, runs instead.")
+
+
 async def _stopped(settings: Settings, job_id: str, notes: list[str]) -> JobLocation | None:
     """The job's location if a cancel or a newer debounced job stopped it, else None."""
     cancels, keys = CancelStore(settings), KeyStore(settings)
     try:
         cancelled = await asyncio.wait_for(cancels.cancelled(job_id), 15)
         if cancelled is not None:
-            job_type, reason, when = cancelled
-            said = f" Reason: {reason}." if reason else ""
-            return JobLocation(job_id, "cancelled", job_type or None, None, when,
-                               notes=tuple(notes),
-                               detail=f"it was cancelled at {when.isoformat(timespec='seconds')}"
-                               f" and does not run again.{said}")
+            return cancelled_location(job_id, *cancelled, notes)
         by = await asyncio.wait_for(keys.superseded_by(job_id), 15)
         if by is not None:
-            return JobLocation(job_id, "superseded", notes=tuple(notes),
-                               detail=f"job {by}, enqueued later in its debounce window, runs "
-                               "instead.")
+            return superseded_location(job_id, by, notes)
     except (StreamJobsError, TimeoutError) as exc:
         notes.append(f"Cancels were not checked ({exc}).")
     finally:
@@ -355,4 +363,5 @@ async def _dedup_row(settings: Settings, job_id: str, notes: list[str]
     return None
 
 
-__all__ = ["JobLocation", "Sighting", "Status", "capped", "judge", "locate_job", "sighting_of"]
+__all__ = ["JobLocation", "Sighting", "Status", "cancelled_location", "capped", "judge",
+           "locate_job", "sighting_of", "superseded_location", "topics_of"]

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -39,6 +39,25 @@ OnCancel = Callable[[str], None]
 # What a connect-and-load attempt may end with, all retried.
 _ATTEMPT_ERRORS: tuple[type[BaseException], ...] = (StreamJobsError, TimeoutError,
                                                     *DRIVER_ERRORS)
+
+
+class CancelFeed(Protocol):
+    """What a worker reads of its type's cancels: `CancelWatch` on Postgres, or
+    `stream_jobs.testing`'s in-memory one. The meanings are `CancelWatch`'s."""
+
+    @property
+    def ids(self) -> set[str]: ...
+
+    def subscribe(self, on_cancel: OnCancel, *,
+                  on_interrupt: OnCancel | None = None) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def confirmed(self, job_id: str, within_s: float) -> bool: ...
+
+    async def is_cancelled(self, job_id: str) -> bool: ...
 
 
 class CancelWatch:
@@ -192,4 +211,4 @@ def _said(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-__all__ = ["CancelWatch", "OnCancel"]
+__all__ = ["CancelFeed", "CancelWatch", "OnCancel"]

@@ -15,7 +15,7 @@ Driver errors are ours here: `DatabaseUnavailable` when Postgres cannot be reach
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -32,6 +32,20 @@ def ours(exc: BaseException, what: str) -> DatabaseUnavailable | FinishFailed:
     if isinstance(exc, _UNREACHABLE):
         return DatabaseUnavailable(f"Postgres did not answer while {what}: {exc}")
     return FinishFailed(f"Postgres refused {what}: {type(exc).__name__}: {exc}")
+
+
+class Held(Protocol):
+    """A held transaction as a finish uses it: `HeldTransaction`, or the in-memory one of
+    `stream_jobs.testing`."""
+
+    @property
+    def conn(self) -> Any: ...
+
+    async def execute(self, sql: str, *args: Any) -> None: ...
+
+    async def commit(self) -> None: ...
+
+    async def rollback(self) -> None: ...
 
 
 class HeldTransaction:
@@ -99,4 +113,4 @@ class HeldTransaction:
                 await self._pool.release(conn)
 
 
-__all__ = ["DRIVER_ERRORS", "HeldTransaction", "ours"]
+__all__ = ["DRIVER_ERRORS", "Held", "HeldTransaction", "ours"]

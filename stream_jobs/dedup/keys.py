@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from stream_jobs.dedup.pool import DRIVER_ERRORS, LazyPool, database_error
 from stream_jobs.errors import Abandoned, DatabaseUnavailable, StreamJobsError
@@ -45,6 +45,18 @@ Release = tuple[str, str, str]  # (job type, unique key, job ID)
 SUPERSEDED_BY = "SELECT by_job_id FROM stream_jobs_superseded WHERE job_id = $1"
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 10.0
 T = TypeVar("T")
+
+
+class Keys(Protocol):
+    """What a worker does with unique keys and debounce markers: `KeyStore` on Postgres,
+    or `stream_jobs.testing`'s in-memory one. The meanings are `KeyStore`'s."""
+
+    async def release_until_done(self, job_type: str, unique_key: str, job_id: str,
+                                 stopping: asyncio.Event) -> None: ...
+
+    async def superseded_by(self, job_id: str) -> str | None: ...
+
+    async def close(self) -> None: ...
 
 
 class KeyStore:
@@ -138,4 +150,4 @@ async def until_done(call: Callable[[], Awaitable[T]], stopping: asyncio.Event,
         backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
 
 
-__all__ = ["RELEASE_UNIQUE", "SUPERSEDED_BY", "KeyStore", "until_done"]
+__all__ = ["RELEASE_UNIQUE", "SUPERSEDED_BY", "KeyStore", "Keys", "until_done"]

@@ -108,19 +108,8 @@ class ResultReader:
         `model`), or the error that says why there is none (see `JobClient.result`).
         `kept` names the types that keep results, for the sentence of a finished job."""
         found = await self.wait(job_id, timeout_s)
-        if found is None:
-            job_type = await self.finished_type(job_id)
-            if job_type is None:
-                raise ResultTimeout(f"Job {job_id} has no result after {timeout_s:g} s: it "
-                                    f"has not finished yet (`stream-jobs job {job_id}` says "
-                                    "where it is).")
-            why = ("its type keeps no results: declare it with @app.job(..., keep_result="
-                   "'1d')" if job_type not in (kept or {}) else "its result was pruned")
-            raise ResultNotKept(f"Job {job_id} ({job_type}) finished, but no result of it is "
-                                f"kept: {why}.")
-        if not found.succeeded:
-            raise found.failure()
-        return found.parsed(model) if model is not None else found.value()
+        job_type = await self.finished_type(job_id) if found is None else None
+        return answer(job_id, found, job_type, timeout_s, model=model, kept=kept)
 
     async def finished_type(self, job_id: str) -> str | None:
         """The type of the job if it has a dedup row (it finished), else None."""
@@ -225,6 +214,25 @@ class ResultReader:
             f"(STREAM_JOBS_DATABASE_URL) for a job's result: {exc}")
 
 
+def answer(job_id: str, found: StoredResult | None, finished_type: str | None,
+           waited_s: float, *, model: type[M] | None = None,
+           kept: Mapping[str, float] | None = None) -> Any:
+    """`client.result`'s answer from the job's row (`found`) and, without one, the type of
+    its dedup row (`finished_type`, None: not finished): the value, or the error."""
+    if found is None:
+        if finished_type is None:
+            raise ResultTimeout(f"Job {job_id} has no result after {waited_s:g} s: it "
+                                f"has not finished yet (`stream-jobs job {job_id}` says "
+                                "where it is).")
+        why = ("its type keeps no results: declare it with @app.job(..., keep_result="
+               "'1d')" if finished_type not in (kept or {}) else "its result was pruned")
+        raise ResultNotKept(f"Job {job_id} ({finished_type}) finished, but no result of it "
+                            f"is kept: {why}.")
+    if not found.succeeded:
+        raise found.failure()
+    return found.parsed(model) if model is not None else found.value()
+
+
 async def prune_expired(conn: Any, schema: str, batch: int) -> int:
     """Delete up to `batch` result rows past their expiry; how many were deleted."""
     status = await conn.execute(
@@ -233,5 +241,5 @@ async def prune_expired(conn: Any, schema: str, batch: int) -> int:
     return int(status.rsplit(" ", 1)[-1])
 
 
-__all__ = ["ResultReader", "prune_expired", "results_channel", "results_table",
+__all__ = ["ResultReader", "answer", "prune_expired", "results_channel", "results_table",
            "select_result_sql", "stored"]

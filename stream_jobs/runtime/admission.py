@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from stream_jobs.context import JobContext
-from stream_jobs.dedup.cancel_watch import CancelWatch, OnCancel
+from stream_jobs.dedup.cancel_watch import CancelFeed, CancelWatch, OnCancel
 from stream_jobs.dedup.cancels import CancelStore
-from stream_jobs.dedup.keys import KeyStore, until_done
+from stream_jobs.dedup.keys import Keys, KeyStore, until_done
 from stream_jobs.errors import ConfigError, JobInterrupted, StreamJobsError
 from stream_jobs.record import HEADER_UNIQUE, JobRecord
 from stream_jobs.runtime.calls import HandlerCall
@@ -47,22 +47,22 @@ class Admission:
     """Cancels, unique keys and debounce for one worker of `job_type`."""
 
     def __init__(self, settings: Settings, job_type: str, *, interruptible: bool,
-                 stopping: asyncio.Event, cancels: CancelWatch | None = None,
-                 keys: KeyStore | None = None) -> None:
+                 stopping: asyncio.Event, cancels: CancelFeed | None = None,
+                 keys: Keys | None = None) -> None:
         self.job_type = job_type
         self._stopping = stopping
         self._store = CancelStore(settings)
         self._owns_watch = cancels is None
         if cancels is None and settings.cancel_watch:
             cancels = CancelWatch(settings, job_type, store=self._store)
-        self.watch = cancels
+        self.watch: CancelFeed | None = cancels
         # The watch's own set (it adds to it in place), or one that stays empty.
         self.cancelled: set[str] = cancels.ids if cancels is not None else set()
         # Jobs in a handler now, by ID: the runner that runs each, and its context.
         self.running: dict[str, tuple[Runner, JobContext]] = {}
         # A thread cannot be interrupted: a sync handler is told through ctx.cancelled.
         self.interruptible = interruptible
-        self.keys = keys or KeyStore(settings)
+        self.keys: Keys = keys or KeyStore(settings)
         self._owns_keys = keys is None
         self.interrupted = 0  # runs stopped by a cancel (or by a cancel's interrupt)
         if cancels is not None:
@@ -144,14 +144,15 @@ class Admission:
 
     async def cancelled_instead(self, job: JobRecord) -> bool:
         """Whether a run that found its dedup row taken met a cancel, not an earlier run.
-        Without the watch (`cancel_watch=false`, or `stream_jobs.testing` in memory) no
-        cancel is known here, and such a run counts as a duplicate."""
+        Without the watch (`cancel_watch=false`) no cancel is known here, and such a run
+        counts as a duplicate."""
         if job.job_id in self.cancelled:
             return True
-        if self.watch is None:
+        watch = self.watch
+        if watch is None:
             return False
         try:
-            return await until_done(lambda: self._store.is_cancelled(job.job_id),
+            return await until_done(lambda: watch.is_cancelled(job.job_id),
                                     self._stopping, f"job {job.job_id}: cannot tell a cancel "
                                     "from an earlier run")
         except ConfigError as exc:  # a schema migrated before cancels existed

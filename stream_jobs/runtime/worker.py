@@ -29,8 +29,8 @@ from typing import Any
 from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
 from stream_jobs.context import JobContext
-from stream_jobs.dedup.cancel_watch import CancelWatch
-from stream_jobs.dedup.keys import KeyStore
+from stream_jobs.dedup.cancel_watch import CancelFeed
+from stream_jobs.dedup.keys import Keys
 from stream_jobs.dedup.store import Dedup, DedupStore
 from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError
 from stream_jobs.failures import FailureInfo
@@ -89,7 +89,7 @@ class Worker(FlowControlled):
                  dedup: Dedup | None = None, report_interval_s: float = 5.0,
                  control: bool = True, children: JobClient | None = None,
                  scheduler: Scheduler | None = None, kafka: KafkaClients = AIOKAFKA,
-                 cancels: CancelWatch | None = None, keys: KeyStore | None = None) -> None:
+                 cancels: CancelFeed | None = None, keys: Keys | None = None) -> None:
         prefix = settings.topic_prefix
         lanes = [lane_topic(prefix, policy.job_type, lane) for lane in policy.priorities]
         weights = [(lane_topic(prefix, policy.job_type, lane), weight)

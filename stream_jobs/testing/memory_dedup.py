@@ -11,6 +11,11 @@ statements become its effects (`JobTester.effects_of`), and the child jobs it en
 if the parent committed. `once_deferred()` records the same way; `once_sync(session)`
 keeps the dedup row here and commits the handler's own session (SQLAlchemy or DB-API,
 e.g. on SQLite) with the block.
+
+The rows live in a `MemoryTables` (`memory_tables`), which also carries out the runtime's
+own statements among what a transaction ran: a batch or chain made inside the block, and
+the finish of a job that keeps its result or belongs to a workflow (`hold`,
+`apply_deferred`, `execute`: the `FinishStore` of `stream_jobs.workflows.finish`).
 """
 
 from __future__ import annotations
@@ -19,20 +24,23 @@ import asyncio
 import itertools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+)
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
-from stream_jobs import clock
 from stream_jobs.dedup.deferred import DeferredWrites
 from stream_jobs.dedup.sync_once import done_table, transaction_of
 from stream_jobs.errors import AlreadyDone
-from stream_jobs.outbox.rows import decode_headers, insert_sql
+from stream_jobs.results import StoredResult
+from stream_jobs.testing.memory_tables import DoneRow, MemoryTables, RawRecord
 
 S = TypeVar("S")
-# (topic, key, value, headers): a record to write once its transaction commits.
-RawRecord = tuple[str, bytes | None, bytes | None, Sequence[tuple[str, bytes]]]
 Publish = Callable[[Sequence[RawRecord]], None]
 
 
@@ -42,15 +50,6 @@ class Statement:
 
     sql: str
     args: tuple[Any, ...]
-
-
-@dataclass(frozen=True)
-class DoneRow:
-    """A committed dedup row: the attempt that committed it, and when (virtual Unix ms)."""
-
-    job_type: str
-    attempt: int
-    finished_at_ms: int
 
 
 class MemoryTransaction:
@@ -102,14 +101,15 @@ class MemoryTransaction:
 
 class TesterTransaction(MemoryTransaction):
     """`JobTester.transaction()`: a `MemoryTransaction` whose block (`async with` or
-    `with`) commits at its end, writing the jobs enqueued through it; an error in the
-    block drops them."""
+    `with`) commits at its end, writing the jobs enqueued through it (and the batches and
+    chains made through it); an error in the block drops them."""
 
     __test__ = False  # not a test class, whatever pytest's name rules say
 
-    def __init__(self, publish: Publish) -> None:
+    def __init__(self, publish: Publish, tables: MemoryTables | None = None) -> None:
         super().__init__()
         self._publish = publish
+        self._tables = tables
         self.committed = False
 
     def _end(self, failed: bool) -> None:
@@ -117,7 +117,10 @@ class TesterTransaction(MemoryTransaction):
             self.outbox.clear()
             return
         self.committed = True
-        rows, self.outbox = self.outbox, []
+        written: list[RawRecord] = []
+        if self._tables is not None:
+            _, written = self._tables.commit(None, [(st.sql, st.args) for st in self.statements])
+        rows, self.outbox = [*self.outbox, *written], []
         if rows:
             self._publish(rows)
 
@@ -155,10 +158,11 @@ class _Savepoint:
 class MemoryDedup:
     """A `Dedup` in memory (see the module). `publish` writes committed outbox rows."""
 
-    def __init__(self, schema: str, publish: Publish) -> None:
+    def __init__(self, schema: str, publish: Publish, tables: MemoryTables | None = None
+                 ) -> None:
         self._schema = schema
         self._publish = publish
-        self.done: dict[str, DoneRow] = {}
+        self.tables = tables or MemoryTables(schema)
         self.effects: dict[str, list[Statement]] = {}
         # job ID -> (the lock its runs take turns on, runs holding or waiting for it)
         self._turns: dict[str, tuple[asyncio.Lock, int]] = {}
@@ -168,26 +172,36 @@ class MemoryDedup:
         self.tokens_issued = 0
 
     @property
+    def done(self) -> dict[str, DoneRow]:
+        return self.tables.done
+
+    @property
     def table(self) -> str:
         return done_table(self._schema)
 
     @asynccontextmanager
-    async def once(self, job_id: str, job_type: str, attempt: int) -> AsyncIterator[Any]:
+    async def _turn(self, job_id: str) -> AsyncIterator[None]:
+        """Runs of one job ID take turns, as they would on its dedup row's lock."""
         turn, waiting = self._turns.get(job_id, (asyncio.Lock(), 0))
         self._turns[job_id] = (turn, waiting + 1)
         try:
             async with turn:
-                if job_id in self.done:
-                    raise AlreadyDone(f"job {job_id} already finished")
-                tx = MemoryTransaction()
-                yield tx
-                self._commit(job_id, job_type, attempt, tx.statements, tx.outbox)
+                yield
         finally:
             turn, waiting = self._turns[job_id]
             if waiting > 1:
                 self._turns[job_id] = (turn, waiting - 1)
             else:
                 del self._turns[job_id]
+
+    @asynccontextmanager
+    async def once(self, job_id: str, job_type: str, attempt: int) -> AsyncIterator[Any]:
+        async with self._turn(job_id):
+            if job_id in self.done:
+                raise AlreadyDone(f"job {job_id} already finished")
+            tx = MemoryTransaction()
+            yield tx
+            self.commit(job_id, job_type, attempt, tx)
 
     def once_deferred(
             self, job_id: str, job_type: str, attempt: int, *,
@@ -209,8 +223,13 @@ class MemoryDedup:
             except BaseException:
                 tx.rollback_quietly()
                 raise
-            tx.commit()
-            self._commit(job_id, job_type, attempt, [], [])
+            with self.tables.lock:  # a cancel's marker comes before, or after, both
+                if job_id in self.done:
+                    tx.rollback_quietly()
+                    raise AlreadyDone(f"job {job_id} already finished")
+                tx.commit()
+                self.tables.commit((job_id, job_type, attempt), [])
+            self.effects[job_id] = []
 
     def fencing_token(self) -> asyncio.Future[int]:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -222,32 +241,78 @@ class MemoryDedup:
     async def close(self) -> None:
         pass
 
-    def _commit(self, job_id: str, job_type: str, attempt: int,
-                statements: Sequence[Statement], outbox: Sequence[RawRecord]) -> None:
-        with self._guard:
-            if job_id in self.done:  # lost a race with another thread's commit
-                raise AlreadyDone(f"job {job_id} already finished")
-            self.done[job_id] = DoneRow(job_type, attempt, clock.now_ms())
-            self.effects[job_id] = list(statements)
-        if outbox:
-            self._publish(outbox)
+    def commit(self, job_id: str, job_type: str, attempt: int, tx: MemoryTransaction,
+               statements: Sequence[tuple[str, Any]] = ()) -> None:
+        """The job's dedup row, what `tx` ran and `statements`, in one transaction; its
+        child jobs are written once it committed. `AlreadyDone` if the row existed."""
+        ran = [*((st.sql, st.args) for st in tx.statements), *statements]
+        effects, rows = self.tables.commit((job_id, job_type, attempt), ran)
+        self.effects[job_id] = [Statement(sql, args) for sql, args in effects]
+        written = [*tx.outbox, *rows]
+        if written:
+            self._publish(written)
 
-    def outbox_rows(self, statements: Sequence[tuple[str, tuple[Any, ...]]]
-                    ) -> tuple[list[Statement], list[RawRecord]]:
-        """Split recorded `(sql, args)` into effects and the outbox rows among them (the
-        statement `ctx.enqueue` records inside `once_deferred()`)."""
-        outbox_sql = insert_sql(self._schema, "asyncpg")
-        effects: list[Statement] = []
-        rows: list[RawRecord] = []
-        for sql, args in statements:
-            if sql != outbox_sql:
-                effects.append(Statement(sql, tuple(args)))
-                continue
-            topics, keys, values, headers = args[:4]
-            rows.extend((topic, key, value, decode_headers(pairs))
-                        for topic, key, value, pairs in zip(topics, keys, values, headers,
-                                                            strict=True))
-        return effects, rows
+    # -- the finish of a job (stream_jobs.workflows.finish.FinishStore) ----------------------
+
+    async def hold(self, job_id: str, job_type: str, attempt: int) -> MemoryHeld:
+        held = MemoryHeld(self, job_id, job_type, attempt, self._turn(job_id))
+        await held.begin()
+        return held
+
+    async def apply_deferred(self, job_id: str, job_type: str, attempt: int,
+                             statements: list[tuple[str, tuple[Any, ...]]],
+                             while_waiting: Callable[[], AbstractContextManager[None]] | None
+                             = None) -> bool:
+        try:
+            self.commit(job_id, job_type, attempt, MemoryTransaction(), statements)
+        except AlreadyDone:
+            return False
+        return True
+
+    async def execute(self, sql: str, *args: Any) -> None:
+        """One statement in a transaction of its own (a job's terminal result row)."""
+        _, rows = self.tables.commit(None, [(sql, args)])
+        if rows:
+            self._publish(rows)
+
+    async def result_of(self, job_id: str) -> StoredResult | None:
+        return self.tables.result_of(job_id)
+
+
+class MemoryHeld:
+    """`HeldTransaction` in memory: the job's turn is taken and its row checked when it
+    begins; its statements and the row commit together, or nothing does."""
+
+    def __init__(self, store: MemoryDedup, job_id: str, job_type: str, attempt: int,
+                 turn: AbstractAsyncContextManager[None]) -> None:
+        self._store = store
+        self._job = (job_id, job_type, attempt)
+        self._turn: AbstractAsyncContextManager[None] | None = turn
+        self.conn: MemoryTransaction = MemoryTransaction()
+
+    async def begin(self) -> None:
+        assert self._turn is not None
+        await self._turn.__aenter__()
+        if self._job[0] in self._store.done:
+            await self.rollback()
+            raise AlreadyDone(f"job {self._job[0]} already finished")
+
+    async def execute(self, sql: str, *args: Any) -> None:
+        await self.conn.execute(sql, *args)
+
+    async def commit(self) -> None:
+        try:
+            self._store.commit(*self._job, self.conn)
+        finally:
+            await self._end()
+
+    async def rollback(self) -> None:
+        await self._end()
+
+    async def _end(self) -> None:
+        turn, self._turn = self._turn, None
+        if turn is not None:
+            await turn.__aexit__(None, None, None)
 
 
 class _DeferredBlock:
@@ -272,11 +337,9 @@ class _DeferredBlock:
         self._writes.closed = True
         if exc_type is not None:
             return  # the body failed: nothing it recorded is applied
-        store = self._store
-        if self._job_id in store.done:
-            raise AlreadyDone(f"job {self._job_id} already finished")
-        effects, rows = store.outbox_rows(self._writes.statements)
-        store._commit(self._job_id, self._job_type, self._attempt, effects, rows)
+        self._store.commit(self._job_id, self._job_type, self._attempt, MemoryTransaction(),
+                           self._writes.statements)
 
 
-__all__ = ["DoneRow", "MemoryDedup", "MemoryTransaction", "Statement", "TesterTransaction"]
+__all__ = ["DoneRow", "MemoryDedup", "MemoryHeld", "MemoryTransaction", "Statement",
+           "TesterTransaction"]

@@ -17,6 +17,11 @@ due time) and `advance` (to a given time, firing schedules on the way). `ctx.onc
 its promise in memory (`memory_dedup`), or on a real Postgres with `database_url=`, where
 the transactional outbox and its relay are the real ones too.
 
+Cancels, unique and debounced enqueues, kept results, chains and batches work in memory
+as well (`memory_control`, `memory_tables`): the workers' cancel feed and key store, the
+finish transaction's store and the clients' stores are in-memory ones behind the seams
+the runtime has for them, so the outcomes and counts are the runtime's own.
+
 While a tester is open, the app's own clients (`app.client()`, `app.sync_client()`)
 enqueue into it, and `stream_jobs.clock` reads its clock; one tester at a time.
 """
@@ -34,27 +39,26 @@ from pydantic import BaseModel
 
 from stream_jobs import clock
 from stream_jobs.app import App
+from stream_jobs.cancels import Cancellation
 from stream_jobs.client import Job, JobClient
+from stream_jobs.client_stores import ClientStores
 from stream_jobs.dedup.store import Dedup, DedupStore, prepare_schema
 from stream_jobs.dlq.letters import Letter, read_letter
 from stream_jobs.errors import ConfigError, LetterNotFound
 from stream_jobs.job_types import JobTypePolicy, get_job_type
 from stream_jobs.kafka.clients import KafkaClients
 from stream_jobs.kafka.producer import Written
+from stream_jobs.lookup import JobLocation
 from stream_jobs.naming import parse_topic, stats_topic
 from stream_jobs.outbox.relay import OutboxRelay
 from stream_jobs.record import HEADER_ATTEMPT, HEADER_JOB_ID
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
 from stream_jobs.testing.broker import MemoryBroker, StoredRecord
-from stream_jobs.testing.memory_dedup import (
-    DoneRow,
-    MemoryDedup,
-    RawRecord,
-    Statement,
-    TesterTransaction,
-)
+from stream_jobs.testing.memory_control import MemoryCancels, MemoryKeys, MemoryStores
+from stream_jobs.testing.memory_dedup import DoneRow, MemoryDedup, Statement, TesterTransaction
 from stream_jobs.testing.memory_kafka import MemoryKafka, MemoryProducer
+from stream_jobs.testing.memory_tables import RawRecord
 from stream_jobs.testing.runs import WorkerRun
 from stream_jobs.testing.schedules import Firing, VirtualSchedules
 from stream_jobs.testing.virtual_time import VirtualClock, start_ms_of
@@ -97,13 +101,17 @@ class JobTester:
         self._memory = MemoryDedup(self.settings.database_schema, self._publish)
         self.clock = VirtualClock(start_ms_of(start, clock.now_ms()))
         self._timeout_s = timeout_s
-        self._client = JobClient(self.settings, self._types, models=app.models(),
-                                 kafka=self._kafka)
+        self._running = False
+        # On Postgres the clients use its tables; in memory, the tester's rows.
+        self._stores: ClientStores | None = None if self.on_postgres else MemoryStores(
+            self.settings, self._memory.tables, self.broker, self._publish,
+            lambda: self._running)
+        self._client = self._new_client()
         self._schedules: VirtualSchedules | None = None
         self._outcomes: dict[str, Counter[str]] = {t: Counter() for t in app.handlers}
         self._reasons: dict[str, Counter[str]] = {t: Counter() for t in app.handlers}
         self._restore: tuple[AbstractContextManager[None], KafkaClients,
-                             dict[str, JobTypePolicy] | None] | None = None
+                             dict[str, JobTypePolicy] | None, ClientStores | None] | None = None
         self._entered = False
         self._migrated = False
 
@@ -119,8 +127,8 @@ class JobTester:
         schedules = VirtualSchedules(self.app, self._types, self._kafka, self.clock.now_ms())
         reading = clock.reading(self.clock)
         reading.__enter__()
-        self._restore = (reading, self.app.kafka, self.app.declared_types)
-        self.app.kafka = self._kafka
+        self._restore = (reading, self.app.kafka, self.app.declared_types, self.app.stores)
+        self.app.kafka, self.app.stores = self._kafka, self._stores
         if self._in_code:
             self.app.declared_types = dict(self._types)
         prefix = self.settings.topic_prefix
@@ -136,9 +144,9 @@ class JobTester:
         calls, so nothing needs stopping)."""
         if self._restore is None:
             return
-        reading, kafka, declared = self._restore
+        reading, kafka, declared, stores = self._restore
         self._restore = None
-        self.app.kafka, self.app.declared_types = kafka, declared
+        self.app.kafka, self.app.declared_types, self.app.stores = kafka, declared, stores
         reading.__exit__(None, None, None)
 
     def __enter__(self) -> JobTester:
@@ -201,7 +209,7 @@ class JobTester:
         t.transaction() as conn:` (or `with`); its jobs are written when the block ends
         without an error, and not at all otherwise."""
         self._opened()
-        return TesterTransaction(self._publish)
+        return TesterTransaction(self._publish, self._memory.tables)
 
     def _publish(self, records: Sequence[RawRecord]) -> None:
         for topic, key, value, headers in records:
@@ -238,12 +246,14 @@ class JobTester:
         client = await self._entered_client()
         dedup, outbox = await self._dedup_for_run()
         workers = [self._worker(job_type, dedup) for job_type in sorted(self.app.handlers)]
+        self._running = True
         try:
             async with WorkerRun(workers, self._kafka, self.clock, schedules, client,
                                  outbox=outbox, timeout_s=self._timeout_s) as run:
                 await schedules.fire_due(self.clock.now_ms(), client)
                 await run.settle(until_ms)
         finally:
+            self._running = False
             for worker in workers:
                 self._outcomes[worker.policy.job_type].update(worker.outcomes)
                 self._reasons[worker.policy.job_type].update(worker.dead_letter_reasons)
@@ -259,15 +269,46 @@ class JobTester:
         await relay.connect()
         return DedupStore(self.settings), relay
 
+    def _new_client(self) -> JobClient:
+        return JobClient(self.settings, self._types, models=self.app.models(),
+                         kafka=self._kafka, kept=self.app.kept_results(), stores=self._stores)
+
     def _worker(self, job_type: str, dedup: Dedup) -> Worker:
-        children = JobClient(self.settings, self._types, models=self.app.models(),
-                             kafka=self._kafka)
-        # In memory there is no Postgres to LISTEN on for cancels (docs/control.md).
-        settings = (self.settings if self.on_postgres
-                    else self.settings.model_copy(update={"cancel_watch": False}))
-        return Worker(settings, self._types[job_type], self.app.handler(job_type),
-                      dedup=dedup, kafka=self._kafka, children=children, control=False,
-                      grace_s=1.0)
+        tables = None if self.on_postgres else self._memory.tables  # else Postgres's own
+        return Worker(self.settings, self._types[job_type], self.app.handler(job_type),
+                      dedup=dedup, kafka=self._kafka, children=self._new_client(),
+                      control=False, grace_s=1.0,
+                      cancels=None if tables is None else MemoryCancels(tables, job_type),
+                      keys=None if tables is None else MemoryKeys(tables))
+
+    # -- cancels, results, workflows (the client's calls, into the tester) ----------------------
+
+    async def cancel(self, job_id: str, *, job_type: str | None = None,
+                     reason: str | None = None) -> Cancellation:
+        """`JobClient.cancel`: the job never starts, a run in progress is interrupted."""
+        return await (await self._entered_client()).cancel(job_id, job_type=job_type,
+                                                            reason=reason)
+
+    async def result(self, job_id: str, *, timeout: float = 30.0,  # noqa: ASYNC109
+                     model: type[BaseModel] | None = None) -> Any:
+        """`JobClient.result`; in memory it waits only while a run is going on."""
+        return await (await self._entered_client()).result(job_id, timeout=timeout,
+                                                            model=model)
+
+    async def status(self, job_id: str, *, job_type: str | None = None) -> JobLocation:
+        """`JobClient.status`: where the job is, from the tester's rows and topics."""
+        return await (await self._entered_client()).status(job_id, job_type=job_type)
+
+    async def chain(self, *jobs: Job, chain_id: str | None = None, conn: Any = None) -> str:
+        """`JobClient.chain` into the tester."""
+        return await (await self._entered_client()).chain(*jobs, chain_id=chain_id, conn=conn)
+
+    async def batch(self, jobs: Iterable[Job], *, on_success: Job | None = None,
+                    on_complete: Job | None = None, batch_id: str | None = None,
+                    conn: Any = None) -> str:
+        """`JobClient.batch` into the tester."""
+        return await (await self._entered_client()).batch(
+            jobs, on_success=on_success, on_complete=on_complete, batch_id=batch_id, conn=conn)
 
     # -- what came out --------------------------------------------------------------------------
 

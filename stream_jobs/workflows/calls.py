@@ -9,16 +9,15 @@ stands (docs/workflows.md).
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from stream_jobs.dedup.results import ResultReader
 from stream_jobs.job_ids import new_job_id
 from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
-from stream_jobs.workflows.create import JobSpec, batch_plan, chain_plan, write_plan_in
-from stream_jobs.workflows.progress import Progress, read_progress
+from stream_jobs.workflows.create import JobSpec, Plan, batch_plan, chain_plan, write_plan
+from stream_jobs.workflows.progress import Progress
 
 # A `stream_jobs.client.Job` (the client is above this module: it is named by what is read).
 Job = JobSpec
@@ -27,12 +26,26 @@ M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
 
+class WorkflowStores(Protocol):
+    """Where results are read and workflows written without a connection of the caller's:
+    Postgres (`stream_jobs.client_stores`), or a `JobTester`'s memory."""
+
+    async def result(self, job_id: str, timeout_s: float, *, model: type[BaseModel] | None,
+                     kept: Mapping[str, float]) -> Any: ...
+
+    async def write_plan(self, plan: Plan) -> None:
+        """Run `plan` in a transaction of its own."""
+        ...
+
+    async def progress(self, workflow_id: str) -> Progress: ...
+
+
 class WorkflowCalls:
     """What `JobClient` has of results and workflows (it sets the attributes below)."""
 
     settings: Settings
     _kept: Mapping[str, float]
-    _results: ResultReader | None
+    _stores: WorkflowStores
     prepare: Callable[[Any], tuple[str, JobRecord]]
 
     # `timeout` is the contract's name (DESIGN.md): a wait bounded by the call itself.
@@ -42,9 +55,7 @@ class WorkflowCalls:
         commit, not by polling), validated by `model` if given. Raises `JobFailed`
         (dead-lettered), `JobCancelled` or `JobExpired` with the reason, `ResultTimeout`
         when it has not finished in time, `ResultNotKept` when no result of it is kept."""
-        if self._results is None:
-            self._results = ResultReader(self.settings)
-        return await self._results.result(job_id, timeout, model=model, kept=self._kept)
+        return await self._stores.result(job_id, timeout, model=model, kept=self._kept)
 
     async def chain(self, *jobs: Job, chain_id: str | None = None, conn: Any = None) -> str:
         """Run `jobs` one after another: each is enqueued when the one before succeeded,
@@ -53,7 +64,7 @@ class WorkflowCalls:
         returns the chain's ID."""
         plan = chain_plan(self.settings.database_schema, chain_id or new_job_id(), jobs,
                           self.prepare)
-        return await write_plan_in(self.settings, plan, conn)
+        return await self._write(plan, conn)
 
     async def batch(self, jobs: Iterable[Job], *, on_success: Job | None = None,
                     on_complete: Job | None = None, batch_id: str | None = None,
@@ -64,11 +75,18 @@ class WorkflowCalls:
         `"batch"`. Written as `chain` is; returns the batch's ID."""
         plan = batch_plan(self.settings.database_schema, batch_id or new_job_id(), list(jobs),
                           self.prepare, on_success=on_success, on_complete=on_complete)
-        return await write_plan_in(self.settings, plan, conn)
+        return await self._write(plan, conn)
 
     async def progress(self, workflow_id: str) -> Progress:
         """Where a batch or chain stands (`UnknownWorkflow` if there is none)."""
-        return await read_progress(self.settings, workflow_id)
+        return await self._stores.progress(workflow_id)
+
+    async def _write(self, plan: Plan, conn: Any) -> str:
+        if conn is not None:
+            await write_plan(conn, plan)  # the caller's transaction
+        else:
+            await self._stores.write_plan(plan)
+        return plan.workflow_id
 
 
 class SyncWorkflowCalls:
@@ -96,4 +114,4 @@ class SyncWorkflowCalls:
         return self._call(self._client.progress(workflow_id))
 
 
-__all__ = ["SyncWorkflowCalls", "WorkflowCalls"]
+__all__ = ["SyncWorkflowCalls", "WorkflowCalls", "WorkflowStores"]

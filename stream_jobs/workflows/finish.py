@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 from stream_jobs.dedup.deferred import DeferredWrites, Statement
-from stream_jobs.dedup.held import HeldTransaction
+from stream_jobs.dedup.held import Held
 from stream_jobs.dedup.results import results_channel
 from stream_jobs.dedup.store import Dedup
 from stream_jobs.errors import (
@@ -58,10 +58,10 @@ _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 10.0
 
 @runtime_checkable
 class FinishStore(Protocol):
-    """What a finish needs of the dedup store: `DedupStore` on Postgres has it (the
-    in-memory one of `stream_jobs.testing` does not: results are SQL rows)."""
+    """What a finish needs of the dedup store: `DedupStore` on Postgres has it, and so
+    does the in-memory one of `stream_jobs.testing` (which reads the statements below)."""
 
-    async def hold(self, job_id: str, job_type: str, attempt: int) -> HeldTransaction: ...
+    async def hold(self, job_id: str, job_type: str, attempt: int) -> Held: ...
 
     async def apply_deferred(self, job_id: str, job_type: str, attempt: int,
                              statements: list[Statement],
@@ -147,7 +147,7 @@ class Finish:
         self._store = store
         self._job = job
         self._member = member
-        self._held: HeldTransaction | None = None
+        self._held: Held | None = None
         self._recorded: list[Statement] | None = None
         self.parent_result: Any = None  # a chain step's previous step's result
 

@@ -1,0 +1,231 @@
+"""Cancels, unique keys, debounce, results and workflows of a `JobTester` without Postgres.
+
+Three in-memory stand-ins over one `MemoryTables`, each behind the seam the runtime has
+for it, so what runs is the runtime's own code:
+
+- `MemoryCancels`, a worker's `CancelFeed` (`stream_jobs.dedup.cancel_watch`): the set of
+  its type's cancelled IDs, told of each cancel as it commits, as the LISTEN connection is;
+- `MemoryKeys`, a worker's `Keys` (`stream_jobs.dedup.keys`): unique keys given back and
+  debounced jobs asked after;
+- `MemoryStores`, the clients' `ClientStores` (`stream_jobs.client_stores`): `cancel`,
+  unique and debounced `enqueue`, `result`, `chain`, `batch`, `progress` and `status`.
+
+A job that a unique or debounced enqueue sends is written to the broker at once, as the
+outbox relay would write its committed row. `result` waits (in real time, up to its
+timeout) only while the tester runs its workers: between runs nothing can finish, so it
+answers at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pydantic import BaseModel
+
+from stream_jobs.cancels import MARKER_ATTEMPT, Cancellation, concerns
+from stream_jobs.dedup.cancel_watch import OnCancel
+from stream_jobs.dedup.results import answer
+from stream_jobs.errors import UnknownWorkflow
+from stream_jobs.job_types import JobTypePolicy, get_job_type
+from stream_jobs.kafka import TopicPartition
+from stream_jobs.lookup import (
+    JobLocation,
+    Sighting,
+    cancelled_location,
+    judge,
+    sighting_of,
+    superseded_location,
+    topics_of,
+)
+from stream_jobs.outbox.unique import Build, KeyAnswer
+from stream_jobs.settings import Settings
+from stream_jobs.testing.broker import MemoryBroker
+from stream_jobs.testing.memory_dedup import Publish
+from stream_jobs.testing.memory_tables import MemoryTables, at
+from stream_jobs.uniqueness import KeyClaim
+from stream_jobs.workflows.create import Plan
+from stream_jobs.workflows.members import CALLBACK_SLOTS
+from stream_jobs.workflows.progress import Progress
+
+
+class MemoryCancels:
+    """The `CancelFeed` of one type's worker (see the module)."""
+
+    def __init__(self, tables: MemoryTables, job_type: str) -> None:
+        self._tables = tables
+        self.job_type = job_type
+        self.ids: set[str] = set()
+        self._subscribers: list[OnCancel] = []
+        self._unsubscribe: Callable[[], None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = 0
+
+    def subscribe(self, on_cancel: OnCancel, *, on_interrupt: OnCancel | None = None) -> None:
+        # No interrupt is ever asked for: a cancel here never waits on a run's ctx.once()
+        # (its marker is written at once, and the run's commit then meets it).
+        self._subscribers.append(on_cancel)
+
+    async def start(self) -> None:
+        self._loop, self._thread = asyncio.get_running_loop(), threading.get_ident()
+        self._unsubscribe = self._tables.on_cancel(self._heard)
+        for job_id in self._tables.cancelled_ids(self.job_type) - self.ids:
+            self._add(job_id)
+
+    async def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    async def confirmed(self, job_id: str, within_s: float) -> bool:
+        return await self.is_cancelled(job_id)  # a cancel here is committed once it is made
+
+    async def is_cancelled(self, job_id: str) -> bool:
+        return job_id in self.ids or job_id in self._tables.cancels
+
+    def _heard(self, job_type: str, job_id: str) -> None:
+        if not concerns(job_type, self.job_type):
+            return
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._thread:
+            self._add(job_id)
+        elif not loop.is_closed():  # a sync client's cancel, from its own thread
+            loop.call_soon_threadsafe(self._add, job_id)
+
+    def _add(self, job_id: str) -> None:
+        if job_id in self.ids:
+            return
+        self.ids.add(job_id)
+        for on_cancel in self._subscribers:
+            on_cancel(job_id)
+
+
+class MemoryKeys:
+    """The `Keys` of a worker (see the module)."""
+
+    def __init__(self, tables: MemoryTables) -> None:
+        self._tables = tables
+
+    async def release_until_done(self, job_type: str, unique_key: str, job_id: str,
+                                 stopping: asyncio.Event) -> None:
+        self._tables.release_key(job_type, unique_key, job_id)
+
+    async def superseded_by(self, job_id: str) -> str | None:
+        return self._tables.superseded.get(job_id)
+
+    async def close(self) -> None:
+        pass
+
+
+class MemoryStores:
+    """The `ClientStores` of a tester's clients (see the module). `running()` says whether
+    the tester's workers run now."""
+
+    def __init__(self, settings: Settings, tables: MemoryTables, broker: MemoryBroker,
+                 publish: Publish, running: Callable[[], bool]) -> None:
+        self.settings = settings
+        self.tables = tables
+        self._broker = broker
+        self._publish = publish
+        self._running = running
+
+    async def cancel(self, job_id: str, *, job_type: str | None,
+                     reason: str | None) -> Cancellation:
+        return self.tables.cancel(job_id, job_type, reason)
+
+    async def enqueue_keyed(self, claim: KeyClaim, job_type: str, job_id: str,
+                            build: Build) -> KeyAnswer:
+        taken = self.tables.take_key(claim, job_type, job_id)
+        if taken.sent:
+            topic, record = build(taken)
+            self._publish([(topic, record.key, record.payload, record.headers())])
+        return taken
+
+    async def result(self, job_id: str, timeout_s: float, *, model: type[BaseModel] | None,
+                     kept: Mapping[str, float]) -> Any:
+        found, waited_s = await self._wait(job_id, timeout_s)
+        done = self.tables.done.get(job_id) if found is None else None
+        return answer(job_id, found, None if done is None else done.job_type, waited_s,
+                      model=model, kept=kept)
+
+    async def _wait(self, job_id: str, timeout_s: float) -> tuple[Any, float]:
+        found = self.tables.result_of(job_id)
+        if found is not None or not self._running() or timeout_s <= 0:
+            return found, 0.0
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+        def wake() -> None:
+            loop.call_soon_threadsafe(woken.set)
+
+        stop = self.tables.on_result(wake)
+        started = loop.time()
+        deadline = started + timeout_s
+        try:
+            while found is None and self._running() and loop.time() < deadline:
+                woken.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), deadline - loop.time())
+                found = self.tables.result_of(job_id)
+        finally:
+            stop()
+        return found, loop.time() - started
+
+    async def write_plan(self, plan: Plan) -> None:
+        _, rows = self.tables.commit(None, plan.statements)
+        if rows:
+            self._publish(rows)
+
+    async def progress(self, workflow_id: str) -> Progress:
+        w = self.tables.workflows.get(workflow_id)
+        if w is None:
+            raise UnknownWorkflow(f"No batch or chain has the ID {workflow_id!r} in schema "
+                                  f"{self.settings.database_schema!r} (or it was pruned).")
+        calls = tuple((slot, job_id) for slot, job_id, _, _ in sorted(w.templates, reverse=True)
+                      if slot in CALLBACK_SLOTS)
+        return Progress(workflow_id, w.kind, w.total, w.succeeded, w.failed, at(w.created_ms),
+                        None if w.finished_ms is None else at(w.finished_ms), w.failed_step,
+                        w.failure, w.parent_job_id, calls)
+
+    async def status(self, types: Mapping[str, JobTypePolicy], job_id: str, *,
+                     job_type: str | None) -> JobLocation:
+        """`locate_job` on the tester's rows and broker (every record is scanned)."""
+        tables = self.tables
+        cancel = tables.cancels.get(job_id)
+        if cancel is not None:
+            return cancelled_location(job_id, cancel[0], cancel[1], at(cancel[2]))
+        by = tables.superseded.get(job_id)
+        if by is not None:
+            return superseded_location(job_id, by)
+        done = tables.done.get(job_id)
+        if done is not None and done.attempt != MARKER_ATTEMPT:
+            return JobLocation(job_id, "done", done.job_type, done.attempt,
+                               at(done.finished_at_ms), result=tables.result_of(job_id))
+        chosen = ([get_job_type(types, job_type)] if job_type is not None
+                  else [types[name] for name in sorted(types)])
+        sightings: list[Sighting] = []
+        type_of: dict[str, str] = {}
+        scanned = 0
+        for policy in chosen:
+            for topic, role, name, group in topics_of(self.settings.topic_prefix, policy):
+                type_of[topic] = policy.job_type
+                for record in self._broker.records(topic):
+                    scanned += 1
+                    committed = (None if group is None else self._broker.committed(
+                        group, TopicPartition(topic, record.partition)))
+                    seen = sighting_of(record, job_id, role=role, name=name,
+                                       committed=committed)
+                    if seen is not None:
+                        sightings.append(seen)
+        state, last = judge(sightings)
+        return JobLocation(job_id, state, type_of[last.topic] if last else None,
+                           last.attempt if last else None, None, last, tuple(sightings),
+                           scanned, result=tables.result_of(job_id))
+
+    async def close(self) -> None:
+        pass
+
+
+__all__ = ["MemoryCancels", "MemoryKeys", "MemoryStores"]
