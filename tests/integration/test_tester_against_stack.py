@@ -1,7 +1,9 @@
 """JobTester checked against the real thing: one scenario (successes, a retry, a job that
 runs out of attempts, a permanent error, an expiry, bad records) run by a real worker on
 the real stack and by the in-memory harness gives the same outcomes, the same dead
-letters (reason, attempt, error) and the same effects, job by job."""
+letters (reason, attempt, error) and the same effects, job by job. A second one (a chain,
+a batch with retries and a dead letter, cancels, a debounced burst, a unique key) gives
+the same outcomes, results, callbacks and workflow counts."""
 
 from __future__ import annotations
 
@@ -13,13 +15,17 @@ import asyncpg
 from pydantic import BaseModel
 
 from stream_jobs import App, JobContext, PermanentError
+from stream_jobs.client import Job, JobClient
 from stream_jobs.dlq.letters import read_letter
+from stream_jobs.errors import StreamJobsError
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import dlq_topic, lane_topic
+from stream_jobs.outbox.relay import OutboxRelay
 from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
 from stream_jobs.testing import JobTester
+from stream_jobs.workflows.members import step_job_id
 
 from .conftest import Declare
 from .topic_reader import read_topic
@@ -148,3 +154,132 @@ async def test_the_harness_and_a_real_worker_see_the_same_outcomes(
     assert set(real.letters) == {"broken", "refused", "bad-json", "misfit", "headless"}
     assert real.letters["broken"][:2] == ("max-attempts", 3)
     assert harness.effects == real.effects == {"ok-0", "ok-1", "ok-2", "flaky"}
+
+
+# -- cancels, debounce, unique keys, results, a chain and a batch -------------------------------
+
+STEP, REPORT = "cmp.step", "cmp.report"
+
+
+def workflow_app(settings: Settings, ran: list[tuple[str, object]]) -> App:
+    app = App(settings)
+
+    @app.job(STEP, keep_result="1h")
+    async def step(job: dict[str, object], ctx: JobContext) -> dict[str, object]:
+        ran.append((ctx.job_id, ctx.parent_result))
+        if job.get("fail") == "always" or (job.get("fail") == "once" and ctx.attempt == 1):
+            raise RuntimeError(f"failed on attempt {ctx.attempt}")
+        async with ctx.once():
+            parent = ctx.parent_result if isinstance(ctx.parent_result, dict) else {}
+            return {"total": int(parent.get("total", 0)) + int(job.get("n", 0))}  # type: ignore[call-overload]
+
+    @app.job(REPORT)
+    async def report(job: dict[str, object], ctx: JobContext) -> None:
+        ran.append((f"report:{job['name']}", job.get("batch")))
+
+    return app
+
+
+async def feed_workflows(client: JobClient) -> dict[str, str]:
+    """The scenario's jobs (fixed IDs, so both runs compare); the IDs that unique and
+    debounced enqueues answered."""
+    await client.chain(Job(STEP, {"n": 1}), Job(STEP, {"n": 10}), Job(STEP, {"n": 100}),
+                       chain_id="chain-ok")
+    await client.chain(Job(STEP, {"n": 1}), Job(STEP, {"fail": "always"}), Job(STEP, {"n": 3}),
+                       chain_id="chain-stops")
+    await client.batch([Job(STEP, {"n": 1}, job_id="m-ok"),
+                        Job(STEP, {"n": 2, "fail": "once"}, job_id="m-flaky"),
+                        Job(STEP, {"fail": "always"}, job_id="m-dead")],
+                       on_success=Job(REPORT, {"name": "success"}),
+                       on_complete=Job(REPORT, {"name": "complete"}), batch_id="batch")
+    await client.enqueue(STEP, {"n": 5}, job_id="held", delay=1)
+    await client.cancel("held", reason="not needed")
+    await client.cancel("queued-then-cancelled")
+    await client.enqueue(STEP, {"n": 6}, job_id="queued-then-cancelled")
+    answered = {}
+    for n in range(3):
+        found = await client.enqueue(STEP, {"n": n}, job_id=f"burst-{n}", key="burst",
+                                     debounce="1s")
+        answered[f"burst-{n}"] = str(found)
+    for n in range(2):
+        found = await client.enqueue(STEP, {"n": 7}, job_id=f"unique-{n}", unique_key="u")
+        answered[f"unique-{n}"] = str(found)
+    return answered
+
+
+RESULT_IDS = ["chain-ok", "chain-stops", "m-ok", "m-flaky", "m-dead", "held",
+              "queued-then-cancelled", "burst-0", "burst-2", "unique-0"]
+
+
+async def results_of(client: JobClient) -> dict[str, object]:
+    found: dict[str, object] = {}
+    for name in RESULT_IDS:
+        job_id = (step_job_id(name, 2) if name.startswith("chain") else name)
+        try:
+            found[name] = await client.result(job_id, timeout=0)
+        except StreamJobsError as exc:
+            found[name] = type(exc).__name__
+    return found
+
+
+@dataclass
+class Flows:
+    outcomes: Counter[str]
+    ran: Counter[str]
+    reports: list[tuple[str, object]]
+    answered: dict[str, str]
+    results: dict[str, object]
+    progress: dict[str, tuple[str, int, int]]
+
+
+async def summary(client: JobClient, ran: list[tuple[str, object]], outcomes: Counter[str],
+                  answered: dict[str, str]) -> Flows:
+    progress = {}
+    for workflow_id in ("chain-ok", "chain-stops", "batch"):
+        p = await client.progress(workflow_id)
+        progress[workflow_id] = (p.state, p.succeeded, p.failed)
+    return Flows(outcomes, Counter(name for name, _ in ran),
+                 sorted((name, batch) for name, batch in ran if name.startswith("report")),
+                 answered, await results_of(client), progress)
+
+
+async def flows_on_the_stack(settings: Settings) -> Flows:
+    ran: list[tuple[str, object]] = []
+    app = workflow_app(settings, ran)
+    outcomes: Counter[str] = Counter()
+    async with app.client() as client, OutboxRelay(settings) as relay:
+        answered = await feed_workflows(client)
+        while await relay.drain() or not outcomes:  # until a round writes nothing new
+            for job_type in (STEP, REPORT):
+                worker = app.worker(job_type)
+                await worker.run(until_idle=True)
+                outcomes.update({str(k): v for k, v in worker.outcomes.items()})
+        return await summary(client, ran, outcomes, answered)
+
+
+async def flows_in_memory(settings: Settings, types: dict[str, JobTypePolicy]) -> Flows:
+    ran: list[tuple[str, object]] = []
+    app = workflow_app(settings, ran)
+    async with JobTester(app, types=types) as t, app.client() as client:
+        answered = await feed_workflows(client)
+        await t.run_until_idle()
+        return await summary(client, ran, t.outcomes, answered)
+
+
+async def test_cancels_keys_results_and_workflows_match_the_real_stack(
+        declare: Declare, settings: Settings) -> None:
+    types = {job_type: await declare(job_type, partitions=2, retry_tiers=["1s"], max_attempts=2)
+             for job_type in (STEP, REPORT)}
+    from stream_jobs.dedup.store import prepare_schema
+
+    await prepare_schema(settings)
+    real = await flows_on_the_stack(settings)
+    harness = await flows_in_memory(settings, types)
+
+    assert real.outcomes == {"succeeded": 9, "retried": 3, "dead_lettered": 2,
+                             "cancelled": 2, "superseded": 2}
+    assert real.reports == [("report:complete", {"id": "batch", "total": 3, "succeeded": 2,
+                                                 "failed": 1})]
+    assert real.results["chain-ok"] == {"total": 111}
+    assert real.answered["unique-1"] == "unique-0"
+    assert harness == real
