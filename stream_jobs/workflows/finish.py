@@ -92,9 +92,9 @@ class Finisher:
         """`ConfigError` for a type with `keep_result` on a store that cannot keep it."""
         store = dedup if isinstance(dedup, FinishStore) else None
         if store is None and keep_s is not None:
-            raise ConfigError(f"{job_type!r} keeps results (keep_result), which live in "
-                              "Postgres: run it with the dedup store on Postgres (a "
-                              "JobTester given a database_url, or a worker).")
+            raise ConfigError(f"{job_type!r} keeps results (keep_result), which this "
+                              "dedup store cannot keep: run it with the one on Postgres "
+                              "(a worker's) or a JobTester's.")
         schema = settings.database_schema
         return cls(store, job_type, keep_s, settings.max_result_bytes,
                    settings.workflow_keep_s, Statements.of(schema), schema,

@@ -4,7 +4,6 @@ the finish of its members, a cancel, a key) carried out as their SQL says."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import orjson
 import pytest

@@ -1,5 +1,5 @@
-"""docs/testing.md's in-memory example runs as it is written: its type file, app module and
-test become a project of their own in a temporary folder, and pytest runs that test there
+"""docs/testing.md's in-memory examples run as they are written: its type file, app module
+and tests become a project of their own in a temporary folder, and pytest runs that test there
 with the installed plugin (the `job_tester` fixture) and no stream-jobs settings at all,
 as on a user's machine."""
 
@@ -33,7 +33,7 @@ def example_files() -> dict[str, str]:
 def test_the_in_memory_example_is_a_project_whose_test_passes(tmp_path: Path) -> None:
     files = example_files()
     assert set(files) == {"topics/signup.welcome.toml", "myapp/signup.py",
-                          "tests/test_signup.py"}
+                          "tests/test_signup.py", "tests/test_signup_control.py"}
     for name, body in files.items():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -41,7 +41,7 @@ def test_the_in_memory_example_is_a_project_whose_test_passes(tmp_path: Path) ->
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_JOBS_")}
     env["PYTHONPATH"] = str(tmp_path)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_signup.py"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 passed" in done.stdout
+    assert "2 passed" in done.stdout
