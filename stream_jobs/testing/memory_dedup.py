@@ -36,9 +36,11 @@ from typing import Any, TypeVar
 
 from stream_jobs.dedup.deferred import DeferredWrites
 from stream_jobs.dedup.sync_once import done_table, transaction_of
-from stream_jobs.errors import AlreadyDone
+from stream_jobs.errors import AlreadyDone, ConfigError
+from stream_jobs.outbox.unique import KeyAnswer
 from stream_jobs.results import StoredResult
 from stream_jobs.testing.memory_tables import DoneRow, MemoryTables, RawRecord
+from stream_jobs.uniqueness import KeyClaim
 
 S = TypeVar("S")
 Publish = Callable[[Sequence[RawRecord]], None]
@@ -110,11 +112,22 @@ class TesterTransaction(MemoryTransaction):
         super().__init__()
         self._publish = publish
         self._tables = tables
+        self._undo: list[Callable[[], None]] = []  # the keys taken, given back on rollback
         self.committed = False
+
+    def take_key(self, claim: KeyClaim, job_type: str, job_id: str) -> KeyAnswer:
+        """A unique or debounced `enqueue(conn=...)`: the key is taken now, as Postgres
+        would lock its row, and given back if the block fails."""
+        if self._tables is None:
+            raise ConfigError("This transaction has no rows to take a unique key in: use "
+                              "JobTester.transaction().")
+        return self._tables.take_key(claim, job_type, job_id, self._undo)
 
     def _end(self, failed: bool) -> None:
         if failed:
             self.outbox.clear()
+            for restore in reversed(self._undo):
+                restore()
             return
         self.committed = True
         written: list[RawRecord] = []

@@ -285,11 +285,15 @@ class MemoryTables:
 
     # -- unique keys and debounce ---------------------------------------------------------
 
-    def take_key(self, claim: KeyClaim, job_type: str, job_id: str) -> KeyAnswer:
-        """`stream_jobs.outbox.unique`'s statement: hold the key, or join its window."""
+    def take_key(self, claim: KeyClaim, job_type: str, job_id: str,
+                 undo: list[Callable[[], None]] | None = None) -> KeyAnswer:
+        """`stream_jobs.outbox.unique`'s statement: hold the key, or join its window.
+        With `undo`, what puts the rows back as they were is added to it (a rollback)."""
         now = clock.now_ms()
         window = None if claim.window_s is None else round(claim.window_s * 1000)
         with self.lock:
+            if undo is not None:
+                undo.append(self._restorer(claim, job_type))
             if claim.kind == "unique":
                 found = self.unique.get((job_type, claim.key))
                 if found is None or found.free(now):
@@ -308,6 +312,24 @@ class MemoryTables:
                     self.superseded.setdefault(replaced, job_id)
             self.debounce[(job_type, claim.key)] = (job_id, ends)
             return KeyAnswer(job_id, True, replaced, ends)
+
+    def _restorer(self, claim: KeyClaim, job_type: str) -> Callable[[], None]:
+        slot = (job_type, claim.key)
+        held, window = self.unique.get(slot), self.debounce.get(slot)
+        held = None if held is None else _Key(held.job_id, held.held_until_ms, held.finished_ms)
+        marks = dict(self.superseded)
+
+        def restore() -> None:
+            with self.lock:
+                self.unique.pop(slot, None)
+                self.debounce.pop(slot, None)
+                if held is not None:
+                    self.unique[slot] = held
+                if window is not None:
+                    self.debounce[slot] = window
+                self.superseded = marks
+
+        return restore
 
     def release_key(self, job_type: str, unique_key: str, job_id: str) -> None:
         """`RELEASE_UNIQUE` for one job: its key goes, or its window alone holds it."""

@@ -320,7 +320,7 @@ class JobTester:
     @property
     def outcomes(self) -> Counter[str]:
         """Every type's outcomes so far, as a worker counts them (`succeeded`, `retried`,
-        `dead_lettered`, `expired`, `duplicate`)."""
+        `dead_lettered`, `expired`, `duplicate`, `cancelled`, `superseded`)."""
         return _summed(self._outcomes.values())
 
     def outcomes_of(self, job_type: str) -> Counter[str]:

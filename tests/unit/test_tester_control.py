@@ -145,6 +145,28 @@ async def test_a_unique_job_holds_its_key_while_pending_and_within_its_window(
     assert ran == [1, 4, 5, 6]
 
 
+async def test_a_unique_enqueue_in_a_testers_transaction_takes_its_key_only_if_it_commits(
+        job_tester: StartTester) -> None:
+    ran: list[Any] = []
+    app = mail_app(ran)
+    t = job_tester(app, types=TYPES)
+
+    async def rolled_back() -> None:
+        async with t.transaction() as conn:
+            await t.enqueue("mail.send", {"n": 1}, unique_key="k", conn=conn)
+            raise RuntimeError("rolled back")
+
+    with pytest.raises(RuntimeError, match="rolled back"):
+        await rolled_back()
+    with t.transaction() as conn, app.sync_client() as client:  # a sync view's transaction
+        first = client.enqueue("mail.send", {"n": 2}, unique_key="k", conn=conn)
+        again = client.enqueue("mail.send", {"n": 3}, unique_key="k", conn=conn)
+    assert first.sent
+    assert (again, again.sent) == (first, False)
+    await t.run_until_idle()
+    assert ran == [2]
+
+
 async def test_a_cancelled_unique_job_gives_its_key_back(job_tester: StartTester) -> None:
     t = job_tester(mail_app([]), types=TYPES)
     first = await t.enqueue("mail.send", {"n": 1}, unique_key="k")
