@@ -11,15 +11,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import asyncpg
-
-from stream_jobs.errors import ConfigError, DatabaseUnavailable
+from stream_jobs.dedup.questions import ask
 from stream_jobs.outbox.rows import decode_headers, table
 from stream_jobs.record import HEADER_JOB_ID
-from stream_jobs.settings import Settings, redact_url
+from stream_jobs.settings import Settings
 
-# Stats must not hang on a database that does not answer: Kafka's figures still show.
-CONNECT_TIMEOUT_S = 3.0
+# What `ask` says when the tables are missing or Postgres fails.
+_ABOUT = {"missing": "There is no outbox table", "about": "the outbox"}
 
 
 @dataclass(frozen=True)
@@ -62,7 +60,8 @@ def _depth_sql(schema: str) -> str:
 async def read_depth(settings: Settings) -> OutboxDepth:
     """The outbox of the settings' schema. `DatabaseUnavailable` if Postgres does not
     answer, `ConfigError` if the schema has no outbox table."""
-    row = await _fetch(settings, lambda conn: conn.fetchrow(_depth_sql(settings.database_schema)))
+    row = await ask(settings, lambda conn: conn.fetchrow(_depth_sql(settings.database_schema)),
+                    **_ABOUT)
     return OutboxDepth(settings.database_schema, int(row["depth"]), row["oldest_age_s"],
                        int(row["retrying"]))
 
@@ -71,7 +70,7 @@ async def failing_rows(settings: Settings, limit: int = 20) -> list[FailingRow]:
     """Rows whose write failed, oldest first."""
     sql = (f"SELECT id, topic, headers, attempts, created_at, retry_at, last_error "
            f"FROM {table(settings.database_schema)} WHERE attempts > 0 ORDER BY id LIMIT $1")
-    found = await _fetch(settings, lambda conn: conn.fetch(sql, limit))
+    found = await ask(settings, lambda conn: conn.fetch(sql, limit), **_ABOUT)
     return [FailingRow(r["id"], r["topic"], _job_id(r["headers"]), r["attempts"],
                        r["created_at"], r["retry_at"], r["last_error"]) for r in found]
 
@@ -82,22 +81,6 @@ def _job_id(headers: str) -> str | None:
             return value.decode()
     return None
 
-
-async def _fetch(settings: Settings, query: Any) -> Any:
-    try:
-        conn = await asyncpg.connect(settings.database_url, timeout=CONNECT_TIMEOUT_S)
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        raise DatabaseUnavailable(f"Postgres did not answer at "
-                                  f"{redact_url(settings.database_url)}: {exc}") from exc
-    try:
-        return await query(conn)
-    except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError) as exc:
-        raise ConfigError(f"There is no outbox table in schema {settings.database_schema!r}: "
-                          "run `stream-jobs db migrate`.") from exc
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise DatabaseUnavailable(f"Postgres failed a question about the outbox: {exc}") from exc
-    finally:
-        await conn.close()
 
 
 __all__ = ["FailingRow", "OutboxDepth", "failing_rows", "read_depth"]

@@ -13,16 +13,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import asyncpg
-
-from stream_jobs.errors import ConfigError, DatabaseUnavailable, UnknownWorkflow
-from stream_jobs.settings import Settings, redact_url
+from stream_jobs.dedup.questions import ask
+from stream_jobs.errors import ConfigError, UnknownWorkflow
+from stream_jobs.settings import Settings
 from stream_jobs.workflows.members import step_job_id
 from stream_jobs.workflows.sql import workflow_jobs_table, workflows_table
 
-CONNECT_TIMEOUT_S = 3.0
 _COLUMNS = ("workflow_id, kind, total, succeeded, failed, created_at, finished_at, "
             "failed_step, failure, parent_job_id")
+
+# What `ask` says when the tables are missing or Postgres fails.
+_ABOUT = {"missing": "There are no workflow tables", "about": "batches"}
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ async def read_progress(settings: Settings, workflow_id: str) -> Progress:
                                  "'on_complete') ORDER BY slot DESC", workflow_id)
         return _progress(row, tuple((c["slot"], c["job_id"]) for c in calls))
 
-    found: Progress | None = await _on_connection(settings, query)
+    found: Progress | None = await ask(settings, query, **_ABOUT)
     if found is None:
         raise UnknownWorkflow(f"No batch or chain has the ID {workflow_id!r} in schema "
                               f"{schema!r} (or it was pruned).")
@@ -135,7 +136,7 @@ async def open_workflows(settings: Settings, limit: int = 20) -> tuple[int, list
                                 "ORDER BY created_at LIMIT $1", limit)
         return int(count), [_progress(row) for row in rows]
 
-    result: tuple[int, list[Progress]] = await _on_connection(settings, query)
+    result: tuple[int, list[Progress]] = await ask(settings, query, **_ABOUT)
     return result
 
 
@@ -164,28 +165,11 @@ async def prune_finished(settings: Settings, older_than_s: float, *, batch: int 
                 return deleted
 
     try:
-        pruned: int = await _on_connection(settings, query)
+        pruned: int = await ask(settings, query, **_ABOUT)
     except ConfigError:
         return 0  # migrated before workflows existed: there are none to prune
     return pruned
 
-
-async def _on_connection(settings: Settings, query: Any) -> Any:
-    try:
-        conn = await asyncpg.connect(settings.database_url, timeout=CONNECT_TIMEOUT_S)
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        raise DatabaseUnavailable(f"Postgres did not answer at "
-                                  f"{redact_url(settings.database_url)}: {exc}") from exc
-    try:
-        return await query(conn)
-    except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError) as exc:
-        raise ConfigError(f"There are no workflow tables in schema "
-                          f"{settings.database_schema!r}: run `stream-jobs db migrate`.") \
-            from exc
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise DatabaseUnavailable(f"Postgres failed a question about batches: {exc}") from exc
-    finally:
-        await conn.close()
 
 
 __all__ = ["Progress", "open_workflows", "prune_finished", "read_progress"]
