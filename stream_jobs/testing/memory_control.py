@@ -4,7 +4,8 @@ Three in-memory stand-ins over one `MemoryTables`, each behind the seam the runt
 for it, so what runs is the runtime's own code:
 
 - `MemoryCancels`, a worker's `CancelFeed` (`stream_jobs.dedup.cancel_watch`): the set of
-  its type's cancelled IDs, told of each cancel as it commits, as the LISTEN connection is;
+  its type's cancelled IDs, told of each cancel as it commits and of each interrupt a
+  cancel asks for (it waits on a run's open `ctx.once()`), as the LISTEN connection is;
 - `MemoryKeys`, a worker's `Keys` (`stream_jobs.dedup.keys`): unique keys given back and
   debounced jobs asked after;
 - `MemoryStores`, the clients' `ClientStores` (`stream_jobs.client_stores`): `cancel`,
@@ -26,10 +27,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from stream_jobs.cancels import MARKER_ATTEMPT, Cancellation, concerns
+from stream_jobs.cancels import (
+    CLAIM_WAIT_S,
+    INTERRUPT_WAIT_S,
+    MARKER_ATTEMPT,
+    Cancellation,
+    concerns,
+)
 from stream_jobs.dedup.cancel_watch import OnCancel
 from stream_jobs.dedup.results import answer
-from stream_jobs.errors import UnknownWorkflow
+from stream_jobs.errors import CancelPending, UnknownWorkflow
 from stream_jobs.job_types import JobTypePolicy, get_job_type
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.lookup import (
@@ -60,18 +67,27 @@ class MemoryCancels:
         self.job_type = job_type
         self.ids: set[str] = set()
         self._subscribers: list[OnCancel] = []
+        self._interrupters: list[OnCancel] = []
+        self._awaited: dict[str, asyncio.Future[None]] = {}  # confirmed() waits
         self._unsubscribe: Callable[[], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = 0
 
     def subscribe(self, on_cancel: OnCancel, *, on_interrupt: OnCancel | None = None) -> None:
-        # No interrupt is ever asked for: a cancel here never waits on a run's ctx.once()
-        # (its marker is written at once, and the run's commit then meets it).
         self._subscribers.append(on_cancel)
+        if on_interrupt is not None:
+            self._interrupters.append(on_interrupt)
 
     async def start(self) -> None:
         self._loop, self._thread = asyncio.get_running_loop(), threading.get_ident()
-        self._unsubscribe = self._tables.on_cancel(self._heard)
+        stops = [self._tables.on_cancel(lambda t, j: self._hop(t, j, self._add)),
+                 self._tables.on_interrupt(lambda t, j: self._hop(t, j, self._interrupt))]
+
+        def unsubscribe() -> None:
+            for stop in stops:
+                stop()
+
+        self._unsubscribe = unsubscribe
         for job_id in self._tables.cancelled_ids(self.job_type) - self.ids:
             self._add(job_id)
 
@@ -81,26 +97,45 @@ class MemoryCancels:
             self._unsubscribe = None
 
     async def confirmed(self, job_id: str, within_s: float) -> bool:
-        return await self.is_cancelled(job_id)  # a cancel here is committed once it is made
+        """Whether `job_id` is cancelled, waiting up to `within_s` for the cancel that
+        interrupted its run to be written (it is, as soon as the run's block ended)."""
+        if await self.is_cancelled(job_id):
+            return True
+        waiter = self._awaited.setdefault(job_id, asyncio.get_running_loop().create_future())
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), within_s)
+        except TimeoutError:
+            return await self.is_cancelled(job_id)
+        finally:
+            self._awaited.pop(job_id, None)
+        return True
 
     async def is_cancelled(self, job_id: str) -> bool:
         return job_id in self.ids or job_id in self._tables.cancels
 
-    def _heard(self, job_type: str, job_id: str) -> None:
+    def _hop(self, job_type: str, job_id: str, then: OnCancel) -> None:
+        """`then(job_id)` on the worker's loop, for a cancel of this type from any thread."""
         if not concerns(job_type, self.job_type):
             return
         loop = self._loop
         if loop is None or threading.get_ident() == self._thread:
-            self._add(job_id)
+            then(job_id)
         elif not loop.is_closed():  # a sync client's cancel, from its own thread
-            loop.call_soon_threadsafe(self._add, job_id)
+            loop.call_soon_threadsafe(then, job_id)
 
     def _add(self, job_id: str) -> None:
         if job_id in self.ids:
             return
         self.ids.add(job_id)
+        waiter = self._awaited.get(job_id)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
         for on_cancel in self._subscribers:
             on_cancel(job_id)
+
+    def _interrupt(self, job_id: str) -> None:
+        for on_interrupt in self._interrupters:
+            on_interrupt(job_id)
 
 
 class MemoryKeys:
@@ -134,7 +169,42 @@ class MemoryStores:
 
     async def cancel(self, job_id: str, *, job_type: str | None,
                      reason: str | None) -> Cancellation:
-        return self.tables.cancel(job_id, job_type, reason)
+        """As `CancelStore.cancel`: a run inside `ctx.once()` holds the job's claim, so the
+        cancel waits `CLAIM_WAIT_S` for it, then asks for an interrupt and waits for the
+        run's block to end: it wins if the block rolled back, and answers "already
+        finished" if it committed."""
+        asked = False
+        while (answer := self.tables.cancel(job_id, job_type, reason)) is None:
+            wait_s = INTERRUPT_WAIT_S if asked else CLAIM_WAIT_S
+            if not await self._released(job_id, wait_s):
+                if asked:
+                    raise CancelPending(
+                        f"Job {job_id} is in a ctx.once() block that did not end within "
+                        f"{INTERRUPT_WAIT_S:g} s of being asked to stop; cancel again later "
+                        "to learn whether it committed.")
+                self.tables.ask_interrupt(job_type or "", job_id)
+                asked = True
+        return answer
+
+    async def _released(self, job_id: str, within_s: float) -> bool:
+        """Whether no run holds `job_id`'s claim, waiting up to `within_s` (real time)."""
+        loop = asyncio.get_running_loop()
+        released: asyncio.Future[None] = loop.create_future()
+
+        def settle() -> None:
+            if not released.done():
+                released.set_result(None)
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(settle)
+
+        if not self.tables.when_released(job_id, wake):
+            return True
+        try:
+            await asyncio.wait_for(released, within_s)
+        except TimeoutError:
+            return False
+        return True
 
     async def enqueue_keyed(self, claim: KeyClaim, job_type: str, job_id: str,
                             build: Build) -> KeyAnswer:

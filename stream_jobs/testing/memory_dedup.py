@@ -210,11 +210,15 @@ class MemoryDedup:
     @asynccontextmanager
     async def once(self, job_id: str, job_type: str, attempt: int) -> AsyncIterator[Any]:
         async with self._turn(job_id):
-            if job_id in self.done:
-                raise AlreadyDone(f"job {job_id} already finished")
             tx = MemoryTransaction()
-            yield tx
-            self.commit(job_id, job_type, attempt, tx)
+            self.tables.claim(job_id)  # before the look: a cancel now waits for the block
+            try:
+                if job_id in self.done:
+                    raise AlreadyDone(f"job {job_id} already finished")
+                yield tx
+                self.commit(job_id, job_type, attempt, tx)
+            finally:
+                self.tables.release(job_id)
 
     def once_deferred(
             self, job_id: str, job_type: str, attempt: int, *,
@@ -227,21 +231,25 @@ class MemoryDedup:
         with self._guard:
             turn = self._thread_turns.setdefault(job_id, threading.Lock())
         with turn:
-            if job_id in self.done:
-                raise AlreadyDone(f"job {job_id} already finished")
-            # The session's own commit and rollback; the dedup row is kept here.
-            tx = transaction_of(session, self.table, (job_id, job_type, attempt))
+            self.tables.claim(job_id)
             try:
-                yield session
-            except BaseException:
-                tx.rollback_quietly()
-                raise
-            with self.tables.lock:  # a cancel's marker comes before, or after, both
                 if job_id in self.done:
-                    tx.rollback_quietly()
                     raise AlreadyDone(f"job {job_id} already finished")
-                tx.commit()
-                self.tables.commit((job_id, job_type, attempt), [])
+                # The session's own commit and rollback; the dedup row is kept here.
+                tx = transaction_of(session, self.table, (job_id, job_type, attempt))
+                try:
+                    yield session
+                except BaseException:
+                    tx.rollback_quietly()
+                    raise
+                with self.tables.lock:  # the session and the row commit as one
+                    if job_id in self.done:  # another thread's run of the ID got there
+                        tx.rollback_quietly()
+                        raise AlreadyDone(f"job {job_id} already finished")
+                    tx.commit()
+                    self.tables.commit((job_id, job_type, attempt), [])
+            finally:
+                self.tables.release(job_id)
             self.effects[job_id] = []
 
     def fencing_token(self) -> asyncio.Future[int]:
@@ -306,6 +314,7 @@ class MemoryHeld:
     async def begin(self) -> None:
         assert self._turn is not None
         await self._turn.__aenter__()
+        self._store.tables.claim(self._job[0])
         if self._job[0] in self._store.done:
             await self.rollback()
             raise AlreadyDone(f"job {self._job[0]} already finished")
@@ -325,6 +334,7 @@ class MemoryHeld:
     async def _end(self) -> None:
         turn, self._turn = self._turn, None
         if turn is not None:
+            self._store.tables.release(self._job[0])
             await turn.__aexit__(None, None, None)
 
 

@@ -11,6 +11,8 @@ as its SQL says. A statement it does not know is one of the handler's own: an ef
 
 Time is the tester's virtual clock. Everything happens under one lock, as one transaction
 at a time, so two runs meeting on a job ID or a batch's counters serialise as on Postgres.
+A run inside `ctx.once()` holds its job's claim (`claims`) as its open transaction holds
+the dedup row's lock: a cancel waits for it, asking for an interrupt, as on Postgres.
 """
 
 from __future__ import annotations
@@ -99,6 +101,10 @@ class MemoryTables:
         self.superseded: dict[str, str] = {}  # job ID -> the job that replaced it
         self.results: dict[str, StoredResult] = {}
         self.workflows: dict[str, Workflow] = {}
+        # Runs inside ctx.once() now, by job ID, and the cancels waiting for them to end.
+        self.claims: dict[str, int] = {}
+        self._claim_waiters: dict[str, list[Callable[[], None]]] = {}
+        self._interrupt_listeners: list[Listener] = []
         self._cancel_listeners: list[Listener] = []
         self._result_listeners: list[Callable[[], None]] = []
         s = Statements.of(schema)
@@ -114,6 +120,11 @@ class MemoryTables:
         """Call `listener(type, job_id)` after each cancel commits; returns the unsubscribe."""
         self._cancel_listeners.append(listener)
         return lambda: self._cancel_listeners.remove(listener)
+
+    def on_interrupt(self, listener: Listener) -> Callable[[], None]:
+        """Call `listener(type, job_id)` when a cancel waits on a run's open claim."""
+        self._interrupt_listeners.append(listener)
+        return lambda: self._interrupt_listeners.remove(listener)
 
     def on_result(self, listener: Callable[[], None]) -> Callable[[], None]:
         self._result_listeners.append(listener)
@@ -249,13 +260,47 @@ class MemoryTables:
             for slot, job_id, topic, key, value, pairs, ttl
             in zip(slots, ids, topics, keys, values, headers, ttls, strict=True)))
 
+    # -- claims ---------------------------------------------------------------------------
+
+    def claim(self, job_id: str) -> None:
+        """A run opened its transaction on `job_id`'s row (`release` ends it)."""
+        with self.lock:
+            self.claims[job_id] = self.claims.get(job_id, 0) + 1
+
+    def release(self, job_id: str) -> None:
+        with self.lock:
+            left = self.claims.get(job_id, 1) - 1
+            if left > 0:
+                self.claims[job_id] = left
+                return
+            self.claims.pop(job_id, None)
+            waiters = self._claim_waiters.pop(job_id, [])
+        for wake in waiters:
+            wake()
+
+    def when_released(self, job_id: str, wake: Callable[[], None]) -> bool:
+        """Call `wake()` once no run holds `job_id`'s claim; False if none does now."""
+        with self.lock:
+            if job_id not in self.claims:
+                return False
+            self._claim_waiters.setdefault(job_id, []).append(wake)
+            return True
+
+    def ask_interrupt(self, job_type: str, job_id: str) -> None:
+        for listener in list(self._interrupt_listeners):
+            listener(job_type, job_id)
+
     # -- cancels --------------------------------------------------------------------------
 
-    def cancel(self, job_id: str, job_type: str | None, reason: str | None) -> Cancellation:
-        """`CancelStore.cancel`'s transaction: the marker, unless the job's row exists."""
+    def cancel(self, job_id: str, job_type: str | None, reason: str | None
+               ) -> Cancellation | None:
+        """`CancelStore.cancel`'s transaction: the marker, unless the job's row exists;
+        None (nothing written) while a run holds the job's claim."""
         stored_reason = checked_reason(reason)
         own_type = job_type or ""
         with self.lock:
+            if job_id in self.claims:
+                return None
             done = self.done.get(job_id)
             if done is not None:
                 return self._earlier(job_id, done)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session
 
 from stream_jobs import App, JobContext
 from stream_jobs.cancels import CancelAnswer
@@ -118,6 +121,47 @@ async def test_a_sync_handler_sees_ctx_cancelled(job_tester: StartTester) -> Non
         assert client.cancel(job_id).answer is CancelAnswer.CANCELLED
     await asyncio.wait_for(run, 30)
     assert t.outcomes == {"cancelled": 1}
+
+
+@pytest.mark.parametrize("obeys", [True, False])
+async def test_a_cancel_waits_for_a_sync_handlers_once_sync_block(
+        job_tester: StartTester, tmp_path: Path, obeys: bool) -> None:
+    """As on Postgres: the cancel waits for the block's claim and asks the run to stop.
+    A handler that raises when told rolls its block back, and the cancel wins; one that
+    commits anyway finishes, and the cancel answers that it had."""
+    engine = create_engine(f"sqlite:///{tmp_path / 'sent.db'}")
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE sent (job_id text PRIMARY KEY)"))
+    app = App()
+    inside = threading.Event()
+
+    @app.job("mail.send", timeout=60)
+    def send(mail: dict[str, Any], ctx: JobContext) -> None:
+        step = threading.Event()
+        with Session(engine) as session, ctx.once_sync(session):
+            session.execute(text("INSERT INTO sent VALUES (:id)"), {"id": ctx.job_id})
+            inside.set()
+            while not ctx.cancelled:  # the handler's steps, each a few ms
+                step.wait(0.005)
+            if obeys:
+                raise RuntimeError("stopped: cancelled")  # rolls the block back
+
+    t = job_tester(app, types=TYPES)
+    job_id = await t.enqueue("mail.send", {"n": 1})
+    run = asyncio.create_task(t.run_until_idle())
+    await until(inside.is_set, "the handler to be inside its block")
+    answer = await t.cancel(job_id)
+    await asyncio.wait_for(run, 30)
+    with engine.connect() as conn:
+        sent = conn.execute(text("SELECT job_id FROM sent")).scalars().all()
+    if obeys:
+        assert answer.answer is CancelAnswer.CANCELLED
+        assert t.outcomes == {"cancelled": 1}
+        assert sent == []
+    else:
+        assert answer.answer is CancelAnswer.ALREADY_FINISHED
+        assert t.outcomes == {"succeeded": 1}
+        assert sent == [job_id]
 
 
 async def test_a_unique_job_holds_its_key_while_pending_and_within_its_window(
