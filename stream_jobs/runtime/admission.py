@@ -3,8 +3,9 @@ unique keys and debounce (docs/control.md).
 
 - **Cancels.** The type's `CancelWatch` keeps the cancelled job IDs in a set; the worker
   and its relay look each job up there before it starts, or before a tier releases or
-  hops it: a set lookup, no query, so the no-op path pays nothing measurable. The jobs in
-  a handler are kept by ID (`running`), so a cancel that arrives interrupts one: an async
+  hops it: a set lookup, no query, so the no-op path pays nothing measurable. A cancel
+  that arrives looks for its job among the worker's runners (each holds the context of
+  the job in its handler, `Runner.ctx`: nothing is kept per job) and interrupts it: an async
   handler's task is cancelled (`CancelledError` at its next await), a sync handler sees
   `ctx.cancelled`. A cancel that waits for a run's open `ctx.once()` asks for an
   interrupt first; that run is stopped the same way, and counts `cancelled` once the
@@ -23,16 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
-from stream_jobs.context import JobContext
 from stream_jobs.dedup.cancel_watch import CancelFeed, CancelWatch, OnCancel
 from stream_jobs.dedup.cancels import CancelStore
 from stream_jobs.dedup.keys import Keys, KeyStore, until_done
-from stream_jobs.errors import ConfigError, JobInterrupted, StreamJobsError
+from stream_jobs.errors import ConfigError, StreamJobsError
 from stream_jobs.record import HEADER_UNIQUE, JobRecord
-from stream_jobs.runtime.calls import HandlerCall
 from stream_jobs.runtime.dispatch import Runner
 from stream_jobs.settings import Settings
 
@@ -47,8 +45,8 @@ class Admission:
     """Cancels, unique keys and debounce for one worker of `job_type`."""
 
     def __init__(self, settings: Settings, job_type: str, *, interruptible: bool,
-                 stopping: asyncio.Event, cancels: CancelFeed | None = None,
-                 keys: Keys | None = None) -> None:
+                 stopping: asyncio.Event, runners: Callable[[], Iterable[Runner]],
+                 cancels: CancelFeed | None = None, keys: Keys | None = None) -> None:
         self.job_type = job_type
         self._stopping = stopping
         self._store = CancelStore(settings)
@@ -58,8 +56,8 @@ class Admission:
         self.watch: CancelFeed | None = cancels
         # The watch's own set (it adds to it in place), or one that stays empty.
         self.cancelled: set[str] = cancels.ids if cancels is not None else set()
-        # Jobs in a handler now, by ID: the runner that runs each, and its context.
-        self.running: dict[str, tuple[Runner, JobContext]] = {}
+        # The worker's runners: a job in a handler now is the one whose `ctx` has its ID.
+        self._runners = runners
         # A thread cannot be interrupted: a sync handler is told through ctx.cancelled.
         self.interruptible = interruptible
         self.keys: Keys = keys or KeyStore(settings)
@@ -86,22 +84,28 @@ class Admission:
         if self._owns_keys:
             await self.keys.close()
 
+    def running(self, job_id: str) -> list[Runner]:
+        """The runners whose handler runs `job_id` now (a scan of at most `concurrency`
+        runners, made only when a cancel arrives)."""
+        return [r for r in self._runners() if r.ctx is not None and r.ctx.job_id == job_id]
+
     def on_cancel(self, job_id: str) -> None:
         """A cancel arrived: interrupt the job if a handler runs it now (a job that is not
         running is finished by the check before it starts)."""
-        running = self.running.get(job_id)
-        if running is not None:
-            self._stop(*running, "cancelled while running")
+        for runner in self.running(job_id):
+            self._stop(runner, "cancelled while running")
 
     def on_interrupt(self, job_id: str) -> None:
         """A cancel waits for this job's claim: stop the run if it is inside `ctx.once()`
         (a sync handler's block cannot be seen, so a sync run is told in any case)."""
-        running = self.running.get(job_id)
-        if running is not None and (not self.interruptible or running[1]._conn is not None):
-            self._stop(*running, "asked to stop: a cancel waits for its ctx.once()")
+        for runner in self.running(job_id):
+            assert runner.ctx is not None
+            if not self.interruptible or runner.ctx._conn is not None:
+                self._stop(runner, "asked to stop: a cancel waits for its ctx.once()")
 
-    def _stop(self, runner: Runner, ctx: JobContext, why: str) -> None:
-        if ctx._cancelled:
+    def _stop(self, runner: Runner, why: str) -> None:
+        ctx = runner.ctx
+        if ctx is None or ctx._cancelled:
             return
         ctx._cancelled = True
         self.interrupted += 1
@@ -110,24 +114,6 @@ class Admission:
                         "attempt": ctx.attempt})
         if self.interruptible and runner.task is not None:
             runner.task.cancel()
-
-    async def call(self, call: HandlerCall, job_id: str, runner: Runner, payload: Any,
-                   ctx: JobContext) -> Exception | None:
-        """`call(runner, payload, ctx)` (the worker's handler call), with the job known by
-        ID meanwhile so that a cancel can stop it; a run stopped so ends `JobInterrupted`."""
-        running = self.running
-        running[job_id] = (runner, ctx)
-        try:
-            return await call(runner, payload, ctx)
-        except asyncio.CancelledError:
-            if not ctx._cancelled:
-                raise  # revoked past the grace period, or the worker is being torn down
-            return JobInterrupted("The run was stopped for a cancel that did not complete.")
-        finally:
-            if running.get(job_id, (None,))[0] is runner:
-                del running[job_id]
-            if ctx._cancelled and self.interruptible and runner.task is not None:
-                runner.task.uncancel()  # the cancellation we asked for is consumed
 
     async def confirmed(self, job: JobRecord) -> bool:
         """Whether the cancel that stopped a run of `job` committed (waiting a little for

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
 
 from stream_jobs.context import JobContext
+from stream_jobs.errors import JobInterrupted
 from stream_jobs.handlers import AsyncHandlerFunc, JobHandler, SyncHandlerFunc
 from stream_jobs.histogram import DurationHistogram
 from stream_jobs.runtime.dispatch import Runner
@@ -67,16 +68,22 @@ class LoopCaller:
         self._watch()
         durations = self._site.durations
         started = time.perf_counter() if durations is not None else 0.0
+        runner.ctx = ctx  # a cancel finds the run here, and cancels the runner's task
         try:
             ctx.returned = await self._func(payload, ctx)  # a kept result's value
         except asyncio.CancelledError:
-            if not runner.expired:
-                raise  # revoked past the grace period, or the worker is being torn down
-            return timed_out(runner, self._timeout_s)
+            if runner.expired:
+                return timed_out(runner, self._timeout_s)
+            if ctx._cancelled:
+                return JobInterrupted("The run was stopped for a cancel that did not complete.")
+            raise  # revoked past the grace period, or the worker is being torn down
         except Exception as exc:
             return exc
         finally:
+            runner.ctx = None
             runner.deadline = math.inf
+            if ctx._cancelled and runner.task is not None:
+                runner.task.uncancel()  # the cancellation the cancel asked for is consumed
             if durations is not None:
                 durations.observe(time.perf_counter() - started)
         if runner.expired:  # the handler swallowed the cancellation and returned
@@ -104,6 +111,7 @@ class SyncCaller:
         durations = self._site.durations
         started = time.perf_counter() if durations is not None else 0.0
         call = self._threads.start(self._func, payload, ctx)
+        runner.ctx = ctx  # a cancel finds the run here, and sets ctx.cancelled
         try:
             await call.future
         except asyncio.CancelledError:
@@ -118,6 +126,7 @@ class SyncCaller:
         except Exception as exc:
             return exc
         finally:
+            runner.ctx = None
             runner.deadline = math.inf
             if durations is not None:
                 durations.observe(time.perf_counter() - started)

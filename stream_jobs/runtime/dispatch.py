@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from stream_jobs.errors import Abandoned
 from stream_jobs.kafka import TopicPartition
@@ -33,6 +34,9 @@ from stream_jobs.logs import job_fields
 from stream_jobs.offsets import OffsetTracker
 from stream_jobs.ratelimit import TokenBucket
 from stream_jobs.record import Record
+
+if TYPE_CHECKING:
+    from stream_jobs.context import JobContext
 
 log = logging.getLogger("stream_jobs.consumer")
 
@@ -67,6 +71,9 @@ class Runner:
     # Set by the member when the record's handler runs on after the record is done (a
     # sync handler's thread): until it resolves, the slot and the chain stay taken.
     hold: asyncio.Future[None] | None = None
+    # The context of the job whose handler it calls now (None outside the call): a cancel
+    # finds a running job here (`stream_jobs.runtime.admission`), at no cost per job.
+    ctx: JobContext | None = None
 
 
 @dataclass(eq=False)

@@ -114,9 +114,9 @@ class Worker(FlowControlled):
         self.outcomes: Counter[str] = Counter()
         # Cancels, unique keys, debounce: the hot path reads the set of cancelled IDs directly.
         self.admission = Admission(settings, policy.job_type, stopping=self.stopping,
-                                   interruptible=not handler.sync, cancels=cancels, keys=keys)
+                                   interruptible=not handler.sync, cancels=cancels, keys=keys,
+                                   runners=lambda: self.dispatcher.runners)
         self._cancelled = self.admission.cancelled
-        self._watched = self.admission.watch is not None  # cancels reach it
         self.relay = (Relay(settings, policy, self.producer, grace_s=grace_s, kafka=kafka,
                             cancelled=self._cancelled, outcomes=self.outcomes,
                             ended=self._ended_unrun)
@@ -349,11 +349,8 @@ class Worker(FlowControlled):
                          offset=record.offset, dedup=self.dedup, lend_slot=self.lend_slot,
                          children=self.children, finish=finish)
         if finish is not None:
-            error = await self._call_finished(finish, job, runner, payload, ctx)
-        elif self._watched:  # known by job ID meanwhile, so that a cancel can stop it
-            error = await self.admission.call(self._call_handler, job.job_id, runner,
-                                              payload, ctx)
-        else:  # no cancel reaches this worker (STREAM_JOBS_CANCEL_WATCH=false)
+            error = await self._call_finished(finish, runner, payload, ctx)
+        else:  # a cancel meanwhile finds the run in `runner.ctx`, and stops it
             error = await self._call_handler(runner, payload, ctx)
         if ctx._cancelled and await self.admission.confirmed(job):
             # Whatever the run did: its ctx.once() could not commit (the cancel holds the
@@ -373,18 +370,14 @@ class Worker(FlowControlled):
             reason = Reason.PERMANENT if isinstance(error, PermanentError) else Reason.HANDLER_ERROR
         return await self._failed(job, record, error, reason)
 
-    async def _call_finished(self, finish: Finish, job: JobRecord, runner: Runner, payload: Any,
+    async def _call_finished(self, finish: Finish, runner: Runner, payload: Any,
                              ctx: JobContext) -> Exception | None:
         """The handler of a job with a finish transaction (stream_jobs.workflows.finish):
         its result, dedup row, effects and counters commit when it returns."""
         error: Exception | None = await finish.before()
         if error is None:
             try:
-                if self._watched:
-                    error = await self.admission.call(self._call_handler, job.job_id, runner,
-                                                      payload, ctx)
-                else:
-                    error = await self._call_handler(runner, payload, ctx)
+                error = await self._call_handler(runner, payload, ctx)
             except BaseException:
                 await finish.abandon()  # revoked or torn down: nothing of it commits
                 raise
