@@ -143,7 +143,7 @@ def render_stats(shot: StatsSnapshot, settings: Settings, partitions: bool) -> G
     waiting.add_column("where", no_wrap=True)
     waiting.add_column("jobs", justify="right")
     waiting.add_column("oldest", justify="right")
-    rates = Table(title=f"last {shot.window_s:g} s, from worker reports")
+    rates = Table(title=f"last {round(shot.window_s, 1):g} s, from worker reports")
     rates.add_column("type", no_wrap=True)
     for column in ("done/s", "retried/s", "dead/s", "expired/s", "cancelled/s",
                    "superseded/s", "workers", "in flight", "limit"):

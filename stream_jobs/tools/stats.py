@@ -44,18 +44,24 @@ _PEEK_FETCH_BYTES = 64 * 1024
 
 async def collect(settings: Settings, types: Mapping[str, JobTypePolicy], *,
                   job_type: str | None = None, per_partition: bool = False,
-                  window_s: float = DEFAULT_WINDOW_S,
+                  window_s: float = DEFAULT_WINDOW_S, since_ms: int | None = None,
                   report_interval_s: float = DEFAULT_REPORT_INTERVAL_S) -> StatsSnapshot:
     """Stats of every declared type, or of `job_type` (UnknownJobType if undeclared).
 
+    The rates cover the last `window_s` seconds before the reading or, given `since_ms`,
+    everything from that moment to the reading, however long the reading itself takes.
     Topics that do not exist are reported as missing (run `stream-jobs topics apply`),
     not as an error. Cost: see `read`.
     """
     chosen = ([get_job_type(types, job_type)] if job_type is not None
               else [types[name] for name in sorted(types)])
+    if since_ms is not None:
+        window_s = max(0.0, (clock.now_ms() - since_ms) / 1000)
     reading, (outbox, problem) = await asyncio.gather(
         read(settings, chosen, lookback_s=window_s + (ALIVE_INTERVALS + 1) * report_interval_s),
         _outbox(settings))
+    if since_ms is not None:
+        window_s = max(window_s, (reading.at_ms - since_ms) / 1000)
     prefix = settings.topic_prefix
     return StatsSnapshot(reading.at_ms, prefix, window_s, tuple(
         type_stats(policy, reading, prefix=prefix, window_s=window_s,

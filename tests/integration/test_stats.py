@@ -11,11 +11,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from aiokafka import AIOKafkaConsumer
 
 from stream_jobs.app import App
@@ -24,15 +26,16 @@ from stream_jobs.context import JobContext
 from stream_jobs.errors import PermanentError
 from stream_jobs.failures import FailureInfo
 from stream_jobs.job_ids import new_job_id
-from stream_jobs.job_types import load_job_types
+from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.lookup import locate_job
 from stream_jobs.naming import dlq_topic, relay_group, tier_topic, worker_group
 from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
+from stream_jobs.tools import stats as stats_module
 from stream_jobs.tools.stats import collect
-from stream_jobs.tools.type_stats import StatsSnapshot, TypeStats
+from stream_jobs.tools.type_stats import StatsReading, StatsSnapshot, TypeStats
 from tests.integration.cli_env import settings_env
 
 from .conftest import Declare
@@ -51,6 +54,20 @@ async def _until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: flo
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout_s} s: {what}")
         await asyncio.sleep(POLL_S)
+
+
+async def _slow_reading(monkeypatch: pytest.MonkeyPatch, settings: Settings,
+                        types: Mapping[str, JobTypePolicy], *, since_ms: int) -> TypeStats:
+    """`collect` whose Kafka reading ends 60 s later than it really does."""
+    real = stats_module.read
+
+    async def late(*args: Any, **kwargs: Any) -> StatsReading:
+        reading = await real(*args, **kwargs)
+        return replace(reading, at_ms=reading.at_ms + 60_000)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(stats_module, "read", late)
+        return _one(await collect(settings, types, job_type="stat.rate", since_ms=since_ms))
 
 
 async def _commit(settings: Settings, group: str, offsets: dict[TopicPartition, int]) -> None:
@@ -239,7 +256,8 @@ async def test_tier_and_dlq_depths_count_what_waits_there(
 
 
 async def test_rates_and_workers_come_from_the_reports_and_job_finds_each_job(
-        app: App, declare: Declare, settings: Settings) -> None:
+        app: App, declare: Declare, settings: Settings,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     await declare("stat.rate", partitions=3, retry_tiers=["1s"], max_attempts=2)
     types = load_job_types(settings.topics_dir)
 
@@ -259,6 +277,7 @@ async def test_rates_and_workers_come_from_the_reports_and_job_finds_each_job(
     async with app.client() as client:
         ids = await client.enqueue_many(jobs)
 
+    since_ms = _now_ms()
     worker = app.worker("stat.rate", report_interval_s=0.2)
     running = asyncio.create_task(worker.run())
     try:
@@ -291,6 +310,12 @@ async def test_rates_and_workers_come_from_the_reports_and_job_finds_each_job(
     assert stopped.lag == 0
     assert stopped.dlq_depth == 10
     assert {t.name: t.lag for t in stopped.tiers} == {"1s": 0}
+
+    # A reading that ends a minute after it began (a loaded machine) still counts all
+    # that happened since `since_ms`: the window reaches back from where the reading ends.
+    slow = await _slow_reading(monkeypatch, settings, types, since_ms=since_ms)
+    assert slow.rates.counts.total == 320
+    assert slow.rates.window_s >= 60
 
     async with app.client() as client:
         waiting = await client.enqueue("stat.rate", {"kind": "ok"})
