@@ -255,7 +255,7 @@ async def test_a_rate_limit_holds_across_two_worker_processes_and_throttle_chang
     # The processes start (seconds, on a loaded box) while the backlog is written. It is
     # more than the limited phases take even when each command takes seconds to start.
     pids = {worker_processes("tests.apps.paced:app", "rate.capped").pid for _ in range(2)}
-    backlog = 2800
+    backlog = 3200
     async with app.client() as client:
         await client.enqueue_many([Job("rate.capped", {"i": i}) for i in range(backlog)])
 
@@ -266,12 +266,11 @@ async def test_a_rate_limit_holds_across_two_worker_processes_and_throttle_chang
     settled = await applied_at(
         settings, pids, lambda r: r.rate_share_per_s == rate / 2 and r.rate_source == "toml",
         "both worker processes take half the rate", timeout_s=60)
-    t0 = max(settled, time.time()) + 1.0
-    t_end = t0 + window_s
 
-    # Meanwhile the operator's view: `stats --json` shows the limit, both workers applying
-    # it with shares that add up to it, and jobs done at about that rate.
-    await until(lambda: time.time() >= t0 + 4, "four seconds into the window")
+    # The operator's view four seconds on: `stats --json` shows the limit, both workers
+    # applying it with shares that add up to it, and jobs done at about that rate. The
+    # command runs before the window opens: its start-up takes a core for seconds.
+    await until(lambda: time.time() >= settled + 4, "four seconds at the shared rate")
     _, out = await command(settings, "stats", "rate.capped", "--json", "--window", "4")
     shown = orjson.loads(out)["types"]["rate.capped"]
     assert shown["rate_limit"] == {"per_s": rate, "source": "toml", "workers_applying": 2,
@@ -279,11 +278,17 @@ async def test_a_rate_limit_holds_across_two_worker_processes_and_throttle_chang
     assert shown["workers"]["alive"] == 2, shown["workers"]
     assert abs(shown["rates"]["per_s"]["done"] - rate) <= 0.25 * rate, shown["rates"]
 
+    t0 = time.time() + 1.0
+    t_end = t0 + window_s
     await until(lambda: time.time() >= t_end, "the measurement window", within_s=window_s + 5)
     await recorded_past(db, pids, t_end + 0.5)
     rows = await starts_in(db, t0, t_end)
     per_process = {pid: sum(1 for r in rows if r["pid"] == pid) for pid in pids}
-    assert abs(len(rows) - rate * window_s) <= 0.1 * rate * window_s, (len(rows), per_process)
+    # The limit is a ceiling: the group starts at most 10% over it. It falls short only
+    # when a loaded box stalls a worker for longer than its bucket saves (a quarter
+    # second of its share); CI measured 897 of 1,000 once. Half the shares would be 500.
+    assert 0.85 * rate * window_s <= len(rows) <= 1.1 * rate * window_s, (len(rows),
+                                                                          per_process)
     # Each process spent about its half, and every partition still had jobs waiting at
     # the end: the limit set the pace, not the backlog.
     assert all(0.4 * len(rows) <= n <= 0.6 * len(rows) for n in per_process.values()), \
