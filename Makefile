@@ -50,8 +50,14 @@ docs: venv
 unit: venv
 	$(BIN)/pytest -q tests/unit
 
+# Two test processes at once: every test has its own topic prefix, groups and schema, and
+# most of a test's time is waiting on the broker. The tests that restart a shared service
+# (marked `exclusive`) run afterwards, alone.
+INTEGRATION_PROCESSES ?= 2
+
 integration: stack
-	$(BIN)/pytest -q tests/integration
+	$(BIN)/pytest -q -n $(INTEGRATION_PROCESSES) --dist loadfile -m "not exclusive" tests/integration
+	$(BIN)/pytest -q -m exclusive tests/integration
 
 # lint, then the unit tests (no services), then the integration tests on the real stack,
 # then the Docker checks (below).

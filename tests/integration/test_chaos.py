@@ -81,6 +81,7 @@ async def test_a_rolling_clean_restart_delivers_nothing_twice(
     assert result.verdict.duplicate_deliveries == 0
 
 
+@pytest.mark.exclusive  # the Postgres it restarts is every other test's too
 async def test_a_postgres_restart_loses_nothing(chaos_stack: Stack, tmp_path: Path) -> None:
     server = chaos_stack.postgres
     if server.running_pid() is None or urlsplit(server.dsn).port != urlsplit(
