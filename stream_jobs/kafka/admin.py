@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 from aiokafka.errors import (
+    GroupCoordinatorNotAvailableError,
+    GroupLoadInProgressError,
     KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
     NodeNotReadyError,
+    NotCoordinatorForGroupError,
     TopicAlreadyExistsError,
     for_code,
 )
@@ -32,6 +36,15 @@ from stream_jobs.settings import Settings
 # Errors that mean "the broker did not answer", as opposed to "the broker said no".
 UNREACHABLE = (KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, OSError,
                asyncio.TimeoutError)
+# A group's coordinator still being chosen or loading its groups: asked again, it answers.
+# A fresh cluster's first group question is one (it creates `__consumer_offsets`).
+COORDINATOR_MOVING = (GroupCoordinatorNotAvailableError, GroupLoadInProgressError,
+                      NotCoordinatorForGroupError)
+_COORDINATOR_MOVING_CODES = frozenset(e.errno for e in COORDINATOR_MOVING)
+# How long `Admin` keeps asking a moving coordinator, between the first pause and the last.
+_FIRST_PAUSE_S, _LONGEST_PAUSE_S = 0.05, 1.0
+
+T = TypeVar("T")
 
 
 @asynccontextmanager
@@ -49,10 +62,27 @@ async def admin_client(settings: Settings) -> AsyncIterator[Any]:
 
 
 class Admin:
-    """The admin requests stream-jobs' tools make; any `KafkaError` becomes `BrokerError`."""
+    """The admin requests stream-jobs' tools make; any `KafkaError` becomes `BrokerError`.
 
-    def __init__(self, client: Any) -> None:
+    A group question whose coordinator is moving is asked again for up to `patience_s`
+    (the request timeout, from `open_admin`)."""
+
+    def __init__(self, client: Any, *, patience_s: float = 30.0) -> None:
         self._client = client
+        self._patience_s = patience_s
+
+    async def _of_group(self, ask: Callable[[], Awaitable[T]]) -> T:
+        """`ask()`, asked again while the group's coordinator is moving."""
+        deadline = time.monotonic() + self._patience_s
+        pause = _FIRST_PAUSE_S
+        while True:
+            try:
+                return await ask()
+            except COORDINATOR_MOVING:
+                if time.monotonic() + pause > deadline:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(_LONGEST_PAUSE_S, pause * 2)
 
     async def committed_offsets(self, group: str,
                                 partitions: Sequence[TopicPartition] | None = None
@@ -62,8 +92,8 @@ class Admin:
         if partitions is not None and not partitions:
             return {}
         try:
-            offsets = await self._client.list_consumer_group_offsets(
-                group, partitions=None if partitions is None else list(partitions))
+            offsets = await self._of_group(lambda: self._client.list_consumer_group_offsets(
+                group, partitions=None if partitions is None else list(partitions)))
         except KafkaError as exc:
             raise BrokerError(f"Kafka did not return the offsets of group {group}: "
                               f"{exc}. Is the cluster healthy?") from exc
@@ -74,12 +104,18 @@ class Admin:
 
     async def group_hosts(self, group: str) -> list[str]:
         """The client host of every member the group has now (none for an empty group)."""
-        try:
+        async def describe() -> dict[str, Any]:
             response = (await self._client.describe_consumer_groups([group]))[0]
+            described: dict[str, Any] = response.to_object()["groups"][0]
+            if described["error_code"] in _COORDINATOR_MOVING_CODES:
+                raise for_code(described["error_code"])()
+            return described
+
+        try:
+            described = await self._of_group(describe)
         except KafkaError as exc:
             raise BrokerError(f"Kafka did not describe consumer group {group!r}: {exc}.") \
                 from exc
-        described = response.to_object()["groups"][0]
         if described["error_code"]:
             error = for_code(described["error_code"])
             raise BrokerError(f"Kafka did not describe consumer group {group!r} "
@@ -119,7 +155,7 @@ async def open_admin(settings: Settings, **options: Any) -> AsyncIterator[Admin]
     client = AIOKafkaAdminClient(**kwargs)
     try:
         await client.start()
-        yield Admin(client)
+        yield Admin(client, patience_s=settings.kafka_request_timeout_ms / 1000)
     except UNREACHABLE as exc:
         raise await connect_error(settings, exc) from exc
     finally:
