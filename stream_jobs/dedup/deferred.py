@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import asyncpg
@@ -81,6 +82,39 @@ class DeferredWrites:
         """Record one statement per argument tuple."""
         for row in args:
             await self.execute(sql, *row)
+
+
+class DeferredBlock:
+    """`async with ctx.once_deferred() as writes:`: the body records into `writes`; when it
+    ends without an error, `_apply` hands the recording to the store. A body that raised
+    applies nothing. Stores subclass it (a class, not a generator: it runs once per job on
+    the hot path)."""
+
+    __slots__ = ("_attempt", "_job_id", "_job_type", "_writes")
+
+    def __init__(self, job_id: str, job_type: str, attempt: int) -> None:
+        self._job_id = job_id
+        self._job_type = job_type
+        self._attempt = attempt
+        self._writes = DeferredWrites()
+
+    @property
+    def writes(self) -> DeferredWrites:
+        """What the body records into (`ctx.enqueue` records child jobs here too)."""
+        return self._writes
+
+    async def __aenter__(self) -> DeferredWrites:
+        return self._writes
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._writes.closed = True
+        if exc_type is None:
+            await self._apply(self._writes.statements)
+
+    async def _apply(self, statements: list[Statement]) -> None:
+        """Apply this job's dedup row and `statements` as one, or raise AlreadyDone."""
+        raise NotImplementedError
 
 
 @dataclass(slots=True, eq=False)

@@ -21,12 +21,11 @@ from contextlib import (
     nullcontext,
 )
 from datetime import datetime
-from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 import asyncpg
 
-from stream_jobs.dedup.deferred import DeferredWrites, WriteBatcher
+from stream_jobs.dedup.deferred import DeferredBlock, Statement, WriteBatcher
 from stream_jobs.dedup.fencing import FENCING_SEQUENCE, TokenIssuer
 from stream_jobs.dedup.group_commit import INSERT_DONE, GroupCommitter
 from stream_jobs.dedup.held import DRIVER_ERRORS, HeldTransaction, ours
@@ -42,18 +41,6 @@ _UNREACHABLE = (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectio
 _FETCH_TOKENS = f"SELECT nextval('{FENCING_SEQUENCE}') FROM generate_series(1, $1)"
 
 S = TypeVar("S")
-
-
-class DeferredBlock(Protocol):
-    """`async with store.once_deferred(...) as writes:`, and what the body records into."""
-
-    @property
-    def writes(self) -> DeferredWrites: ...
-
-    async def __aenter__(self) -> DeferredWrites: ...
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None: ...
 
 
 class Dedup(Protocol):
@@ -386,40 +373,25 @@ async def prepare_schema(settings: Settings, app_sql: Sequence[str] = ()) -> Non
         await store.close()
 
 
-class _DeferredBlock:
-    """`async with store.once_deferred(...) as writes:` (a class, not a generator: it runs
-    once per job on the hot path)."""
+class _DeferredBlock(DeferredBlock):
+    """`async with store.once_deferred(...) as writes:` on Postgres: the recording joins
+    the store's next write batch."""
 
-    __slots__ = ("_attempt", "_job_id", "_job_type", "_store", "_waiting", "_writes")
+    __slots__ = ("_store", "_waiting")
 
     def __init__(self, store: DedupStore, job_id: str, job_type: str, attempt: int,
                  while_waiting: Callable[[], AbstractContextManager[None]] | None) -> None:
+        super().__init__(job_id, job_type, attempt)
         self._store = store
-        self._job_id = job_id
-        self._job_type = job_type
-        self._attempt = attempt
         self._waiting = while_waiting
-        self._writes = DeferredWrites()
 
-    @property
-    def writes(self) -> DeferredWrites:
-        """What the body records into (`ctx.enqueue` records child jobs here too)."""
-        return self._writes
-
-    async def __aenter__(self) -> DeferredWrites:
-        return self._writes
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        self._writes.closed = True
-        if exc_type is not None:
-            return  # the body failed: nothing it recorded is applied
+    async def _apply(self, statements: list[Statement]) -> None:
         store = self._store
         try:
             batcher = await store._deferred_batcher()
             with self._waiting() if self._waiting is not None else nullcontext():
                 applied = await batcher.apply(self._job_id, self._job_type, self._attempt,
-                                              self._writes.statements)
+                                              statements)
         except _UNREACHABLE as exc:
             raise store._unavailable(exc) from exc
         if not applied:

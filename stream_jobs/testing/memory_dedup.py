@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
-from stream_jobs.dedup.deferred import DeferredWrites
+from stream_jobs.dedup.deferred import DeferredBlock
+from stream_jobs.dedup.deferred import Statement as DeferredStatement
 from stream_jobs.dedup.sync_once import done_table, transaction_of
 from stream_jobs.errors import AlreadyDone, ConfigError
 from stream_jobs.outbox.unique import KeyAnswer
@@ -338,30 +339,18 @@ class MemoryHeld:
             await turn.__aexit__(None, None, None)
 
 
-class _DeferredBlock:
+class _DeferredBlock(DeferredBlock):
     """`async with ctx.once_deferred() as writes:` on a `MemoryDedup`."""
 
+    __slots__ = ("_store",)
+
     def __init__(self, store: MemoryDedup, job_id: str, job_type: str, attempt: int) -> None:
+        super().__init__(job_id, job_type, attempt)
         self._store = store
-        self._job_id = job_id
-        self._job_type = job_type
-        self._attempt = attempt
-        self._writes = DeferredWrites()
 
-    @property
-    def writes(self) -> DeferredWrites:
-        return self._writes
-
-    async def __aenter__(self) -> DeferredWrites:
-        return self._writes
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        self._writes.closed = True
-        if exc_type is not None:
-            return  # the body failed: nothing it recorded is applied
+    async def _apply(self, statements: list[DeferredStatement]) -> None:
         self._store.commit(self._job_id, self._job_type, self._attempt, MemoryTransaction(),
-                           self._writes.statements)
+                           statements)
 
 
 __all__ = ["DoneRow", "MemoryDedup", "MemoryHeld", "MemoryTransaction", "Statement",
