@@ -24,22 +24,13 @@ from stream_jobs.client import Job
 from stream_jobs.context import JobContext
 from stream_jobs.errors import JobNotFound
 from stream_jobs.lookup import locate_job
-from stream_jobs.settings import Settings
 from stream_jobs.tools.cancel import cancel_job
+from tests.integration.database import fetch_value
 from tests.waiting import until
 
 from .conftest import Declare
 
 EFFECTS = "CREATE TABLE IF NOT EXISTS effects (job_id text PRIMARY KEY)"
-
-
-async def _sql(settings: Settings, statement: str, *args: Any) -> Any:
-    conn = await asyncpg.connect(settings.database_url,
-                                 server_settings={"search_path": settings.database_schema})
-    try:
-        return await conn.fetchval(statement, *args)
-    finally:
-        await conn.close()
 
 
 async def test_a_cancelled_job_never_starts_whether_cancelled_before_or_while_the_worker_runs(
@@ -138,7 +129,7 @@ async def test_a_running_job_is_interrupted_within_a_second_and_its_once_rolls_b
     """Two runs: one waiting inside ctx.once() (its open claim makes the cancel ask for an
     interrupt first), one waiting outside it (the committed cancel's notice stops it)."""
     await declare("cancel.running", partitions=2, retry_tiers=["1s"])
-    await _sql(app.settings, EFFECTS)
+    await fetch_value(app.settings, EFFECTS)
     inside: dict[str, asyncio.Event] = {}
     seen: dict[str, bool] = {}
 
@@ -177,7 +168,7 @@ async def test_a_running_job_is_interrupted_within_a_second_and_its_once_rolls_b
     assert seen == {in_once: True, outside: True}
     assert max(took.values()) < 1.0, took
     assert dict(worker.outcomes) == {"cancelled": 2}
-    assert await _sql(app.settings, "SELECT count(*) FROM effects") == 0  # rolled back
+    assert await fetch_value(app.settings, "SELECT count(*) FROM effects") == 0  # rolled back
 
 
 async def test_a_cancel_of_an_unknown_or_finished_job_changes_nothing(
@@ -205,7 +196,7 @@ async def test_a_cancel_of_an_unknown_or_finished_job_changes_nothing(
     assert "without ctx.once()" in looked.summary()
     with pytest.raises(JobNotFound, match="No job 01a2-nope was found"):
         await cancel_job(app.settings, types, "01a2-nope", job_type="cancel.done")
-    assert await _sql(app.settings, "SELECT count(*) FROM stream_jobs_cancels") == 0
+    assert await fetch_value(app.settings, "SELECT count(*) FROM stream_jobs_cancels") == 0
 
 
 async def test_cancels_racing_a_thousand_runs_leave_each_job_done_or_cancelled(
@@ -216,7 +207,7 @@ async def test_cancels_racing_a_thousand_runs_leave_each_job_done_or_cancelled(
     and its cancel said "cancelled"), and the worker counted the same."""
     n = 1_000
     await declare("cancel.race", partitions=4, retry_tiers=["1s"])
-    await _sql(app.settings, EFFECTS)
+    await fetch_value(app.settings, EFFECTS)
     started = asyncio.Event()
 
     @app.job("cancel.race", concurrency=64, timeout=60)
@@ -272,7 +263,7 @@ async def test_a_sync_handler_sees_ctx_cancelled_and_its_once_sync_rolls_back(
     waited for its claim wins); one outside returns."""
     await declare("cancel.sync", partitions=2, retry_tiers=["1s"])
     settings = app.settings
-    await _sql(settings, EFFECTS)
+    await fetch_value(settings, EFFECTS)
     steps: dict[str, int] = {}
 
     @app.job("cancel.sync", timeout=120, concurrency=2)
@@ -301,4 +292,4 @@ async def test_a_sync_handler_sees_ctx_cancelled_and_its_once_sync_rolls_back(
         await asyncio.wait_for(running, 30)
     assert [a.answer for a in answers] == [CancelAnswer.CANCELLED] * 2
     assert dict(worker.outcomes) == {"cancelled": 2}
-    assert await _sql(settings, "SELECT count(*) FROM effects") == 0
+    assert await fetch_value(settings, "SELECT count(*) FROM effects") == 0

@@ -7,8 +7,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import asyncpg
-
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext
@@ -16,13 +14,9 @@ from stream_jobs.naming import dlq_topic
 from stream_jobs.record import decode_record
 from stream_jobs.settings import Settings
 from tests.integration.conftest import Declare
+from tests.integration.database import connect
 from tests.integration.topic_reader import read_topic
 from tests.waiting import until
-
-
-async def connect(settings: Settings) -> asyncpg.Connection:
-    return await asyncpg.connect(settings.database_url,
-                                 server_settings={"search_path": settings.database_schema})
 
 
 @asynccontextmanager

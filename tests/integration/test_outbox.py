@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import asyncpg
 import pytest
 from pydantic import BaseModel
 
@@ -27,6 +26,7 @@ from stream_jobs.outbox.relay import OutboxRelay
 from stream_jobs.record import decode_record
 from stream_jobs.settings import Settings
 from tests.integration.conftest import Declare
+from tests.integration.database import connect
 from tests.integration.topic_reader import read_topic
 from tests.waiting import until
 
@@ -35,11 +35,6 @@ TYPE = "order.placed"
 
 class Placed(BaseModel):
     order: int
-
-
-async def connect(settings: Settings) -> asyncpg.Connection:
-    return await asyncpg.connect(settings.database_url,
-                                 server_settings={"search_path": settings.database_schema})
 
 
 async def job_ids_in(settings: Settings, topic: str) -> list[str]:

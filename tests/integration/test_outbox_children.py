@@ -4,7 +4,6 @@ failed parent run leaves no child, and a parent's duplicate makes no second chil
 
 from __future__ import annotations
 
-import asyncpg
 import pytest
 
 from stream_jobs.app import App
@@ -15,11 +14,7 @@ from stream_jobs.outbox.relay import OutboxRelay
 from stream_jobs.outbox.rows import child_job_id
 from stream_jobs.settings import Settings
 from tests.integration.conftest import Declare
-
-
-async def connect(settings: Settings) -> asyncpg.Connection:
-    return await asyncpg.connect(settings.database_url,
-                                 server_settings={"search_path": settings.database_schema})
+from tests.integration.database import connect
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from stream_jobs.settings import Settings
 from stream_jobs.stack import PostgresServer
 from tests.integration.cli_env import settings_env
 from tests.integration.conftest import Declare
+from tests.integration.database import connect
 from tests.integration.topic_reader import read_topic
 from tests.waiting import until
 
@@ -39,11 +40,6 @@ from ..conftest import Stack
 TYPE = "shop.order"
 STREAM_JOBS = Path(sys.executable).with_name("stream-jobs")
 REPO = Path(__file__).resolve().parents[2]
-
-
-async def connect(settings: Settings) -> asyncpg.Connection:
-    return await asyncpg.connect(settings.database_url,
-                                 server_settings={"search_path": settings.database_schema})
 
 
 @pytest.fixture

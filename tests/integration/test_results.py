@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import asyncpg
 import pytest
 from pydantic import BaseModel
 
@@ -23,6 +22,7 @@ from stream_jobs.errors import (
 )
 from stream_jobs.settings import Settings
 from tests.integration.conftest import Declare
+from tests.integration.database import fetch_rows
 
 REPORT = "report.build"
 
@@ -36,19 +36,10 @@ class ReportResult(BaseModel):
     square: int
 
 
-async def sql(settings: Settings, statement: str, *args: object) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(settings.database_url,
-                                 server_settings={"search_path": settings.database_schema})
-    try:
-        return list(await conn.fetch(statement, *args))
-    finally:
-        await conn.close()
-
-
 @pytest.fixture
 async def reports(app: App, declare: Declare, settings: Settings) -> App:
     await declare(REPORT, partitions=3, retry_tiers=["1s"], max_attempts=2)
-    await sql(settings, "CREATE TABLE effects (job_id text NOT NULL, n int NOT NULL)")
+    await fetch_rows(settings, "CREATE TABLE effects (job_id text NOT NULL, n int NOT NULL)")
     return app
 
 
@@ -67,7 +58,7 @@ async def test_a_thousand_results_each_read_back(reports: App, settings: Setting
         results = await asyncio.gather(*(client.result(job_id, timeout=5, model=ReportResult)
                                          for job_id in ids))
     assert [r.square for r in results] == [n * n for n in range(1000)]
-    rows = await sql(settings, "SELECT count(*) AS n, min(expires_at - finished_at) AS keep "
+    rows = await fetch_rows(settings, "SELECT count(*) AS n, min(expires_at - finished_at) AS keep "
                                "FROM stream_jobs_results")
     assert rows[0]["n"] == 1000
     assert rows[0]["keep"].total_seconds() == pytest.approx(3600, 1)
@@ -100,7 +91,7 @@ async def test_once_effects_commit_with_the_result_when_the_handler_returns(
         async with ctx.once() as conn:
             await conn.execute("INSERT INTO effects VALUES ($1, $2)", ctx.job_id, job.n)
         # The block has ended but nothing is committed yet: the result joins it.
-        seen = await sql(settings, "SELECT 1 FROM effects WHERE job_id = $1", ctx.job_id)
+        seen = await fetch_rows(settings, "SELECT 1 FROM effects WHERE job_id = $1", ctx.job_id)
         after_block.append("visible" if seen else "not yet")
         if job.n == 3 and ctx.attempt == 1:
             raise RuntimeError("failed after its block: its effect rolls back")
@@ -114,7 +105,7 @@ async def test_once_effects_commit_with_the_result_when_the_handler_returns(
         assert worker.outcomes == {"succeeded": 6, "retried": 1, "duplicate": 1}
         assert [await client.result(i, timeout=5) for i in ids] == [n * 10 for n in range(6)]
     assert set(after_block) == {"not yet"}
-    effects = await sql(settings, "SELECT job_id FROM effects ORDER BY n")
+    effects = await fetch_rows(settings, "SELECT job_id FROM effects ORDER BY n")
     assert [r["job_id"] for r in effects] == ids  # once each, the failed run's rolled back
 
 
@@ -131,7 +122,7 @@ async def test_deferred_writes_commit_with_the_result(reports: App, settings: Se
         ids = await client.enqueue_many([Job(REPORT, Report(n=n)) for n in range(50)])
         await app.worker(REPORT).run(until_idle=True)
         assert [await client.result(i, timeout=5) for i in ids] == [[n] for n in range(50)]
-    assert len(await sql(settings, "SELECT 1 FROM effects")) == 50
+    assert len(await fetch_rows(settings, "SELECT 1 FROM effects")) == 50
 
 
 async def test_a_result_over_the_limit_fails_the_job_and_nothing_commits(
@@ -156,7 +147,7 @@ async def test_a_result_over_the_limit_fails_the_job_and_nothing_commits(
     assert failed.value.state == "failed"
     assert "5,002 bytes as JSON, over the limit of 1,000" in (failed.value.reason or "")
     assert ResultTooLarge.__name__ in (failed.value.reason or "")
-    effects = await sql(settings, "SELECT job_id FROM effects")
+    effects = await fetch_rows(settings, "SELECT job_id FROM effects")
     assert [r["job_id"] for r in effects] == [small]  # the big one's effect never committed
 
 

@@ -29,6 +29,7 @@ from stream_jobs.settings import Settings
 from stream_jobs.testing import JobTester
 from stream_jobs.uniqueness import Enqueued
 from tests.integration.cli_env import settings_env
+from tests.integration.database import fetch_rows
 
 from .conftest import Declare
 
@@ -66,15 +67,6 @@ async def _drain(app: App, job_type: str) -> Worker:
     worker = app.worker(job_type)
     await asyncio.wait_for(worker.run(until_idle=True), 120)
     return worker
-
-
-async def _rows(settings: Settings, sql: str) -> list[Any]:
-    conn = await asyncpg.connect(settings.database_url,
-                                 server_settings={"search_path": settings.database_schema})
-    try:
-        return list(await conn.fetch(sql))
-    finally:
-        await conn.close()
 
 
 async def test_two_producers_racing_on_unique_keys_send_one_job_per_key(
@@ -157,7 +149,7 @@ async def test_a_key_taken_in_a_transaction_that_rolls_back_is_not_taken(
     assert kept != rolled
     assert not inside.sent  # the same transaction's second try finds the key taken
     assert inside == kept
-    outbox = await _rows(settings, "SELECT headers FROM stream_jobs_outbox")
+    outbox = await fetch_rows(settings, "SELECT headers FROM stream_jobs_outbox")
     assert len(outbox) == 1  # the rolled-back job was never written
 
 
@@ -207,7 +199,7 @@ async def test_two_producers_racing_on_debounced_keys_run_one_job_per_key_and_wi
     worker = await _drain(app, "debounce.race")
     assert sorted(ran) == sorted(ids[0] for ids in last.values())
     assert worker.outcomes["superseded"] == 1_000 - len(windows)
-    marked = await _rows(app.settings, "SELECT job_id FROM stream_jobs_superseded")
+    marked = await fetch_rows(app.settings, "SELECT job_id FROM stream_jobs_superseded")
     assert {r["job_id"] for r in marked} == superseded
 
 

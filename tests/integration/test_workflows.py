@@ -23,18 +23,10 @@ from stream_jobs.settings import Settings
 from stream_jobs.workflows import BatchSummary, step_job_id
 from stream_jobs.workflows.members import callback_job_id
 from tests.integration.conftest import Declare
+from tests.integration.database import fetch_rows
 from tests.waiting import until
 
 STEP, MEMBER, DONE = "flow.step", "flow.member", "flow.done"
-
-
-async def sql(settings: Settings, statement: str, *args: object) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(settings.database_url,
-                                 server_settings={"search_path": settings.database_schema})
-    try:
-        return list(await conn.fetch(statement, *args))
-    finally:
-        await conn.close()
 
 
 @pytest.fixture
@@ -42,7 +34,7 @@ async def flows(app: App, declare: Declare, settings: Settings) -> App:
     for job_type in (STEP, MEMBER, DONE):
         await declare(job_type, partitions=3, retry_tiers=["1s"], max_attempts=3)
     # No unique constraints: a callback or step that ran twice would show twice.
-    await sql(settings, "CREATE TABLE ran (job_id text NOT NULL, kind text NOT NULL, "
+    await fetch_rows(settings, "CREATE TABLE ran (job_id text NOT NULL, kind text NOT NULL, "
                         "payload jsonb, at timestamptz NOT NULL DEFAULT clock_timestamp())")
     return app
 
@@ -65,7 +57,7 @@ async def running(app: App, settings: Settings, *types: str) -> AsyncIterator[li
 
 
 async def ran(settings: Settings, kind: str) -> list[asyncpg.Record]:
-    return await sql(settings, "SELECT job_id, payload, at FROM ran WHERE kind = $1 "
+    return await fetch_rows(settings, "SELECT job_id, payload, at FROM ran WHERE kind = $1 "
                                "ORDER BY at", kind)
 
 
@@ -173,7 +165,7 @@ async def test_callbacks_run_once_after_every_member_with_the_counts(
     assert progress.total == 100
     assert progress.pending == 100
     assert (final.succeeded, final.failed, final.state) == (98, 2, "completed")
-    callbacks = await sql(settings, "SELECT job_id, kind, payload FROM ran "
+    callbacks = await fetch_rows(settings, "SELECT job_id, kind, payload FROM ran "
                                     "WHERE kind IN ('success', 'complete')")
     assert [(r["job_id"], r["kind"]) for r in callbacks] == [(ids[1], "complete")]
     summary = Done.model_validate_json(callbacks[0]["payload"]).batch
@@ -207,7 +199,7 @@ async def test_an_all_succeeded_batch_fires_both_and_a_callback_may_start_a_batc
                                    on_success=Job(DONE, Done(album="outer")),
                                    on_complete=Job(DONE, Done(album="outer-complete")))
         await until(lambda: workers[1].outcomes["succeeded"] >= 4, "four callbacks", 90)
-    rows = {r["kind"]: r for r in await sql(settings, "SELECT kind, payload FROM ran "
+    rows = {r["kind"]: r for r in await fetch_rows(settings, "SELECT kind, payload FROM ran "
                                                       "WHERE kind <> 'member'")}
     assert sorted(rows) == ["empty", "inner", "outer", "outer-complete"]
     counts = {kind: Done.model_validate_json(r["payload"]).batch for kind, r in rows.items()}
@@ -284,7 +276,7 @@ async def test_a_cancelled_member_counts_as_finished_and_its_result_says_cancell
         assert await client.result(ids[2], timeout=5) == 2
         final = await client.progress(batch_id)
     assert (final.succeeded, final.failed, final.state) == (2, 1, "completed")
-    rows = await sql(settings, "SELECT kind, payload FROM ran")
+    rows = await fetch_rows(settings, "SELECT kind, payload FROM ran")
     assert [r["kind"] for r in rows] == ["complete"]
     assert Done.model_validate_json(rows[0]["payload"]).batch == BatchSummary(
         id=batch_id, total=3, succeeded=2, failed=1)
