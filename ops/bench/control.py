@@ -21,7 +21,6 @@ drain checks that every job ran once.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -43,6 +42,10 @@ from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.settings import Settings
 
 HEADING = "Cancel, unique jobs, debounce"
+# The section's opening sentence and the figures' prefix (ops/bench/report.py renders it).
+INTRO = ("What cancels, unique keys and debounce cost, side by side in one run "
+         "(ops/bench/control.py says how).")
+PREFIX = "control."
 NOOP, KEYED = "bench.control", "bench.control-keyed"
 ENQ_PLAIN, ENQ_UNIQUE, ENQ_DEBOUNCE = ("bench.control-enq", "bench.control-unique",
                                        "bench.control-debounce")
@@ -181,31 +184,4 @@ RATIOS = [
 ]
 
 
-def section(figures: dict[str, Any], goal_rows: list[list[str]],
-            table: Callable[[list[str], list[list[str]]], str],
-            fmt: Callable[[float], str],
-            ratio_of: Callable[[dict[str, Any], str, str], tuple[float, float, float, str]]
-            ) -> list[str]:
-    """The `## Cancel, unique jobs, debounce` section of RESULTS.md, or nothing."""
-    mine = {k: v for k, v in figures.items() if k.startswith("control.")}
-    if not mine:
-        return []
-    out = [f"## {HEADING}", "",
-           "What cancels, unique keys and debounce cost, side by side in one run "
-           "(ops/bench/control.py says how).", ""]
-    out += [table(["goal", "measured (median)", "spread", "status", "by how much",
-                   "runs meeting it"], goal_rows), ""]
-    rows = []
-    for name, num, den in RATIOS:
-        if num in mine and den in mine:
-            value, low, high, how = ratio_of(figures, num, den)
-            rows.append([name, f"{value:.2f}x", f"{low:.2f}x - {high:.2f}x", how])
-    if rows:
-        out += [table(["ratio", "median", "spread", "spread taken"], rows), ""]
-    rows = [[f["label"], f"{fmt(f['median'])} {f['unit']}", f"{fmt(f['low'])} - "
-             f"{fmt(f['high'])}", str(len(f["values"])), f["note"]] for f in mine.values()]
-    out += [table(["figure", "median", "spread (min - max)", "runs", "notes"], rows), ""]
-    return out
-
-
-__all__ = ["GOALS", "HEADING", "control", "section"]
+__all__ = ["GOALS", "HEADING", "INTRO", "PREFIX", "RATIOS", "control"]

@@ -18,8 +18,7 @@ import asyncio
 import contextlib
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import asyncpg
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -46,6 +45,11 @@ from stream_jobs.record import HEADER_JOB_ID
 from stream_jobs.settings import Settings
 
 HEADING = "Outbox"
+# The section's opening sentence and the figures' prefix (ops/bench/report.py renders it).
+INTRO = ("`enqueue(conn=...)` writes the job in the caller's transaction and a relay "
+         "process moves it to Kafka; measured side by side with direct `enqueue_many` in "
+         "one run (ops/bench/outbox.py says how).")
+PREFIX = "outbox."
 DIRECT, OUTBOX, PACED = "bench.outbox-direct", "bench.outbox", "bench.outbox-paced"
 LATENCY_RATE = 1_000.0
 WRITERS = 16
@@ -216,24 +220,4 @@ def outbox(b: Bench) -> None:
           f"offered {LATENCY_RATE:,.0f}/s for {b.scale.e2e_seconds:g} s")
 
 
-def section(figures: dict[str, Any], goal_rows: list[list[str]],
-            table: Callable[[list[str], list[list[str]]], str],
-            fmt: Callable[[float], str]) -> list[str]:
-    """The `## Outbox` section of RESULTS.md (its goals and figures), or nothing; the
-    report's own helpers render the tables, so it reads as every other section."""
-    mine = {k: v for k, v in figures.items() if k.startswith("outbox.")}
-    if not mine:
-        return []
-    out = [f"## {HEADING}", "",
-           "`enqueue(conn=...)` writes the job in the caller's transaction and a relay "
-           "process moves it to Kafka; measured side by side with direct `enqueue_many` in "
-           "one run (ops/bench/outbox.py says how).", ""]
-    out += [table(["goal", "measured (median)", "spread", "status", "by how much",
-                   "runs meeting it"], goal_rows), ""]
-    rows = [[f["label"], f"{fmt(f['median'])} {f['unit']}", f"{fmt(f['low'])} - "
-             f"{fmt(f['high'])}", str(len(f["values"])), f["note"]] for f in mine.values()]
-    out += [table(["figure", "median", "spread (min - max)", "runs", "notes"], rows), ""]
-    return out
-
-
-__all__ = ["GOALS", "HEADING", "outbox", "section"]
+__all__ = ["GOALS", "HEADING", "INTRO", "PREFIX", "outbox"]

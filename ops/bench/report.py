@@ -10,9 +10,10 @@ import json
 import os
 import statistics
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypedDict
 
 from ops.bench import control as control_bench
@@ -139,18 +140,21 @@ GOALS: list[Goal] = [
     Goal("a firing's handler starts within 1 s of its fire time at p99 (two schedulers)",
          None, "ours.sched_late_p99", "<=", 1000.0, "ms"),
 ]
-# The outbox's goals: in its own section (`BENCH_ONLY=outbox` replaces only that one).
-OUTBOX_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target, unit)
-                for text, num, den, op, target, unit in outbox_bench.GOALS]
-# Results and batches: in their own section too (`BENCH_ONLY=results`).
-RESULTS_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target,
-                      unit) for text, num, den, op, target, unit in results_bench.GOALS]
-# Cancel, unique jobs, debounce: in their own section too (`BENCH_ONLY=control`).
-CONTROL_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target,
-                      unit) for text, num, den, op, target, unit in control_bench.GOALS]
-# JobTester's goals: in its own section too (`BENCH_ONLY=tester`).
-TESTER_GOALS = [Goal(text, (num, den) if den else None, None if den else num, op, target, unit)
-                for text, num, den, op, target, unit in tester_bench.GOALS]
+
+
+def _feature_goals(spec: list[tuple[str, str, str | None, str, float, str]]) -> list[Goal]:
+    """A feature module's GOALS rows (text, figure or numerator, denominator or None, op,
+    target, unit) as `Goal`s."""
+    return [Goal(text, (num, den) if den else None, None if den else num, op, target, unit)
+            for text, num, den, op, target, unit in spec]
+
+
+# The features measured in sections of their own (`BENCH_ONLY=outbox` and so on replace
+# only theirs): the outbox, results and batches, cancel/unique/debounce, JobTester.
+OUTBOX_GOALS = _feature_goals(outbox_bench.GOALS)
+RESULTS_GOALS = _feature_goals(results_bench.GOALS)
+CONTROL_GOALS = _feature_goals(control_bench.GOALS)
+TESTER_GOALS = _feature_goals(tester_bench.GOALS)
 
 # `stream-jobs worker --processes 2` on this 2-core box (ops/bench/processes.py): the second
 # process must add most of a core's worth of jobs, and supervising must cost nothing per job.
@@ -307,6 +311,30 @@ def _profile_section(profile: dict[str, Any]) -> list[str]:
     return out
 
 
+
+def feature_section(figures: dict[str, FigureJSON], feature: ModuleType, goals: list[Goal],
+                    ratios: Sequence[tuple[str, str, str]] = ()) -> list[str]:
+    """The section of one feature module (its HEADING, INTRO and PREFIX): goals, the
+    ratios measured side by side, then every figure; nothing when it was not measured."""
+    mine = {k: v for k, v in figures.items() if k.startswith(feature.PREFIX)}
+    if not mine:
+        return []
+    out = [f"## {feature.HEADING}", "", feature.INTRO, ""]
+    out += [table(["goal", "measured (median)", "spread", "status", "by how much",
+                   "runs meeting it"], goal_rows(figures, goals)), ""]
+    rows = []
+    for name, num, den in ratios:
+        if num in mine and den in mine:
+            value, low, high, how = ratio_of(figures, num, den)
+            rows.append([name, f"{value:.2f}x", f"{low:.2f}x - {high:.2f}x", how])
+    if rows:
+        out += [table(["ratio", "median", "spread", "spread taken"], rows), ""]
+    rows = [[f["label"], f"{fmt(f['median'])} {f['unit']}", f"{fmt(f['low'])} - "
+             f"{fmt(f['high'])}", str(len(f["values"])), f["note"]] for f in mine.values()]
+    out += [table(["figure", "median", "spread (min - max)", "runs", "notes"], rows), ""]
+    return out
+
+
 def render(data: dict[str, Any]) -> str:
     meta = data["meta"]
     figures: dict[str, FigureJSON] = data["figures"]
@@ -374,11 +402,10 @@ def render(data: dict[str, Any]) -> str:
 
         out += processes_section(details["processes"], figures,
                                  data.get("errors", {}).get("processes"))
-    out += outbox_bench.section(figures, goal_rows(figures, OUTBOX_GOALS), table, fmt)
-    out += results_bench.section(figures, goal_rows(figures, RESULTS_GOALS), table, fmt)
-    out += control_bench.section(figures, goal_rows(figures, CONTROL_GOALS), table, fmt,
-                                 ratio_of)
-    out += tester_bench.section(figures, goal_rows(figures, TESTER_GOALS), table, fmt)
+    out += feature_section(figures, outbox_bench, OUTBOX_GOALS)
+    out += feature_section(figures, results_bench, RESULTS_GOALS, results_bench.RATIOS)
+    out += feature_section(figures, control_bench, CONTROL_GOALS, control_bench.RATIOS)
+    out += feature_section(figures, tester_bench, TESTER_GOALS)
     out += ["## Machine and versions", ""]
     rows = [[k, str(v)] for k, v in machine.items()]
     rows += [[k, str(v)] for k, v in meta.get("versions", {}).items()]

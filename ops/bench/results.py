@@ -47,6 +47,10 @@ from stream_jobs.settings import Settings
 from stream_jobs.workflows.finish import Finisher
 
 HEADING = "Results and batches"
+# The section's opening sentence and the figures' prefix (ops/bench/report.py renders it).
+INTRO = ("What `keep_result` and batch membership cost, unused and used, side by side on "
+         "one backlog in one run (ops/bench/results.py says how).")
+PREFIX = "results."
 PLAIN, MEMBERS, CALLBACK = "bench.results", "bench.members", "bench.members-done"
 TABLE = "bench_results_rows"
 CONTENDERS = ["noop", "kept", "deferred", "member"]
@@ -193,31 +197,6 @@ def results(b: Bench) -> None:
 
 
 
-def section(figures: dict[str, Any], goal_rows: list[list[str]],
-            table: Callable[[list[str], list[list[str]]], str],
-            fmt: Callable[[float], str]) -> list[str]:
-    """The `## Results and batches` section of RESULTS.md (its goals, figures and ratios),
-    or nothing; rendered with the report's own helpers."""
-    mine = {k: v for k, v in figures.items() if k.startswith("results.")}
-    if not mine:
-        return []
-    out = [f"## {HEADING}", "",
-           "What `keep_result` and batch membership cost, unused and used, side by side on "
-           "one backlog in one run (ops/bench/results.py says how).", ""]
-    out += [table(["goal", "measured (median)", "spread", "status", "by how much",
-                   "runs meeting it"], goal_rows), ""]
-    rows = [[f["label"], f"{fmt(f['median'])} {f['unit']}", f"{fmt(f['low'])} - "
-             f"{fmt(f['high'])}", str(len(f["values"])), f["note"]] for f in mine.values()]
-    out += [table(["figure", "median", "spread (min - max)", "runs", "notes"], rows), ""]
-    ratios = [(label, num, den) for label, num, den in RATIOS
-              if num in figures and den in figures]
-    if ratios:
-        out += [table(["ratio", "median"],
-                      [[label, f"{figures[num]['median'] / figures[den]['median']:.2f}x"]
-                       for label, num, den in ratios]), ""]
-    return out
-
-
 RATIOS = [
     ("kept result / no-op", "results.kept", "results.noop"),
     ("kept result / one insert through ctx.once_deferred()", "results.kept",
@@ -228,4 +207,4 @@ RATIOS = [
 ]
 
 
-__all__ = ["GOALS", "HEADING", "RATIOS", "results", "section", "unused_cost_us"]
+__all__ = ["GOALS", "HEADING", "INTRO", "PREFIX", "RATIOS", "results", "unused_cost_us"]

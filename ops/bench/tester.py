@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ops.bench.common import (
@@ -36,6 +35,11 @@ from stream_jobs.settings import Settings
 from stream_jobs.testing import JobTester
 
 HEADING = "Handler tests in memory"
+# The section's opening sentence and the figures' prefix (ops/bench/report.py renders it).
+INTRO = ("`JobTester` runs the real worker and relay on an in-memory broker, on virtual "
+         "time; measured side by side with the same work on the real stack in one run "
+         "(ops/bench/tester.py says how).")
+PREFIX = "tester."
 TOUR, NOOP = "bench.tester-tour", "bench.tester-noop"
 GOALS = [  # (text, numerator or figure, denominator or None, op, target, unit)
     ("a handler test with a retry: the real stack takes >= 20x as long as in memory",
@@ -138,23 +142,4 @@ def tester(b: Bench) -> None:
           noop["stack"], f"{n:,} jobs backlog, ordering=key, concurrency 64")
 
 
-def section(figures: dict[str, Any], goal_rows: list[list[str]],
-            table: Callable[[list[str], list[list[str]]], str],
-            fmt: Callable[[float], str]) -> list[str]:
-    """The section of RESULTS.md (its goals and figures), or nothing when not measured."""
-    mine = {k: v for k, v in figures.items() if k.startswith("tester.")}
-    if not mine:
-        return []
-    out = [f"## {HEADING}", "",
-           "`JobTester` runs the real worker and relay on an in-memory broker, on virtual "
-           "time; measured side by side with the same work on the real stack in one run "
-           "(ops/bench/tester.py says how).", ""]
-    out += [table(["goal", "measured (median)", "spread", "status", "by how much",
-                   "runs meeting it"], goal_rows), ""]
-    rows = [[f["label"], f"{fmt(f['median'])} {f['unit']}", f"{fmt(f['low'])} - "
-             f"{fmt(f['high'])}", str(len(f["values"])), f["note"]] for f in mine.values()]
-    out += [table(["figure", "median", "spread (min - max)", "runs", "notes"], rows), ""]
-    return out
-
-
-__all__ = ["GOALS", "HEADING", "section", "tester"]
+__all__ = ["GOALS", "HEADING", "INTRO", "PREFIX", "tester"]
