@@ -41,7 +41,7 @@ UNREACHABLE = (KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, OSErr
 COORDINATOR_MOVING = (GroupCoordinatorNotAvailableError, GroupLoadInProgressError,
                       NotCoordinatorForGroupError)
 _COORDINATOR_MOVING_CODES = frozenset(e.errno for e in COORDINATOR_MOVING)
-# How long `Admin` keeps asking a moving coordinator, between the first pause and the last.
+# `Admin`'s pauses between tries of a moving coordinator: the first, doubling to the longest.
 _FIRST_PAUSE_S, _LONGEST_PAUSE_S = 0.05, 1.0
 
 T = TypeVar("T")
