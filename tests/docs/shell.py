@@ -1,0 +1,246 @@
+"""The manual's shell blocks, run as transcripts on the page's corner of the stack.
+
+- A ```` ```bash ```` block is a list of commands: each runs in order (a line ending in
+  `\\` continues), and each must exit 0. Comments are the reader's.
+- A ```` ```console ```` block is a transcript: `$ command` lines, each followed by the
+  output the page shows for it. The output must match, `...` standing for any text (as
+  doctest's ELLIPSIS), trailing spaces ignored. A command whose shown output does not match
+  yet (a job still running) is run again until it does, for up to `SETTLE_S`.
+- Shell variables set by one command (`id=$(stream-jobs enqueue ...)`) are there for the
+  next ones on the page; `export NAME=value` also sets the page's environment, so the
+  page's Python samples see it as a reader's would.
+- A command that runs until stopped (`stream-jobs worker` without `--until-idle`,
+  `stats --watch`, `serve`, `scheduler`) starts in the background, as in a second
+  terminal; at the page's end it gets Ctrl-C (SIGINT) and must stop cleanly (exit 0).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sybil import Example
+from sybil.parsers.markdown import CodeBlockParser
+
+from tests.docs.page import Page
+
+COMMAND_TIMEOUT_S = 180.0
+SETTLE_S = 60.0
+STOP_TIMEOUT_S = 60.0
+ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=")
+EXPORT = re.compile(r"^\s*export\s+([A-Za-z_][A-Za-z0-9_]*)=")
+
+
+@dataclass
+class Step:
+    """One command of a block and the output the page shows for it (None: not shown)."""
+
+    command: str
+    shown: str | None = None
+    line: int = 0
+
+
+def commands(source: str) -> Iterator[tuple[int, str]]:
+    """A bash block's commands (joined across `\\` line ends), with their line in the block;
+    blank lines and whole-line comments skipped."""
+    pending: list[str] = []
+    start = 0
+    for number, line in enumerate(source.splitlines()):
+        if not pending:
+            start = number
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+        if line.endswith("\\"):
+            pending.append(line)  # bash reads the backslash-newline as a continuation
+            continue
+        pending.append(line)
+        yield start, "\n".join(pending)
+        pending = []
+    if pending:
+        yield start, "\n".join(pending)
+
+
+def bash_steps(source: str) -> list[Step]:
+    return [Step(command, None, line) for line, command in commands(source)]
+
+
+def console_steps(source: str) -> list[Step]:
+    """A console block's `$ ` commands, each with the lines up to the next as its output."""
+    steps: list[Step] = []
+    shown: list[str] = []
+    for number, line in enumerate(source.splitlines()):
+        if line.startswith("$ "):
+            if steps:
+                steps[-1].shown = "\n".join(shown) if shown else None
+            shown = []
+            steps.append(Step(line[2:], None, number))
+        elif steps and steps[-1].command.endswith("\\") and not shown:
+            steps[-1].command += "\n" + line.removeprefix("> ")
+        elif steps:
+            shown.append(line)
+        elif line.strip():
+            raise ValueError(f"a console block starts with a `$ ` command, not {line!r}")
+    if steps:
+        steps[-1].shown = "\n".join(shown).rstrip("\n") if shown else None
+    for step in steps:
+        if step.shown is not None and not step.shown.strip():
+            step.shown = None
+    return steps
+
+
+def pattern_of(shown: str) -> re.Pattern[str]:
+    """The output a page shows as a pattern: `...` is any text, trailing spaces ignored."""
+    lines = [line.rstrip() for line in shown.strip("\n").splitlines()]
+    parts = [re.escape(part) for part in "\n".join(lines).split("...")]
+    return re.compile(".*?".join(parts), re.DOTALL)
+
+
+def matches(shown: str, output: str) -> bool:
+    actual = "\n".join(line.rstrip() for line in output.strip("\n").splitlines())
+    return pattern_of(shown).fullmatch(actual) is not None
+
+
+def runs_until_stopped(command: str) -> bool:
+    """Whether a command runs until Ctrl-C (the CLI's long-running commands)."""
+    try:
+        words = shlex.split(command, comments=True)
+    except ValueError:
+        return False
+    while words and ASSIGNMENT.match(words[0]):
+        words = words[1:]  # NAME=value before the command
+    if not words or Path(words[0]).name != "stream-jobs":
+        return False
+    args = words[1:]
+    if "--until-idle" in args or "--help" in args:
+        return False
+    if args[:1] in (["worker"], ["serve"], ["scheduler"]):
+        return True
+    if args[:2] == ["outbox", "relay"]:
+        return True
+    return args[:1] == ["stats"] and "--watch" in args
+
+
+@dataclass
+class Shell:
+    """A page's shell: its variables, its background commands, its environment."""
+
+    page: Page
+    state: Path
+    background: list[tuple[str, subprocess.Popen[bytes], Path]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, page: Page) -> Shell:
+        shell = page.namespace.get("_shell")
+        if shell is None:
+            shell = cls(page, page.workdir / "shell-state.sh")
+            shell.state.write_text("")
+            page.namespace["_shell"] = shell
+            page.on_close(shell.stop_background)
+        assert isinstance(shell, Shell)
+        return shell
+
+    def script(self, command: str) -> str:
+        names = sorted({m.group(1) for line in command.splitlines()
+                        if (m := ASSIGNMENT.match(line))})
+        keep = "".join(f'declare -p {name} >> "{self.state}" 2>/dev/null\n' for name in names)
+        return (f'set -o pipefail\nsource "{self.state}"\n{command}\n__status=$?\n'
+                f"{keep}exit $__status\n")
+
+    def environment(self) -> dict[str, str]:
+        """The page's environment, with the project's virtualenv first on PATH (a reader
+        has it activated) and output sized as a terminal's."""
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        return {**os.environ, "PATH": path, "COLUMNS": "120", "NO_COLOR": "1",
+                "TERM": "dumb"}
+
+    def run(self, step: Step, where: str) -> None:
+        if runs_until_stopped(step.command):
+            self.start(step.command, where)
+            return
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            done = subprocess.run(["bash", "-c", self.script(step.command)],
+                                  cwd=self.page.cwd, env=self.environment(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  timeout=COMMAND_TIMEOUT_S, check=False)
+            output = done.stdout.decode(errors="replace")
+            if done.returncode != 0:
+                raise AssertionError(f"{where}: `{step.command}` exited {done.returncode}:\n"
+                                     f"{output}")
+            if step.shown is None or matches(step.shown, output):
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{where}: `{step.command}` printed\n{output}\n"
+                                     f"which is not what the page shows:\n{step.shown}")
+            time.sleep(0.5)  # the shown output is a state still coming (a job in a handler)
+        for line in step.command.splitlines():
+            if (exported := EXPORT.match(line)) is not None:
+                self.export(exported.group(1))
+
+    def export(self, name: str) -> None:
+        """Give the page's environment a variable the page exported."""
+        done = subprocess.run(["bash", "-c", f'source "{self.state}"; printf %s "${name}"'],
+                              env=self.environment(), capture_output=True, check=True)
+        self.page.use_env(**{name: done.stdout.decode()})
+
+    def start(self, command: str, where: str) -> None:
+        log = self.page.workdir / f"background-{len(self.background)}.log"
+        with log.open("wb") as out:
+            # A session of its own: Ctrl-C reaches the command's whole process group, as a
+            # terminal's would.
+            process = subprocess.Popen(["bash", "-c", self.script(command)],
+                                       cwd=self.page.cwd, env=self.environment(),
+                                       stdout=out, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        self.background.append((f"{where}: `{command}`", process, log))
+
+    def stop_background(self) -> None:
+        """Ctrl-C each background command, newest first; each must stop with exit 0."""
+        failures = []
+        for what, process, log in reversed(self.background):
+            started_by = time.monotonic() + STOP_TIMEOUT_S
+            # A reader presses Ctrl-C after the command said it runs, not while Python starts.
+            while process.poll() is None and not log.stat().st_size:
+                if time.monotonic() > started_by:
+                    break
+                time.sleep(0.1)
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGINT)
+            try:
+                code = process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                code = process.wait()
+                failures.append(f"{what} did not stop within {STOP_TIMEOUT_S:g} s of Ctrl-C:\n"
+                                f"{log.read_text(errors='replace')}")
+                continue
+            if code != 0:
+                failures.append(f"{what} exited {code}:\n{log.read_text(errors='replace')}")
+        self.background.clear()
+        if failures:
+            raise AssertionError("\n".join(failures))
+
+
+def run_shell(example: Example) -> None:
+    """Run a bash or console block's commands in the page's shell."""
+    __tracebackhide__ = True
+    page: Page = example.namespace["page"]
+    language = str(example.region.lexemes.get("arguments", "")).split()[0]
+    source = str(example.parsed)
+    steps = console_steps(source) if language == "console" else bash_steps(source)
+    shell = Shell.of(page)
+    for step in steps:
+        shell.run(step, f"{Path(example.path).name}:{example.line + 1 + step.line}")
+
+
+def shell_samples() -> list[CodeBlockParser]:
+    return [CodeBlockParser(language=language, evaluator=run_shell)
+            for language in ("bash", "console")]
