@@ -114,11 +114,12 @@ def count(reports: dict[str, list[Any]]) -> dict[str, Counter[str]]:
                 continue
             if outcome == "passed" and report.when != "call":
                 continue
+            counted = outcome
             if outcome == "skipped":
                 reason = str(report.longrepr[2] if isinstance(report.longrepr, tuple)
                              else report.longrepr)
-                outcome = "fragment" if f"{FRAGMENT}:" in reason else "skipped"
-            counts.setdefault(kind, Counter())[outcome] += 1
+                counted = "fragment" if f"{FRAGMENT}:" in reason else "skipped"
+            counts.setdefault(kind, Counter())[counted] += 1
     return counts
 
 
