@@ -9,6 +9,12 @@
 - Shell variables set by one command (`id=$(stream-jobs enqueue ...)`) are there for the
   next ones on the page; `export NAME=value` also sets the page's environment, so the
   page's Python samples see it as a reader's would.
+- A page that has the reader choose a corner of the stack of their own (`export
+  STREAM_JOBS_TOPIC_PREFIX=tour`, `..._DATABASE_SCHEMA`, or the stack's addresses
+  `..._KAFKA_BOOTSTRAP`, `..._DATABASE_URL`) keeps the page's values in the test: the
+  reader picks a name, the test a fresh one, so no two runs share topics, groups or
+  tables. Only a line that is that export alone is read so (see `placed`), and a page
+  shows no output that depends on the name (`...` stands for it).
 - A command that runs until stopped (`stream-jobs worker` without `--until-idle`,
   `stats --watch`, `serve`, `scheduler`) starts in the background, as in a second
   terminal; at the page's end it gets Ctrl-C (SIGINT) and must stop cleanly (exit 0).
@@ -23,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +43,9 @@ SETTLE_S = 60.0
 STOP_TIMEOUT_S = 60.0
 ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=")
 EXPORT = re.compile(r"^\s*export\s+([A-Za-z_][A-Za-z0-9_]*)=")
+# The settings that place a page on the stack: its own in the test, whatever the page says.
+PLACING = ("STREAM_JOBS_TOPIC_PREFIX", "STREAM_JOBS_DATABASE_SCHEMA",
+           "STREAM_JOBS_KAFKA_BOOTSTRAP", "STREAM_JOBS_DATABASE_URL")
 
 
 @dataclass
@@ -108,6 +117,24 @@ def matches(shown: str, output: str) -> bool:
     return pattern_of(shown).fullmatch(actual) is not None
 
 
+def placed(command: str, values: Mapping[str, str]) -> str:
+    """`command` with every line that is only `export NAME=value` (a comment after it
+    allowed) of a name in `values` made to export `values[NAME]` instead."""
+    lines = []
+    for line in command.splitlines():
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            words = []
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            name = words[1].split("=", 1)[0]
+            if name in values:
+                indent = line[: len(line) - len(line.lstrip())]
+                line = f"{indent}export {name}={shlex.quote(values[name])}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def runs_until_stopped(command: str) -> bool:
     """Whether a command runs until Ctrl-C (the CLI's long-running commands)."""
     try:
@@ -148,6 +175,8 @@ class Shell:
         return shell
 
     def script(self, command: str) -> str:
+        command = placed(command, {name: self.page.env[name] for name in PLACING
+                                   if name in self.page.env})
         names = sorted({m.group(1) for line in command.splitlines()
                         if (m := ASSIGNMENT.match(line))})
         keep = "".join(f'declare -p {name} >> "{self.state}" 2>/dev/null\n' for name in names)
