@@ -17,7 +17,9 @@
   shows no output that depends on the name (`...` stands for it).
 - A command that runs until stopped (`stream-jobs worker` without `--until-idle`,
   `stats --watch`, `serve`, `scheduler`) starts in the background, as in a second
-  terminal; at the page's end it gets Ctrl-C (SIGINT) and must stop cleanly (exit 0).
+  terminal; at the page's end it gets Ctrl-C (SIGINT) and must stop cleanly (exit 0). In a
+  console block, the output shown under it is what it printed by then, from its start to
+  its last line (`...` for the log lines a reader would skim).
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ from tests.docs.page import Page
 COMMAND_TIMEOUT_S = 180.0
 SETTLE_S = 60.0
 STOP_TIMEOUT_S = 60.0
+# A reader presses Ctrl-C once a command has said it runs, or has had this long to start
+# (one that prints nothing until it stops, as `stats --watch` into a file).
+START_S = 15.0
 ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=")
 EXPORT = re.compile(r"^\s*export\s+([A-Za-z_][A-Za-z0-9_]*)=")
 # The settings that place a page on the stack: its own in the test, whatever the page says.
@@ -156,12 +161,24 @@ def runs_until_stopped(command: str) -> bool:
 
 
 @dataclass
+class Background:
+    """A command running until stopped: where the page started it, its log, what the page
+    shows it printed (checked once it stopped)."""
+
+    where: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    shown: str | None = None
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass
 class Shell:
     """A page's shell: its variables, its background commands, its environment."""
 
     page: Page
     state: Path
-    background: list[tuple[str, subprocess.Popen[bytes], Path]] = field(default_factory=list)
+    background: list[Background] = field(default_factory=list)
 
     @classmethod
     def of(cls, page: Page) -> Shell:
@@ -192,7 +209,7 @@ class Shell:
 
     def run(self, step: Step, where: str) -> None:
         if runs_until_stopped(step.command):
-            self.start(step.command, where)
+            self.start(step, where)
             return
         deadline = time.monotonic() + SETTLE_S
         while True:
@@ -220,26 +237,28 @@ class Shell:
                               env=self.environment(), capture_output=True, check=True)
         self.page.use_env(**{name: done.stdout.decode()})
 
-    def start(self, command: str, where: str) -> None:
+    def start(self, step: Step, where: str) -> None:
         log = self.page.workdir / f"background-{len(self.background)}.log"
         with log.open("wb") as out:
             # A session of its own: Ctrl-C reaches the command's whole process group, as a
             # terminal's would.
-            process = subprocess.Popen(["bash", "-c", self.script(command)],
+            process = subprocess.Popen(["bash", "-c", self.script(step.command)],
                                        cwd=self.page.cwd, env=self.environment(),
                                        stdout=out, stderr=subprocess.STDOUT,
                                        start_new_session=True)
-        self.background.append((f"{where}: `{command}`", process, log))
+        self.background.append(Background(f"{where}: `{step.command}`", process, log,
+                                          step.shown))
 
     def stop_background(self) -> None:
-        """Ctrl-C each background command, newest first; each must stop with exit 0."""
+        """Ctrl-C each background command, newest first; each must stop with exit 0 and
+        have printed what the page shows."""
         failures = []
-        for what, process, log in reversed(self.background):
-            started_by = time.monotonic() + STOP_TIMEOUT_S
-            # A reader presses Ctrl-C after the command said it runs, not while Python starts.
-            while process.poll() is None and not log.stat().st_size:
-                if time.monotonic() > started_by:
-                    break
+        for command in reversed(self.background):
+            what, process, log = command.where, command.process, command.log
+            # Ctrl-C after the command said it runs (or had START_S to), not while Python
+            # starts: a reader waits for the prompt's answer.
+            while (process.poll() is None and not log.stat().st_size
+                   and time.monotonic() < command.started + START_S):
                 time.sleep(0.1)
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGINT)
@@ -251,8 +270,12 @@ class Shell:
                 failures.append(f"{what} did not stop within {STOP_TIMEOUT_S:g} s of Ctrl-C:\n"
                                 f"{log.read_text(errors='replace')}")
                 continue
+            output = log.read_text(errors="replace")
             if code != 0:
-                failures.append(f"{what} exited {code}:\n{log.read_text(errors='replace')}")
+                failures.append(f"{what} exited {code}:\n{output}")
+            elif command.shown is not None and not matches(command.shown, output):
+                failures.append(f"{what} printed\n{output}\nwhich is not what the page "
+                                f"shows:\n{command.shown}")
         self.background.clear()
         if failures:
             raise AssertionError("\n".join(failures))
