@@ -213,14 +213,9 @@ class Shell:
             return
         deadline = time.monotonic() + SETTLE_S
         while True:
-            done = subprocess.run(["bash", "-c", self.script(step.command)],
-                                  cwd=self.page.cwd, env=self.environment(),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  timeout=COMMAND_TIMEOUT_S, check=False)
-            output = done.stdout.decode(errors="replace")
-            if done.returncode != 0:
-                raise AssertionError(f"{where}: `{step.command}` exited {done.returncode}:\n"
-                                     f"{output}")
+            code, output = self.execute(step.command)
+            if code != 0:
+                raise AssertionError(f"{where}: `{step.command}` exited {code}:\n{output}")
             if step.shown is None or matches(step.shown, output):
                 break
             if time.monotonic() > deadline:
@@ -230,6 +225,14 @@ class Shell:
         for line in step.command.splitlines():
             if (exported := EXPORT.match(line)) is not None:
                 self.export(exported.group(1))
+
+    def execute(self, command: str) -> tuple[int, str]:
+        """Run `command` to its end in the page's shell: its exit code, and what it printed
+        (stdout and stderr, as a terminal shows them)."""
+        done = subprocess.run(["bash", "-c", self.script(command)], cwd=self.page.cwd,
+                              env=self.environment(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=COMMAND_TIMEOUT_S, check=False)
+        return done.returncode, done.stdout.decode(errors="replace")
 
     def export(self, name: str) -> None:
         """Give the page's environment a variable the page exported."""
@@ -279,6 +282,15 @@ class Shell:
         self.background.clear()
         if failures:
             raise AssertionError("\n".join(failures))
+
+
+def shell_output(page: Page, command: str) -> str:
+    """What `command` prints in `page`'s shell, with the variables its blocks set: for a
+    hidden block's check of what a page's commands did. It must exit 0."""
+    code, output = Shell.of(page).execute(command)
+    if code != 0:
+        raise AssertionError(f"`{command}` exited {code}:\n{output}")
+    return output
 
 
 def run_shell(example: Example) -> None:
