@@ -293,6 +293,23 @@ def shell_output(page: Page, command: str) -> str:
     return output
 
 
+def background_lines(page: Page, containing: str) -> list[str]:
+    """The lines `page`'s background commands printed that contain `containing`, once at
+    least one has (waiting up to SETTLE_S, as a console block's output does): for a hidden
+    block's check of what a worker logged."""
+    logs = [command.log for command in Shell.of(page).background]
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        found = [line for log in logs for line in log.read_text(errors="replace").splitlines()
+                 if containing in line]
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no background command of the page printed {containing!r} "
+                                 f"within {SETTLE_S:g} s")
+        time.sleep(0.5)  # a worker logs as it goes: the line is still coming
+
+
 def run_shell(example: Example) -> None:
     """Run a bash or console block's commands in the page's shell."""
     __tracebackhide__ = True
