@@ -16,10 +16,11 @@
   tables. Only a line that is that export alone is read so (see `placed`), and a page
   shows no output that depends on the name (`...` stands for it).
 - A command that runs until stopped (`stream-jobs worker` without `--until-idle`,
-  `stats --watch`, `serve`, `scheduler`) starts in the background, as in a second
-  terminal; at the page's end it gets Ctrl-C (SIGINT) and must stop cleanly (exit 0). In a
-  console block, the output shown under it is what it printed by then, from its start to
-  its last line (`...` for the log lines a reader would skim).
+  `stats --watch`, `serve`, `scheduler`, `outbox relay`; alone, not joined to another by
+  `||` or `|`) starts in the background, as in a second terminal; at the page's end it
+  gets Ctrl-C (SIGINT) and must stop cleanly (exit 0). In a console block, the output
+  shown under it is what it printed by then, from its start to its last line (`...` for
+  the log lines a reader would skim).
 """
 
 from __future__ import annotations
@@ -141,10 +142,16 @@ def placed(command: str, values: Mapping[str, str]) -> str:
 
 
 def runs_until_stopped(command: str) -> bool:
-    """Whether a command runs until Ctrl-C (the CLI's long-running commands)."""
+    """Whether a command runs until Ctrl-C (the CLI's long-running commands). One joined
+    to others (`||`, `&&`, `;`, `|`: `stream-jobs worker APP -t nope || echo $?`) is run to
+    its end: the page shows it ending."""
     try:
-        words = shlex.split(command, comments=True)
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words = list(lexer)
     except ValueError:
+        return False
+    if any(set(word) <= set("|&;") for word in words):
         return False
     while words and ASSIGNMENT.match(words[0]):
         words = words[1:]  # NAME=value before the command

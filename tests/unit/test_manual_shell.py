@@ -112,6 +112,7 @@ def test_trailing_spaces_and_blank_lines_around_the_output_do_not_count() -> Non
     "stream-jobs scheduler consumers.mail:app",
     "stream-jobs outbox relay",
     "stream-jobs stats --watch --interval 2",
+    "stream-jobs worker consumers.mail:app 2>&1",
 ])
 def test_the_long_running_commands_run_until_stopped(command: str) -> None:
     assert runs_until_stopped(command)
@@ -127,6 +128,11 @@ def test_the_long_running_commands_run_until_stopped(command: str) -> None:
     "echo stream-jobs worker",
     "stream-jobs worker 'unbalanced",
     "",
+    # joined to another command: the page shows it ending (a refusal, say)
+    'stream-jobs worker consumers.demo:app --type nope || echo "exit code $?"',
+    "stream-jobs worker consumers.demo:app --type nope; echo $?",
+    "stream-jobs stats --watch | head -n 20",
+    "stream-jobs worker consumers.mail:app && echo stopped",
 ])
 def test_other_commands_run_to_their_end(command: str) -> None:
     assert not runs_until_stopped(command)
