@@ -21,6 +21,11 @@
   gets Ctrl-C (SIGINT) and must stop cleanly (exit 0). In a console block, the output
   shown under it is what it printed by then, from its start to its last line (`...` for
   the log lines a reader would skim).
+- A console block can also stop such a command where it stands, as a reader at the
+  terminal does: a `^C` line in its output means "once it printed what is shown above
+  this line, press Ctrl-C"; it must then stop with exit 0 and have printed, in all, what
+  is shown above and below the `^C` (see `interrupted`). The next command runs after it
+  stopped.
 """
 
 from __future__ import annotations
@@ -141,6 +146,23 @@ def placed(command: str, values: Mapping[str, str]) -> str:
     return "\n".join(lines)
 
 
+INTERRUPT = "^C"
+
+
+def interrupted(shown: str | None) -> tuple[str, str] | None:
+    """The output a console block shows before and after its `^C` line (Ctrl-C pressed
+    there), or None when it shows none."""
+    if shown is None:
+        return None
+    lines = shown.splitlines()
+    marks = [number for number, line in enumerate(lines) if line.strip() == INTERRUPT]
+    if not marks:
+        return None
+    if len(marks) > 1:
+        raise ValueError(f"one Ctrl-C stops a command; the output shows {len(marks)}")
+    return "\n".join(lines[:marks[0]]), "\n".join(lines[marks[0] + 1:])
+
+
 def runs_until_stopped(command: str) -> bool:
     """Whether a command runs until Ctrl-C (the CLI's long-running commands). One joined
     to others (`||`, `&&`, `;`, `|`: `stream-jobs worker APP -t nope || echo $?`) is run to
@@ -215,6 +237,10 @@ class Shell:
                 "TERM": "dumb"}
 
     def run(self, step: Step, where: str) -> None:
+        stop_at = interrupted(step.shown)
+        if stop_at is not None:
+            self.interrupt(step.command, where, *stop_at)
+            return
         if runs_until_stopped(step.command):
             self.start(step, where)
             return
@@ -259,33 +285,58 @@ class Shell:
         self.background.append(Background(f"{where}: `{step.command}`", process, log,
                                           step.shown))
 
+    def interrupt(self, command: str, where: str, before: str, after: str) -> None:
+        """Run `command` until it printed `before`, press Ctrl-C, and check it stopped with
+        exit 0 having printed `before` then `after`."""
+        self.start(Step(command), where)
+        running = self.background.pop()
+        running.shown = "\n".join(part for part in (before, after) if part.strip()) or None
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            output = running.log.read_text(errors="replace")
+            if output and matches(f"{before}...", output):
+                break
+            if running.process.poll() is not None or time.monotonic() > deadline:
+                if running.process.poll() is None:
+                    os.killpg(running.process.pid, signal.SIGKILL)
+                    running.process.wait()
+                raise AssertionError(f"{running.where} printed\n{output}\nwhich is not what "
+                                     f"the page shows before ^C:\n{before}")
+            time.sleep(0.2)  # the command is still starting: a reader waits for its lines
+        failure = self.stop(running)
+        if failure is not None:
+            raise AssertionError(failure)
+
+    def stop(self, command: Background) -> str | None:
+        """Ctrl-C `command`; what went wrong, if it did not stop with exit 0 having printed
+        what the page shows."""
+        what, process, log = command.where, command.process, command.log
+        # Ctrl-C after the command said it runs (or had START_S to), not while Python
+        # starts: a reader waits for the prompt's answer.
+        while (process.poll() is None and not log.stat().st_size
+               and time.monotonic() < command.started + START_S):
+            time.sleep(0.1)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)
+        try:
+            code = process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            return (f"{what} did not stop within {STOP_TIMEOUT_S:g} s of Ctrl-C:\n"
+                    f"{log.read_text(errors='replace')}")
+        output = log.read_text(errors="replace")
+        if code != 0:
+            return f"{what} exited {code}:\n{output}"
+        if command.shown is not None and not matches(command.shown, output):
+            return f"{what} printed\n{output}\nwhich is not what the page shows:\n{command.shown}"
+        return None
+
     def stop_background(self) -> None:
         """Ctrl-C each background command, newest first; each must stop with exit 0 and
         have printed what the page shows."""
-        failures = []
-        for command in reversed(self.background):
-            what, process, log = command.where, command.process, command.log
-            # Ctrl-C after the command said it runs (or had START_S to), not while Python
-            # starts: a reader waits for the prompt's answer.
-            while (process.poll() is None and not log.stat().st_size
-                   and time.monotonic() < command.started + START_S):
-                time.sleep(0.1)
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGINT)
-            try:
-                code = process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                code = process.wait()
-                failures.append(f"{what} did not stop within {STOP_TIMEOUT_S:g} s of Ctrl-C:\n"
-                                f"{log.read_text(errors='replace')}")
-                continue
-            output = log.read_text(errors="replace")
-            if code != 0:
-                failures.append(f"{what} exited {code}:\n{output}")
-            elif command.shown is not None and not matches(command.shown, output):
-                failures.append(f"{what} printed\n{output}\nwhich is not what the page "
-                                f"shows:\n{command.shown}")
+        failures = [failure for command in reversed(self.background)
+                    if (failure := self.stop(command)) is not None]
         self.background.clear()
         if failures:
             raise AssertionError("\n".join(failures))

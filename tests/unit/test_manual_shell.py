@@ -11,6 +11,7 @@ from tests.docs.shell import (
     bash_steps,
     commands,
     console_steps,
+    interrupted,
     matches,
     pattern_of,
     placed,
@@ -101,6 +102,24 @@ def test_three_dots_span_lines_and_the_whole_output_must_match() -> None:
 def test_trailing_spaces_and_blank_lines_around_the_output_do_not_count() -> None:
     assert matches("line one\nline two", "\nline one   \nline two\n\n")
     assert pattern_of("a   \n").pattern == "a"
+
+
+def test_a_ctrl_c_line_splits_what_a_command_prints_before_and_after_it() -> None:
+    [step] = console_steps("$ stream-jobs worker consumers.mail:app\n"
+                           "worker for email.send on ...\n"
+                           "^C\n"
+                           "...\n"
+                           "stopped: no jobs\n")
+    assert interrupted(step.shown) == ("worker for email.send on ...", "...\nstopped: no jobs")
+    assert interrupted("^C\nstopped: no jobs") == ("", "stopped: no jobs")
+    assert interrupted("stopped: no jobs") is None
+    assert interrupted(None) is None
+    assert interrupted("echo ^C in a line") is None
+
+
+def test_one_ctrl_c_stops_a_command() -> None:
+    with pytest.raises(ValueError, match="one Ctrl-C"):
+        interrupted("a\n^C\nb\n^C\n")
 
 
 @pytest.mark.parametrize("command", [
