@@ -25,7 +25,13 @@
   terminal does: a `^C` line in its output means "once it printed what is shown above
   this line, press Ctrl-C"; it must then stop with exit 0 and have printed, in all, what
   is shown above and below the `^C` (see `interrupted`). The next command runs after it
-  stopped.
+  stopped. A reader's Ctrl-C comes once the command has said it runs: a background
+  command still silent at the page's end gets it after `START_S`.
+- Commands run from the repository's root with the project's virtualenv first on `PATH`,
+  stdout and stderr together, in a terminal 120 columns wide without colour.
+- A page's hidden blocks check what its commands did with `shell_output(page, command)`
+  (what a command prints in the page's shell, with its variables) and
+  `background_lines(page, text)` (lines a background command printed, e.g. a worker's log).
 """
 
 from __future__ import annotations
