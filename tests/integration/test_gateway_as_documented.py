@@ -1,12 +1,15 @@
 """`stream-jobs serve` as the manual shows it, in a process of its own on loopback: every
-curl line of README.md and docs/ runs as written, and a cancel takes its JSON body
-whatever Content-Type `curl -d` gives it (never without the token).
+curl line of README.md and docs/ runs as written, a cancel takes its JSON body whatever
+Content-Type `curl -d` gives it (never without the token), and the API browser at /docs
+works with the network off.
 
-curl is the machine's own; the tests that need it are skipped, saying so, without it.
+The browser is Debian's `chromium` driven by playwright (as in test_gateway_served.py);
+curl is the machine's own. Each is skipped, saying so, where it is missing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,7 +21,9 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 import pytest
@@ -36,6 +41,13 @@ TOKEN = "documented-gw-token-3c9d"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 PAGES_PORT = 8080  # the port the pages' samples use; the served one takes its place
 CURL = shutil.which("curl")
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+# The browser reaches the gateway by a name, as on a private network: Swagger UI treats
+# a spec on `localhost` or `127.0.0.1` differently (no online validator badge).
+GATEWAY_NAME = "gateway.test"
 POLL_S = 0.1
 
 
@@ -201,3 +213,83 @@ def test_cancel_takes_its_json_body_whatever_the_content_type(served: Served) ->
     form = httpx.post(cancel, headers=AUTH, data={"reason": "a form"}, timeout=30)
     assert form.status_code == 422, form.text
     assert form.json()["detail"][0]["type"] == "json_invalid"
+
+
+# -- the API browser, offline --------------------------------------------------------------
+
+
+class _References(HTMLParser):
+    """The URLs a page's tags load: src and href."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.urls += [value for name, value in attrs if name in ("src", "href") and value]
+
+
+def test_api_docs_page_loads_nothing_from_outside_the_gateway(served: Served) -> None:
+    page = httpx.get(f"{served.url}/docs", timeout=30)
+    assert page.status_code == 200, page.text
+    outside = [url for url in re.findall(r"https?://[^\s\"'<>)]+", page.text)
+               if not url.startswith(served.url + "/")]
+    assert outside == [], f"/docs references URLs outside the gateway: {outside}"
+    references = _References()
+    references.feed(page.text)
+    kinds = set()
+    for url in references.urls:
+        asset = httpx.get(urljoin(f"{served.url}/docs", url), timeout=30)
+        assert asset.status_code == 200, f"{url}: {asset.status_code}"
+        kinds.add(asset.headers["content-type"].split(";")[0])
+    assert {"text/javascript", "text/css", "image/png"} <= kinds, kinds
+    # One API browser, served offline; ReDoc is off (docs/gateway.md says why).
+    assert httpx.get(f"{served.url}/redoc", timeout=30).status_code == 404
+
+
+def _artifacts() -> Path:
+    """Where screenshots are kept: `$STREAM_JOBS_STACK_DIR/artifacts/` (default `.stack/`)."""
+    folder = Path(os.environ.get("STREAM_JOBS_STACK_DIR", REPO / ".stack")) / "artifacts"
+    if not folder.is_absolute():
+        folder = REPO / folder
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium "
+                    "(ops/setup-system.sh installs it)")
+async def test_api_docs_render_with_the_network_off(served: Served) -> None:
+    from playwright.async_api import Route, async_playwright
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+    gateway = f"{GATEWAY_NAME}:{served.port}"
+    left: list[str] = []
+
+    async def only_the_gateway(route: Route) -> None:
+        parts = urlsplit(route.request.url)
+        if parts.scheme in ("data", "blob") or parts.netloc == gateway:
+            await route.continue_()
+        else:
+            left.append(route.request.url)
+            await route.abort("internetdisconnected")
+
+    async with async_playwright() as driver:
+        browser = await driver.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=[*CHROMIUM_ARGS, f"--host-resolver-rules=MAP {GATEWAY_NAME} 127.0.0.1"])
+        try:
+            context = await browser.new_context()
+            await context.route("**/*", only_the_gateway)
+            page = await context.new_page()
+            await page.goto(f"http://{gateway}/docs")
+            enqueue = page.locator('.opblock-post [data-path="/jobs/{type}"]')
+            with contextlib.suppress(PlaywrightTimeout):  # said below, after what left
+                await enqueue.wait_for(timeout=20_000)
+            await page.wait_for_load_state("networkidle")
+            assert left == [], f"requests left the gateway: {left}"
+            assert await enqueue.count() == 1, "Swagger UI did not list POST /jobs/{type}"
+            assert await page.locator(".opblock").count() >= 8
+            await page.screenshot(path=str(_artifacts() / "api-docs-offline.png"),
+                                  full_page=True)
+        finally:
+            await browser.close()
