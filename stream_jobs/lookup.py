@@ -5,8 +5,9 @@ that whatever Kafka still holds), the dedup table (a row means the job's `ctx.on
 transaction committed: done) and its row of `stream_jobs_results` if it keeps one (its
 result, or how it ended without one: docs/results.md), then a bounded scan of the type's
 lanes, delay tiers and DLQ for records carrying the job ID. The latest sighting tells
-where the job is: dead-lettered, waiting in a tier, waiting (or running) in a lane, or
-finished in its lane without a dedup row.
+where the job is: dead-lettered, waiting in a tier (for a retry, or, never having failed,
+for the delay it was enqueued with), waiting (or running) in a lane, or finished in its
+lane without a dedup row.
 
 Cost: the scan reads every record (payloads included) written to those topics since the
 job ID's creation time less a minute of clock slack (UUIDv7 IDs carry it), and at most
@@ -49,8 +50,8 @@ from stream_jobs.record import (
 from stream_jobs.results import StoredResult
 from stream_jobs.settings import Settings
 
-Status = Literal["done", "dead_lettered", "retrying", "pending", "finished", "not_seen",
-                 "cancelled", "superseded"]
+Status = Literal["done", "dead_lettered", "retrying", "scheduled", "pending", "finished",
+                 "not_seen", "cancelled", "superseded"]
 
 DEFAULT_MAX_RECORDS_PER_TOPIC = 100_000
 # Producers', workers' and brokers' clocks disagree a little; look this much earlier.
@@ -122,6 +123,10 @@ class JobLocation:
             due = _iso(last.not_before_ms) if last.not_before_ms else "when due"
             return (f"{job} waits in delay tier {last.name} ({where}) for attempt "
                     f"{last.attempt}, due {due}.")
+        if self.status == "scheduled":
+            due = _iso(last.not_before_ms) if last.not_before_ms else "when due"
+            return (f"{job} waits in delay tier {last.name} ({where}) for its first attempt, "
+                    f"due {due}: it was enqueued with a delay.")
         if self.status == "pending":
             return f"{job} waits in its {last.name} lane, or is running ({where})."
         return (f"{job} left its {last.name} lane after attempt {last.attempt} ({where}) "
@@ -210,8 +215,12 @@ def judge(sightings: Iterable[Sighting]) -> tuple[Status, Sighting | None]:
     if last.role == "dlq":
         return "dead_lettered", last
     if last.role == "tier":
-        # Committed by the relay: released to its lane, where the scan may not reach yet.
-        return ("pending" if last.behind_commit else "retrying"), last
+        if last.behind_commit:
+            # Committed by the relay: released to its lane, where the scan may not reach yet.
+            return "pending", last
+        # A retry carries its failure; a first attempt without one waits for its delay.
+        delayed = last.failure is None and last.attempt == 1
+        return ("scheduled" if delayed else "retrying"), last
     return ("finished" if last.behind_commit else "pending"), last
 
 
@@ -234,7 +243,8 @@ def capped(ranges: Sequence[scan.PartitionRange], max_records: int
 async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job_id: str, *,
                      job_type: str | None = None,
                      max_records_per_topic: int = DEFAULT_MAX_RECORDS_PER_TOPIC) -> JobLocation:
-    """Where `job_id` is: done, dead-lettered, retrying, pending, finished or not seen.
+    """Where `job_id` is: done, dead-lettered, retrying, scheduled, pending, finished,
+    cancelled, superseded or not seen.
 
     `job_type` narrows the scan to one type (UnknownJobType if undeclared). Postgres
     being unreachable is a note, not an error: the topics still tell most of the story.
