@@ -27,8 +27,8 @@ status_console = Console(stderr=True)
 OUTBOX_ALERT_AGE_S = 60.0
 
 _STATUS_STYLE = {"done": "green", "finished": "green", "pending": "cyan", "retrying": "yellow",
-                 "dead_lettered": "red", "not_seen": "magenta", "cancelled": "yellow",
-                 "superseded": "dim"}
+                 "scheduled": "cyan", "dead_lettered": "red", "not_seen": "magenta",
+                 "cancelled": "yellow", "superseded": "dim"}
 
 
 def stats(

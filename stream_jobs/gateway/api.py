@@ -135,8 +135,8 @@ class RequeueOut(BaseModel):
 
 class JobOut(BaseModel):
     job_id: str
-    status: str = Field(description="done, dead_lettered, retrying, pending, finished, "
-                        "cancelled, superseded or not_seen.")
+    status: str = Field(description="done, dead_lettered, retrying, scheduled, pending, "
+                        "finished, cancelled, superseded or not_seen.")
     summary: str
     job_type: str | None
     attempt: int | None
@@ -278,7 +278,8 @@ async def job(gateway: GatewayDep,
               job_type: Annotated[str | None, Query(alias="type", max_length=249)] = None,
               max_records: Annotated[int, Query(ge=1, le=1_000_000)]
               = DEFAULT_MAX_RECORDS_PER_TOPIC) -> JobOut:
-    """What happened to a job: done, dead-lettered, retrying, pending, finished, not seen."""
+    """What happened to a job: done, dead-lettered, retrying, scheduled, pending, finished,
+    cancelled, superseded, not seen."""
     found = await locate_job(gateway.settings, gateway.types, job_id, job_type=job_type,
                              max_records_per_topic=max_records)
     return JobOut(job_id=found.job_id, status=found.status, summary=found.summary(),
