@@ -10,6 +10,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from stream_jobs.cli import cancel as _cancel  # noqa: F401 - registers `cancel`
 from stream_jobs.cli import demo as _demo  # noqa: F401 - registers `demo`
@@ -61,7 +62,9 @@ def main(argv: list[str] | None = None) -> None:
         # Ctrl-C) instead of exiting with it.
         code = app(args=argv, standalone_mode=False)
     except StreamJobsError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        # escape: a message may quote TOML ("[[schedules]]"), which is not markup
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False,
+                          soft_wrap=True)
         sys.exit(1)
     except typer.Abort:
         err_console.print("aborted")
