@@ -161,12 +161,13 @@ def prune(
     when, total, deleted, others, results, workflows = asyncio.run(main())
     where = f"in schema {settings.database_schema}"
     if dry_run:
-        console.print(f"would delete {total:,} dedup rows finished before {when} {where} "
+        console.print(f"would delete {counted(total, 'dedup row')} finished before {when} {where} "
                       "(dry run: nothing deleted)")
     else:
-        console.print(f"deleted {deleted:,} dedup rows finished before {when} {where}"
-                      + (f", and {others:,} rows of cancels, unique keys and debounce "
-                         "windows" if others else ""))
+        console.print(f"deleted {counted(deleted, 'dedup row')} finished before {when} {where}"
+                      + (f", and {counted(others, 'row')} of cancels, unique keys and "
+                         "debounce windows" if others else ""))
     verb = "would delete" if dry_run else "deleted"
-    console.print(f"{verb} {results:,} kept results past their keep_result and {workflows:,} "
-                  f"batches and chains finished before {when}")
+    console.print(f"{verb} {counted(results, 'kept result')} past their keep_result and "
+                  f"{counted(workflows, 'batch or chain', 'batches and chains')} finished before "
+                  f"{when}")
