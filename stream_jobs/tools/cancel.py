@@ -17,6 +17,7 @@ from stream_jobs.dedup.cancels import CancelStore
 from stream_jobs.errors import JobNotFound
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, locate_job
+from stream_jobs.plurals import counted
 from stream_jobs.settings import Settings
 
 
@@ -31,7 +32,7 @@ async def cancel_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
         where = f"the topics of {job_type}" if job_type else "the declared types' topics"
         cap = "" if found.complete else "; the scan stopped at its cap, so it may be further on"
         raise JobNotFound(f"No job {job_id} was found: it has no dedup row and is in none of "
-                          f"{where} ({found.scanned_records:,} records read{cap}).")
+                          f"{where} ({counted(found.scanned_records, 'record')} read{cap}).")
     verdict = verdict_of(found.status)
     # Done and cancelled come from Postgres: the cancel's transaction answers those itself,
     # with the details. Finished, dead-lettered and superseded only Kafka could tell.
