@@ -13,6 +13,7 @@ SQLAlchemy owns the schema (`stream_jobs.dedup.schema`); the hot path talks to a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import (
     AbstractAsyncContextManager,
@@ -146,7 +147,8 @@ class DedupStore:
 
     async def migrate(self) -> Migration:
         """Create the settings' schema if it is missing, then in it every table, index
-        and sequence of `stream_jobs.dedup.schema` that is missing (idempotent).
+        and sequence of `stream_jobs.dedup.schema` that is missing (idempotent). All of
+        it in one transaction, one migration of a schema at a time.
 
         Raises `ConfigError` when the user may not create the schema or its tables (with
         the statement that would grant it), `DatabaseUnavailable` when Postgres does not
@@ -157,22 +159,12 @@ class DedupStore:
         schema = self._settings.database_schema
         try:
             pool = await self._get_pool()
-            async with pool.acquire() as conn:
-                user, database, missing = await conn.fetchrow(
-                    "SELECT current_user, current_database(), "
-                    "NOT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", schema)
-                if missing:
-                    try:
-                        # Checked first: CREATE SCHEMA IF NOT EXISTS needs the privilege
-                        # to create one even when the schema is there.
-                        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-                    except asyncpg.InsufficientPrivilegeError as exc:
-                        raise ConfigError(
-                            f"Schema {schema!r} (STREAM_JOBS_DATABASE_SCHEMA) does not exist "
-                            f"and user {user!r} may not create schemas in database "
-                            f"{database!r}: have its owner run `CREATE SCHEMA {schema} "
-                            f"AUTHORIZATION {user}`, or set STREAM_JOBS_DATABASE_SCHEMA to a "
-                            "schema that exists.") from exc
+            async with pool.acquire() as conn, conn.transaction():
+                # One migration of a schema at a time: concurrent CREATE ... IF NOT EXISTS
+                # of one name can both try, and one fails on a catalog's unique index.
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", _migration_lock(schema))
+                user, database = await conn.fetchrow("SELECT current_user, current_database()")
+                made = await _create_schema(conn, schema, user, database)
                 there = {row[0] for row in await conn.fetch(
                     "SELECT c.relname FROM pg_class c JOIN pg_namespace n "
                     "ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = ANY($2)",
@@ -188,7 +180,7 @@ class DedupStore:
                         "schema of the user's own.") from exc
         except DRIVER_ERRORS as exc:
             raise self._failed(exc, f"migrate schema {schema!r}") from exc
-        return Migration(schema, missing,
+        return Migration(schema, made,
                          created=tuple(o for o in SCHEMA_OBJECTS if o not in there),
                          present=tuple(o for o in SCHEMA_OBJECTS if o in there))
 
@@ -420,6 +412,30 @@ class DedupStore:
                 "SELECT count(*) FROM stream_jobs_done WHERE job_type = $1", job_type))
         except DRIVER_ERRORS as exc:
             raise self._failed(exc, "count the dedup rows") from exc
+
+
+def _migration_lock(schema: str) -> int:
+    """The advisory lock a migration of `schema` holds (advisory locks are database-wide)."""
+    digest = hashlib.sha256(f"stream-jobs migrate\0{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+async def _create_schema(conn: Any, schema: str, user: str, database: str) -> bool:
+    """Create `schema` if it does not exist; whether this call created it."""
+    # Asked first: CREATE SCHEMA IF NOT EXISTS needs the privilege to create a schema
+    # even when the schema is there.
+    if await conn.fetchval("SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)",
+                           schema):
+        return False
+    try:
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise ConfigError(
+            f"Schema {schema!r} (STREAM_JOBS_DATABASE_SCHEMA) does not exist and user "
+            f"{user!r} may not create schemas in database {database!r}: have its owner run "
+            f"`CREATE SCHEMA {schema} AUTHORIZATION {user}`, or set "
+            "STREAM_JOBS_DATABASE_SCHEMA to a schema that exists.") from exc
+    return True
 
 
 async def migrate(settings: Settings) -> Migration:

@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 
 from stream_jobs.dedup.schema import SCHEMA_OBJECTS
+from stream_jobs.dedup.store import migrate
 from stream_jobs.settings import Settings
 from stream_jobs.testing.stack import drop_schema
 from tests.integration.cli_env import settings_env
@@ -84,6 +85,13 @@ async def test_migrate_creates_a_missing_schema_then_finds_it_up_to_date(
     assert (f"schema {missing_schema}: created stream_jobs_unique; "
             f"{len(SCHEMA_OBJECTS) - 1} others were there already") in err, err
     assert set(SCHEMA_OBJECTS) <= await _objects(settings)
+
+
+async def test_concurrent_migrations_of_one_schema_all_succeed(
+        settings: Settings, missing_schema: str) -> None:
+    done = await asyncio.gather(*(migrate(settings) for _ in range(4)))
+    assert sorted(m.schema_created for m in done) == [False, False, False, True]
+    assert sorted(len(m.created) for m in done) == [0, 0, 0, len(SCHEMA_OBJECTS)]
 
 
 @pytest.fixture
