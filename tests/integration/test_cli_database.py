@@ -149,6 +149,7 @@ async def test_commands_on_a_database_that_refuses_say_so_in_one_sentence(
         (refused, ["schedules", "pause", "nightly"]),
         (refused, ["schedules", "trigger", "nightly"]),
         (refused, ["batch", JOB_ID]),
+        (refused, ["cancel", "real.type", JOB_ID]),
         (refused, ["enqueue", "real.type", "{}", "--unique-key", "once"]),
         (demo, ["demo", "--no-start-stack"]),
     ]
