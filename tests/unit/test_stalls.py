@@ -132,7 +132,7 @@ async def test_workers_on_one_loop_share_one_watch_that_blames_only_the_blocker(
     async def blocks(member: Member, work: PartitionWork, record: Record,
                      runner: Runner) -> None:
         if record.offset == 1:
-            time.sleep(0.6)  # noqa: ASYNC251 (the mistake the warning is for)
+            time.sleep(1.2)  # noqa: ASYNC251 (the mistake the warning is for)
 
     async def awaits(member: Member, work: PartitionWork, record: Record,
                      runner: Runner) -> None:
@@ -141,7 +141,7 @@ async def test_workers_on_one_loop_share_one_watch_that_blames_only_the_blocker(
     members = {b"pdf.render": Member(blocks, concurrency=2),
                **{b"mail.%d" % n: Member(awaits, concurrency=2) for n in range(3)}}
     watches = [LoopWatch(kind.decode(), lambda m=m: m.dispatcher.runners,  # type: ignore[misc]
-                         warn_after_s=0.3, tick_s=0.05) for kind, m in members.items()]
+                         warn_after_s=0.6, tick_s=0.05) for kind, m in members.items()]
     threads = threading.active_count()
     for watch in watches:
         watch.start()
