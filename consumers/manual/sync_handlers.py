@@ -2,7 +2,7 @@
 """docs/sync-handlers.md: a plain `def` handler that renders an invoice's PDF on a thread."""
 
 from pydantic import BaseModel
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from stream_jobs import App, JobContext, PermanentError
@@ -13,7 +13,7 @@ app = App()
 # schema STREAM_JOBS_DATABASE_SCHEMA names, so a schema of your own holds everything.
 DSN = app.settings.database_url
 OPTIONS = f"-c search_path={app.settings.database_schema}"
-engine = create_engine(DSN.replace("postgresql://", "postgresql+psycopg://", 1),
+engine = create_engine(make_url(DSN).set(drivername="postgresql+psycopg"),
                        connect_args={"options": OPTIONS})
 
 
