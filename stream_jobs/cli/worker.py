@@ -126,7 +126,8 @@ class _Plan:
         settings = self.job_app.settings
         host = WorkerHost(runners, until_idle=self.until_idle,
                           services=process_services(settings, workers),
-                          lifeline=child.lifeline if child is not None else None)
+                          lifeline=child.lifeline if child is not None else None,
+                          idle_link=child.idle_link if child is not None else None)
         groups = ", ".join(r.group_id for r in runners)
         who = f"{child.name}: " if child is not None else ""
         what = "shadow" if self.shadow else "worker"
