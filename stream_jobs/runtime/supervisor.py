@@ -204,6 +204,10 @@ class Supervisor:
                 if slot.link is not None:
                     slot.link.close()
                     slot.link = None
+            # A SIGIO still pending (a child's last words) would end this process once
+            # unblocked: SIGIO's default action. With the sockets closed, none comes after.
+            while signal.sigtimedwait({signal.SIGIO}, 0) is not None:
+                pass
             signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
         self._result.restarts = {s.name: s.runs - 1 for s in self._slots if s.runs > 1}
         self._result.exit_code = 1 if self._result.gave_up or self._unclean else 0
