@@ -39,7 +39,7 @@ STREAM_JOBS = Path(sys.executable).with_name("stream-jobs")
 MEMBERS = 6
 # The failed first attempts wait this long: longer than a type takes to join its groups
 # and find its lanes empty, so a per-type idle check decides before the callback exists.
-TIER = "3s"
+TIER = "5s"
 # Bounds for a hang (the bug's opposite), far above what a run takes.
 RUN_LIMIT_S = 120.0
 
