@@ -149,8 +149,7 @@ class Shadow(GroupMember):
         return self.taken_in
 
     async def drained(self) -> bool:
-        """Every lane read to its end, and committed."""
-        await self.commit()
+        """Every lane read to its end, and committed (by the polls)."""
         return await self.caught_up()
 
     def report(self, *, final: bool = False) -> ShadowReport:

@@ -273,9 +273,9 @@ class Worker(FlowControlled):
         return self.taken_in + (self.relay.taken_in if self.relay is not None else 0)
 
     async def drained(self) -> bool:
-        """The lanes and the delay tiers read to their ends, and committed."""
+        """The lanes and the delay tiers read to their ends, and committed. (The polls
+        commit, every `commit_interval_s`: a commit from here could overtake theirs.)"""
         members: list[GroupMember] = [self] if self.relay is None else [self, self.relay]
-        await asyncio.gather(*(member.commit() for member in members))
         return all(await asyncio.gather(*(member.caught_up() for member in members)))
 
     # -- one job ----------------------------------------------------------------------------
