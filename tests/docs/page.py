@@ -4,7 +4,7 @@ schema, environment and event loop.
 A page's samples run as a newcomer runs them: `App()` reads the `STREAM_JOBS_*`
 environment, which points at the page's prefix and schema while the page runs (and is put
 back afterwards). The schema is not made in advance (a newcomer's `stream-jobs db migrate`
-makes it), and is dropped with the page's topics-free corner when the page ends.
+makes it); it is dropped, and the page's topics deleted, when the page ends.
 
 A page's hidden blocks (`<!-- invisible-code-block: python ... -->`) reach this object as
 `page`: `await page.migrate(...)` for the dedup tables and the page's own, `await
@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from stream_jobs.app import App
 from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.job_types import load_job_types
+from stream_jobs.kafka.admin import admin_client
 from stream_jobs.kafka.topics import apply
 from stream_jobs.runtime.host import WorkerHost, process_services
 from stream_jobs.settings import Settings
@@ -118,6 +119,7 @@ class Page:
                 else:
                     os.environ[name] = value
             run_async(lambda: drop_schema(settings))
+            run_async(lambda: drop_topics(settings))
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run a sample's top-level awaits on the page's loop (one loop per page, so a
@@ -160,6 +162,16 @@ class Page:
                           services=process_services(app.settings, workers))
         await host.run()
         return count_outcomes(host.counts())
+
+
+async def drop_topics(settings: Settings) -> None:
+    """Delete the page's topics: every page applies a folder of types, and a broker that
+    keeps every run's topics runs out of heap (the development broker did, at ~4,600)."""
+    async with admin_client(settings) as admin:
+        mine = [name for name in await admin.list_topics()
+                if name.startswith(f"{settings.topic_prefix}.")]
+        if mine:
+            await admin.delete_topics(mine)
 
 
 def count_outcomes(counts: Mapping[str, Mapping[str, int]]) -> Counter[str]:
