@@ -193,10 +193,11 @@ class App:
     def models(self) -> dict[str, type[BaseModel]]:
         return {t: h.model for t, h in self.handlers.items() if h.model is not None}
 
-    def kept_results(self) -> dict[str, float]:
-        """Seconds each type with `keep_result` keeps its results."""
-        return {t: h.keep_result_s for t, h in self.handlers.items()
-                if h.keep_result_s is not None}
+    def kept_results(self) -> dict[str, float | None]:
+        """Seconds each type this app has a handler for keeps its results (None: it has
+        no `keep_result`); `client.result` tells the two apart from a type it has no
+        handler of."""
+        return {t: h.keep_result_s for t, h in self.handlers.items()}
 
     def client(self) -> JobClient:
         from stream_jobs.client import JobClient

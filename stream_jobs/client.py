@@ -86,13 +86,15 @@ class JobClient(WorkflowCalls):
 
     def __init__(self, settings: Settings, job_types: Mapping[str, JobTypePolicy], *,
                  models: Mapping[str, type[BaseModel]] | None = None,
-                 kafka: KafkaClients = AIOKAFKA, kept: Mapping[str, float] | None = None,
+                 kafka: KafkaClients = AIOKAFKA,
+                 kept: Mapping[str, float | None] | None = None,
                  stores: ClientStores | None = None) -> None:
         self.settings = settings
         self._types = dict(job_types)
         self._models = dict(models or {})
         self._kafka = kafka
-        self._kept = dict(kept or {})  # types with keep_result: seconds kept
+        # The types this app has handlers for: seconds each keeps its results (None: none).
+        self._kept = dict(kept or {})
         self._producer_or_none: Producer | None = None
         # Cancels, keys, results, workflows, status: Postgres, opened on first use (so a
         # client that uses none never connects), or a JobTester's memory.
@@ -330,7 +332,8 @@ class SyncJobClient(SyncWorkflowCalls):
 
     def __init__(self, settings: Settings, job_types: Mapping[str, JobTypePolicy], *,
                  models: Mapping[str, type[BaseModel]] | None = None,
-                 kafka: KafkaClients = AIOKAFKA, kept: Mapping[str, float] | None = None,
+                 kafka: KafkaClients = AIOKAFKA,
+                 kept: Mapping[str, float | None] | None = None,
                  stores: ClientStores | None = None) -> None:
         self._client = JobClient(settings, job_types, models=models, kafka=kafka, kept=kept,
                                  stores=stores)

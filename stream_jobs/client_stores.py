@@ -10,6 +10,7 @@ not a store: what is written through it goes into the caller's transaction eithe
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -19,14 +20,86 @@ from stream_jobs.cancels import Cancellation
 from stream_jobs.dedup.cancels import CancelStore
 from stream_jobs.dedup.pool import LazyPool
 from stream_jobs.dedup.results import ResultReader
+from stream_jobs.errors import StreamJobsError
 from stream_jobs.job_types import JobTypePolicy
-from stream_jobs.lookup import JobLocation, locate_job
+from stream_jobs.lookup import JobLocation, keeps_result, locate_job, not_in_time, result_error
 from stream_jobs.outbox.unique import Build, KeyAnswer, enqueue_keyed_own
+from stream_jobs.results import StoredResult
 from stream_jobs.settings import Settings
 from stream_jobs.uniqueness import KeyClaim
 from stream_jobs.workflows.calls import WorkflowStores
 from stream_jobs.workflows.create import Plan, write_plan_alone
 from stream_jobs.workflows.progress import Progress, read_progress
+
+# `result` waits this long for the job's row before it first looks where the job is: the
+# lookup's scan costs more than the wait, and a job that keeps its result usually
+# finishes (and wakes the wait) sooner.
+LOOK_AFTER_S = 1.0
+# Later looks, at a job that may end without writing a row (its type's handler is not in
+# this app, or it is not seen yet), come at doubling intervals up to this.
+LOOK_EVERY_MAX_S = 8.0
+
+
+class ResultSource(Protocol):
+    """What `await_result` reads: a store's rows of kept results and its job lookup."""
+
+    async def row(self, job_id: str, wait_s: float) -> StoredResult | None:
+        """The job's row of kept results, waiting up to `wait_s` for it to be written."""
+        ...
+
+    async def locate(self, job_id: str, job_type: str | None) -> JobLocation:
+        """Where the job is (`stream_jobs.lookup.locate_job`)."""
+        ...
+
+    def idle(self) -> bool:
+        """Whether nothing can change now (a `JobTester` between its runs)."""
+        ...
+
+
+async def await_result(source: ResultSource, job_id: str, timeout_s: float, *,
+                       kept: Mapping[str, float | None],
+                       model: type[BaseModel] | None = None) -> Any:
+    """`JobClient.result`: the job's row once it is written (woken by its commit), and,
+    while there is none, what the job lookup tells (`stream_jobs.lookup.result_error`):
+    how the job ended without a row, or that no row will come, raised as soon as it is
+    known; `ResultTimeout` saying where the job is when `timeout_s` passed first.
+
+    The first look comes after `LOOK_AFTER_S` of waiting for the row (at once with
+    `timeout_s=0`); a job whose row will come is looked at again only at the deadline,
+    and one that may end without one at doubling intervals (`LOOK_EVERY_MAX_S` at most).
+    """
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    deadline = started + max(0.0, timeout_s)
+    gap = LOOK_AFTER_S
+    look_at = min(deadline, started + gap)
+    job_type: str | None = None
+    while True:
+        found = await source.row(job_id, max(0.0, look_at - loop.time()))
+        location: JobLocation | None = None
+        problem = ""
+        if found is None:
+            try:
+                location = await source.locate(job_id, job_type)
+            except StreamJobsError as exc:  # Kafka not answering: the row may still come
+                problem = str(exc)
+            else:
+                found = location.result
+        if found is not None:
+            return found.answer(model)
+        if location is not None:
+            error = result_error(location, kept)
+            if error is not None:
+                raise error
+            job_type = location.job_type or job_type
+        now = loop.time()
+        if now >= deadline or source.idle():
+            raise not_in_time(job_id, now - started, location, problem)
+        if location is not None and keeps_result(location, kept):
+            look_at = deadline  # its row wakes the wait; a last look says where it is
+        else:
+            gap = min(2 * gap, LOOK_EVERY_MAX_S)
+            look_at = min(deadline, now + gap)
 
 
 class ClientStores(WorkflowStores, Protocol):
@@ -69,10 +142,12 @@ class PostgresStores:
                                        self.settings.database_schema, build)
 
     async def result(self, job_id: str, timeout_s: float, *, model: type[BaseModel] | None,
-                     kept: Mapping[str, float]) -> Any:
+                     kept: Mapping[str, float | None],
+                     types: Mapping[str, JobTypePolicy]) -> Any:
         if self._results is None:
             self._results = ResultReader(self.settings)
-        return await self._results.result(job_id, timeout_s, model=model, kept=kept)
+        source = _PostgresResults(self.settings, self._results, types)
+        return await await_result(source, job_id, timeout_s, kept=kept, model=model)
 
     async def write_plan(self, plan: Plan) -> None:
         await write_plan_alone(self.settings, plan)
@@ -97,4 +172,25 @@ class PostgresStores:
             self._db = None
 
 
-__all__ = ["ClientStores", "PostgresStores"]
+class _PostgresResults:
+    """The `ResultSource` of `PostgresStores`: the results table, and the job lookup
+    on the settings' Kafka and Postgres."""
+
+    def __init__(self, settings: Settings, reader: ResultReader,
+                 types: Mapping[str, JobTypePolicy]) -> None:
+        self._settings = settings
+        self._reader = reader
+        self._types = types
+
+    async def row(self, job_id: str, wait_s: float) -> StoredResult | None:
+        return await self._reader.wait(job_id, wait_s)
+
+    async def locate(self, job_id: str, job_type: str | None) -> JobLocation:
+        return await locate_job(self._settings, self._types, job_id, job_type=job_type)
+
+    def idle(self) -> bool:
+        return False
+
+
+__all__ = ["LOOK_AFTER_S", "LOOK_EVERY_MAX_S", "ClientStores", "PostgresStores",
+           "ResultSource", "await_result"]

@@ -5,8 +5,12 @@ that whatever Kafka still holds), the dedup table (a row means the job's `ctx.on
 transaction committed: done) and its row of `stream_jobs_results` if it keeps one (its
 result, or how it ended without one: docs/results.md), then a bounded scan of the type's
 lanes, delay tiers and DLQ for records carrying the job ID. The latest sighting tells
-where the job is: dead-lettered, waiting in a tier, waiting (or running) in a lane, or
-finished in its lane without a dedup row.
+where the job is: dead-lettered, waiting in a tier (for a retry, or, never having failed,
+for the delay it was enqueued with), waiting (or running) in a lane, or finished in its
+lane without a dedup row.
+
+`client.result` reads the same evidence when a job has no row of kept results
+(`result_error`, `not_in_time`): how the job ended, or that no result of it will come.
 
 Cost: the scan reads every record (payloads included) written to those topics since the
 job ID's creation time less a minute of clock slack (UUIDv7 IDs carry it), and at most
@@ -30,7 +34,15 @@ from stream_jobs.dedup.cancels import CancelStore
 from stream_jobs.dedup.keys import KeyStore
 from stream_jobs.dedup.results import ResultReader
 from stream_jobs.dedup.store import DedupStore
-from stream_jobs.errors import ConfigError, DatabaseUnavailable, StreamJobsError
+from stream_jobs.errors import (
+    ConfigError,
+    DatabaseUnavailable,
+    JobCancelled,
+    JobFailed,
+    ResultNotKept,
+    ResultTimeout,
+    StreamJobsError,
+)
 from stream_jobs.failures import FailureInfo, parse_failure
 from stream_jobs.job_ids import job_id_time_ms
 from stream_jobs.job_types import JobTypePolicy, get_job_type
@@ -44,13 +56,14 @@ from stream_jobs.record import (
     HEADER_JOB_ID,
     HEADER_NOT_BEFORE,
     HEADER_REQUEUES,
+    HEADER_WORKFLOW,
     Record,
 )
 from stream_jobs.results import StoredResult
 from stream_jobs.settings import Settings
 
-Status = Literal["done", "dead_lettered", "retrying", "pending", "finished", "not_seen",
-                 "cancelled", "superseded"]
+Status = Literal["done", "dead_lettered", "retrying", "scheduled", "pending", "finished",
+                 "not_seen", "cancelled", "superseded"]
 
 DEFAULT_MAX_RECORDS_PER_TOPIC = 100_000
 # Producers', workers' and brokers' clocks disagree a little; look this much earlier.
@@ -76,6 +89,7 @@ class Sighting:
     behind_commit: bool = False
     not_before_ms: int | None = None
     failure: FailureInfo | None = None
+    workflow: str | None = None  # its `sj-workflow` header: a batch member or chain step
 
 
 @dataclass(frozen=True)
@@ -122,6 +136,10 @@ class JobLocation:
             due = _iso(last.not_before_ms) if last.not_before_ms else "when due"
             return (f"{job} waits in delay tier {last.name} ({where}) for attempt "
                     f"{last.attempt}, due {due}.")
+        if self.status == "scheduled":
+            due = _iso(last.not_before_ms) if last.not_before_ms else "when due"
+            return (f"{job} waits in delay tier {last.name} ({where}) for its first attempt, "
+                    f"due {due}: it was enqueued with a delay.")
         if self.status == "pending":
             return f"{job} waits in its {last.name} lane, or is running ({where})."
         return (f"{job} left its {last.name} lane after attempt {last.attempt} ({where}) "
@@ -188,7 +206,12 @@ def sighting_of(record: Record, job_id: str, *, role: TopicRole, name: str,
         behind_commit=committed is not None and record.offset < committed,
         not_before_ms=_number(found.get(HEADER_NOT_BEFORE)),
         failure=parse_failure(found.get(HEADER_ERROR)),
+        workflow=_text(found.get(HEADER_WORKFLOW)),
     )
+
+
+def _text(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.decode(errors="replace")
 
 
 def _number(raw: bytes | None) -> int | None:
@@ -210,8 +233,12 @@ def judge(sightings: Iterable[Sighting]) -> tuple[Status, Sighting | None]:
     if last.role == "dlq":
         return "dead_lettered", last
     if last.role == "tier":
-        # Committed by the relay: released to its lane, where the scan may not reach yet.
-        return ("pending" if last.behind_commit else "retrying"), last
+        if last.behind_commit:
+            # Committed by the relay: released to its lane, where the scan may not reach yet.
+            return "pending", last
+        # A retry carries its failure; a first attempt without one waits for its delay.
+        delayed = last.failure is None and last.attempt == 1
+        return ("scheduled" if delayed else "retrying"), last
     return ("finished" if last.behind_commit else "pending"), last
 
 
@@ -228,13 +255,81 @@ def capped(ranges: Sequence[scan.PartitionRange], max_records: int
 
 
 # ---------------------------------------------------------------------------------------
+# What `client.result` hears of a job that has no row of kept results.
+
+KEEP_HINT = "declare it with @app.job(..., keep_result='1d')"
+
+
+def keeps_result(location: JobLocation, kept: Mapping[str, float | None]) -> bool | None:
+    """Whether a row of kept results is written when the job ends: True for a batch
+    member or chain step, or a type whose handler in this app keeps results; False for a
+    type whose handler here keeps none; None when this app has no handler of the job's
+    type, or the type is not known. `kept`: seconds each type this app handles keeps its
+    results (None: it keeps none)."""
+    if location.last is not None and location.last.workflow is not None:
+        return True
+    if location.job_type is None or location.job_type not in kept:
+        return None
+    return kept[location.job_type] is not None
+
+
+def result_error(location: JobLocation, kept: Mapping[str, float | None]
+                 ) -> StreamJobsError | None:
+    """What `client.result` raises for a job that has no row of kept results, from where
+    the job is: how it ended (dead-lettered, cancelled, superseded); that it finished and
+    no result of it is kept; or, not finished, that none will be (its type's handler in
+    this app keeps none, and it is in no batch or chain). None while a result may still
+    come, or while the job is not seen."""
+    job_id, status, last = location.job_id, location.status, location.last
+    job = f"Job {job_id}" + (f" ({location.job_type})" if location.job_type else "")
+    if status == "dead_lettered":
+        failure = last.failure if last is not None else None
+        reason = (None if failure is None
+                  else f"{failure.reason}: {failure.error_class}: {failure.message}")
+        after = f" after attempt {location.attempt}" if location.attempt else ""
+        because = f": {reason}" if reason else ""
+        return JobFailed(f"{job} was dead-lettered{after}{because}.", job_id=job_id,
+                         state="failed", reason=reason)
+    if status in ("cancelled", "superseded"):
+        return JobCancelled(location.summary(), job_id=job_id, state=status,
+                            reason=location.detail or None)
+    if status in ("done", "finished"):
+        return ResultNotKept(f"{location.summary()} No result of it is kept: "
+                             f"{_why_none(keeps_result(location, kept))}.")
+    if status == "not_seen" or keeps_result(location, kept) is not False:
+        return None
+    return ResultNotKept(f"No result of job {job_id} will be kept: its type "
+                         f"keeps no results ({KEEP_HINT}). {location.summary()}")
+
+
+def _why_none(keeps: bool | None) -> str:
+    if keeps is None:
+        return f"its type keeps no results ({KEEP_HINT}), or its result was pruned"
+    return "its result was pruned" if keeps else f"its type keeps no results ({KEEP_HINT})"
+
+
+def not_in_time(job_id: str, waited_s: float, location: JobLocation | None,
+                problem: str = "") -> ResultTimeout:
+    """`client.result`'s `ResultTimeout` after `waited_s`, saying where the job is (from
+    `location`; None when it could not be looked up, because of `problem`)."""
+    head = f"Job {job_id} has no result after {round(waited_s, 1):g} s"
+    if location is None:
+        return ResultTimeout(f"{head}, and where it is could not be looked up ({problem}); "
+                             f"`stream-jobs job {job_id}` tells.")
+    if location.status == "not_seen":
+        return ResultTimeout(f"{head}, and no record of it was found. {location.summary()}")
+    return ResultTimeout(f"{head}: it has not finished yet. {location.summary()}")
+
+
+# ---------------------------------------------------------------------------------------
 # Looking.
 
 
 async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job_id: str, *,
                      job_type: str | None = None,
                      max_records_per_topic: int = DEFAULT_MAX_RECORDS_PER_TOPIC) -> JobLocation:
-    """Where `job_id` is: done, dead-lettered, retrying, pending, finished or not seen.
+    """Where `job_id` is: done, dead-lettered, retrying, scheduled, pending, finished,
+    cancelled, superseded or not seen.
 
     `job_type` narrows the scan to one type (UnknownJobType if undeclared). Postgres
     being unreachable is a note, not an error: the topics still tell most of the story.
@@ -364,4 +459,5 @@ async def _dedup_row(settings: Settings, job_id: str, notes: list[str]
 
 
 __all__ = ["JobLocation", "Sighting", "Status", "cancelled_location", "capped", "judge",
-           "locate_job", "sighting_of", "superseded_location", "topics_of"]
+           "keeps_result", "locate_job", "not_in_time", "result_error", "sighting_of",
+           "superseded_location", "topics_of"]

@@ -110,6 +110,13 @@ class StoredResult:
                    f"{what.get(self.state, 'ended as ' + self.state)}{after}{because}.",
                    job_id=self.job_id, state=self.state, reason=self.error)
 
+    def answer(self, model: type[M] | None = None) -> Any:
+        """What `client.result` returns for this row: the result (validated by `model` if
+        given), or, for a job that did not succeed, its error raised."""
+        if not self.succeeded:
+            raise self.failure()
+        return self.parsed(model) if model is not None else self.value()
+
     def to_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "job_type": self.job_type, "state": self.state,
                 "result": self.value() if self.succeeded else None, "error": self.error,

@@ -13,6 +13,7 @@ from typing import Literal
 
 from stream_jobs.errors import TopicPlanError
 from stream_jobs.job_types import JobTypePolicy, TopicSpec
+from stream_jobs.plurals import counted
 
 ChangeAction = Literal["create", "add-partitions", "set-config", "ok", "warn"]
 
@@ -60,13 +61,13 @@ def diff_topic(spec: TopicSpec, state: TopicState | None, *, origin: str = "the 
     """The changes for one topic (see `diff_policy`); ["ok"] when it already matches."""
     if state is None:
         configs = ", ".join(f"{k}={v}" for k, v in spec.configs.items())
-        return [Change("create", spec.name, f"{spec.partitions} partitions, "
+        return [Change("create", spec.name, f"{counted(spec.partitions, 'partition')}, "
                                              f"replication factor {spec.replication_factor}, "
                                              f"{configs}")]
     changes: list[Change] = []
     if state.partitions > spec.partitions:
         raise TopicPlanError(
-            f"{spec.name} has {state.partitions} partitions; {origin} asks for "
+            f"{spec.name} has {counted(state.partitions, 'partition')}; {origin} asks for "
             f"{spec.partitions}: Kafka cannot shrink a topic without deleting its records "
             f"(create a new type or keep {state.partitions})."
         )
@@ -89,7 +90,7 @@ def diff_topic(spec: TopicSpec, state: TopicState | None, *, origin: str = "the 
             f"{k} {state.configs.get(k, 'unset')} -> {v}" for k, v in differing.items()
         )))
     if not [c for c in changes if c.action != "warn"]:
-        changes.insert(0, Change("ok", spec.name, f"{state.partitions} partitions"))
+        changes.insert(0, Change("ok", spec.name, counted(state.partitions, "partition")))
     return changes
 
 

@@ -10,23 +10,24 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from stream_jobs.cli import cancel as _cancel  # noqa: F401 - registers `cancel`
-from stream_jobs.cli import db as _db  # noqa: F401 - registers `db prune`
 from stream_jobs.cli import demo as _demo  # noqa: F401 - registers `demo`
 from stream_jobs.cli import enqueue as _enqueue  # noqa: F401 - registers `enqueue`
 from stream_jobs.cli import flow as _flow  # noqa: F401 - registers `throttle`, `drain`
 from stream_jobs.cli import schedules as _schedules  # registers `scheduler`
 from stream_jobs.cli import serve as _serve  # noqa: F401 - registers `serve`
+from stream_jobs.cli import worker as _worker  # noqa: F401 - registers `worker`
 from stream_jobs.cli.batch import batch
 from stream_jobs.cli.common import app
+from stream_jobs.cli.db import db_app
 from stream_jobs.cli.dev import dev_app
 from stream_jobs.cli.dlq import dlq_app
 from stream_jobs.cli.outbox import outbox_app
 from stream_jobs.cli.replay import offsets_app, replay_command
 from stream_jobs.cli.stats import job, stats
 from stream_jobs.cli.topics import topics_app
-from stream_jobs.cli.worker import db_app
 from stream_jobs.errors import StreamJobsError
 
 app.add_typer(dev_app, name="dev")
@@ -61,7 +62,9 @@ def main(argv: list[str] | None = None) -> None:
         # Ctrl-C) instead of exiting with it.
         code = app(args=argv, standalone_mode=False)
     except StreamJobsError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        # escape: a message may quote TOML ("[[schedules]]"), which is not markup
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False,
+                          soft_wrap=True)
         sys.exit(1)
     except typer.Abort:
         err_console.print("aborted")

@@ -1,5 +1,10 @@
-"""`stream-jobs db prune --older-than 7d`: delete old dedup rows, in batches; with them
-kept results past their `keep_result` and batches and chains finished before the cutoff.
+"""`stream-jobs db migrate` and `stream-jobs db prune`: the database's schema, and old rows.
+
+`db migrate` creates the schema STREAM_JOBS_DATABASE_SCHEMA names if it is missing, then
+in it every table and sequence of `stream_jobs.dedup.schema` that is missing.
+
+`db prune --older-than 7d` deletes old dedup rows, in batches; with them kept results
+past their `keep_result` and batches and chains finished before the cutoff.
 
 A dedup row protects its job from running twice only while Kafka can still deliver the
 job again (a redelivery, a replay, an offsets reset), that is for the lanes' retention.
@@ -20,17 +25,59 @@ from collections.abc import Mapping
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from typer.core import TyperCommand
 
 from stream_jobs.cli.common import settings_of
-from stream_jobs.cli.worker import db_app
 from stream_jobs.dedup.cancels import CancelStore
-from stream_jobs.dedup.store import DedupStore
+from stream_jobs.dedup.store import DedupStore, Migration, migrate
 from stream_jobs.durations import format_duration, parse_duration
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, load_job_types
+from stream_jobs.plurals import counted
 from stream_jobs.workflows.progress import prune_finished
 
 console = Console(stderr=True)
+db_app = typer.Typer(help="The database: create its schema and tables, prune old rows.",
+                     no_args_is_help=True)
+
+
+class _MigrateCommand(TyperCommand):
+    """`db migrate`, whose help ends with the tables and sequence it creates, read from
+    `stream_jobs.dedup.schema` when the help is shown (so that starting the CLI does not
+    import SQLAlchemy, and the list cannot drift from what is created)."""
+
+    @property
+    def help(self) -> str:
+        from stream_jobs.dedup.schema import SCHEMA_OBJECTS
+
+        return f"{self._help}\n\nIt creates {', '.join(SCHEMA_OBJECTS)}."
+
+    @help.setter
+    def help(self, value: str | None) -> None:
+        self._help = value or ""
+
+
+@db_app.command("migrate", cls=_MigrateCommand)
+def migrate_command(ctx: typer.Context) -> None:
+    """Create the schema STREAM_JOBS_DATABASE_SCHEMA names if it is missing, then in it
+    every table and sequence stream-jobs uses that is missing; safe to re-run.
+
+    The user of STREAM_JOBS_DATABASE_URL needs the privilege to create them; without it
+    the command says which statement its owner can run instead.
+    """
+    settings = settings_of(ctx)
+    console.print(migrated(asyncio.run(migrate(settings))), highlight=False, soft_wrap=True)
+
+
+def migrated(done: Migration) -> str:
+    """One line for what a migration did."""
+    if done.schema_created:
+        return f"created schema {done.schema} and in it {', '.join(done.created)}"
+    if not done.created:
+        return (f"schema {done.schema} is up to date ("
+                f"{counted(len(done.present), 'table or sequence', 'tables and sequences')})")
+    return (f"schema {done.schema}: created {', '.join(done.created)}; "
+            f"{counted(len(done.present), 'other was', 'others were')} there already")
 
 
 def _spelled(seconds: float) -> str:
@@ -83,15 +130,23 @@ def prune(
         progress = Progress(TextColumn("prune"), BarColumn(), MofNCompleteColumn(),
                             console=console, transient=True)
         task = progress.add_task("prune", total=None)
+
+        def deleted_so_far(done: int, total: int) -> None:
+            # Started at the first batch: a bar stopped before it prints an empty line.
+            if not progress.live.is_started:
+                progress.start()
+            progress.update(task, completed=done, total=total)
+
         try:
-            with progress:
+            try:
                 cutoff, matched, deleted = await store.prune(
-                    older_than_s, batch=batch, dry_run=dry_run,
-                    progress=lambda done, total: progress.update(task, completed=done,
-                                                                 total=total))
-                results = await store.prune_results(batch=batch, dry_run=dry_run)
-                workflows = await prune_finished(settings, older_than_s, batch=batch,
-                                                 dry_run=dry_run)
+                    older_than_s, batch=batch, dry_run=dry_run, progress=deleted_so_far)
+            finally:
+                if progress.live.is_started:
+                    progress.stop()
+            results = await store.prune_results(batch=batch, dry_run=dry_run)
+            workflows = await prune_finished(settings, older_than_s, batch=batch,
+                                             dry_run=dry_run)
             if not dry_run:
                 try:
                     others = await cancels.prune(cutoff)
@@ -106,12 +161,13 @@ def prune(
     when, total, deleted, others, results, workflows = asyncio.run(main())
     where = f"in schema {settings.database_schema}"
     if dry_run:
-        console.print(f"would delete {total:,} dedup rows finished before {when} {where} "
+        console.print(f"would delete {counted(total, 'dedup row')} finished before {when} {where} "
                       "(dry run: nothing deleted)")
     else:
-        console.print(f"deleted {deleted:,} dedup rows finished before {when} {where}"
-                      + (f", and {others:,} rows of cancels, unique keys and debounce "
-                         "windows" if others else ""))
+        console.print(f"deleted {counted(deleted, 'dedup row')} finished before {when} {where}"
+                      + (f", and {counted(others, 'row')} of cancels, unique keys and "
+                         "debounce windows" if others else ""))
     verb = "would delete" if dry_run else "deleted"
-    console.print(f"{verb} {results:,} kept results past their keep_result and {workflows:,} "
-                  f"batches and chains finished before {when}")
+    console.print(f"{verb} {counted(results, 'kept result')} past their keep_result and "
+                  f"{counted(workflows, 'batch or chain', 'batches and chains')} finished before "
+                  f"{when}")

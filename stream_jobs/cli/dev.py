@@ -9,9 +9,11 @@ from rich.console import Console
 from rich.table import Table
 
 from stream_jobs.cli.common import settings_of
-from stream_jobs.dedup.store import DedupStore
+from stream_jobs.cli.db import migrated
+from stream_jobs.dedup.store import migrate
 from stream_jobs.errors import StreamJobsError
-from stream_jobs.settings import Settings, redact_url
+from stream_jobs.plurals import counted
+from stream_jobs.settings import redact_url
 from stream_jobs.stack import KafkaCluster, PostgresServer, ServiceStatus
 from stream_jobs.tools.probe import probe_stack
 
@@ -26,21 +28,26 @@ def up(
     brokers: int = typer.Option(1, "--brokers", help="1 broker, or a 3-node KRaft cluster."),
     postgres: bool = typer.Option(True, "--postgres/--no-postgres", help="Also start Postgres."),
 ) -> None:
-    """Start the stack (idempotent), wait until it answers, then print how to connect."""
+    """Start the stack (idempotent), wait until it answers, migrate the schema as `db
+    migrate` does, then print how to connect."""
     settings = settings_of(ctx)
     if brokers not in (1, 3):
         raise typer.BadParameter("use --brokers 1 or --brokers 3", param_hint="--brokers")
     kafka = KafkaCluster(settings, brokers)
-    with console.status(f"starting {kafka.name} ({brokers} broker{'s' if brokers > 1 else ''})"):
+    with console.status(f"starting {kafka.name} ({counted(brokers, 'broker')})"):
         kafka.up()
     services = kafka.status()
+    migration = None
     if postgres:
         server = PostgresServer(settings)
         with console.status("starting postgres"):
             server.up()
-            asyncio.run(_migrate(settings.model_copy(update={"database_url": server.dsn})))
+            migration = asyncio.run(migrate(settings.model_copy(
+                update={"database_url": server.dsn})))
         services.append(server.status())
     _print_table(services)
+    if migration is not None:
+        console.print(migrated(migration), highlight=False, soft_wrap=True)
 
 
 @dev_app.command("down")
@@ -79,15 +86,6 @@ def check(ctx: typer.Context) -> None:
     for result in results:
         if isinstance(result, StreamJobsError):
             raise result
-
-
-async def _migrate(settings: Settings) -> None:
-    """The dedup table, so the stack is ready for workers using ctx.once()."""
-    store = DedupStore(settings)
-    try:
-        await store.migrate()
-    finally:
-        await store.close()
 
 
 def _print_table(rows: list[ServiceStatus]) -> None:

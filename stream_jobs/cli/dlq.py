@@ -35,6 +35,7 @@ from stream_jobs.dlq.requeue import (
 from stream_jobs.dlq.requeue import requeue as requeue_letters
 from stream_jobs.durations import parse_rate
 from stream_jobs.errors import ConfigError
+from stream_jobs.plurals import counted
 from stream_jobs.settings import Settings
 
 dlq_app = typer.Typer(help="Dead letters: list, show, requeue and purge a type's DLQ.",
@@ -64,7 +65,7 @@ def list_(
     if as_json:
         _print_json({**asdict(listing), "rows": [_row_json(r) for r in listing.rows]})
         return
-    console.print(f"{listing.topic} holds {listing.letters:,} letters.")
+    console.print(f"{listing.topic} holds {counted(listing.letters, 'letter')}.")
     reasons = Table()
     reasons.add_column("reason")
     reasons.add_column("letters", justify="right")
@@ -72,14 +73,16 @@ def list_(
         reasons.add_row(Text(name), f"{count:,}")
     console.print(reasons)
     if listing.pending_drain:
-        console.print(f"{listing.pending_drain:,} of them are after the drain position "
+        console.print(f"{counted(listing.pending_drain, 'of them is', 'of them are')} after "
+                      "the drain position "
                       f"(`stream-jobs dlq requeue {job_type} --all` would look at those).")
     if not listing.rows:
-        console.print(f"{listing.matching:,} letters match; raise --limit to see them."
+        console.print(f"{counted(listing.matching, 'letter matches', 'letters match')}; "
+                      "raise --limit to see them."
                       if listing.matching else "No letters match.")
         return
-    console.print(f"{len(listing.rows):,} of {listing.matching:,} matching letters, most recent "
-                  "last (times UTC):")
+    console.print(f"{len(listing.rows):,} of {counted(listing.matching, 'matching letter')}, "
+                  "most recent last (times UTC):")
     rows = Table()
     for column in ("job id", "reason", "error", "message", "attempt", "requeues", "failed at",
                    "enqueued at", "origin", "partition/offset"):
@@ -93,8 +96,9 @@ def list_(
                      f"{row.partition}/{row.offset}")
     console.print(rows)
     if listing.matching > len(listing.rows):
-        console.print(f"{listing.matching - len(listing.rows):,} older matching letters are not "
-                      "shown; raise --limit to see them.")
+        hidden = listing.matching - len(listing.rows)
+        console.print(f"{counted(hidden, 'older matching letter is', 'older matching letters are')}"
+                      " not shown; raise --limit to see them.")
 
 
 @dlq_app.command("show")
@@ -129,7 +133,7 @@ def show(ctx: typer.Context, job_type: str = _TYPE,
         facts.add_row(Text(f"header {name}"), Text(value))
     if len(detail.letters) > 1:
         others = ", ".join(f"{p}/{o}" for p, o in detail.letters)
-        facts.add_row("letters", Text(f"{len(detail.letters)} for this job ({others}); "
+        facts.add_row("letters", Text(f"{len(detail.letters):,} for this job ({others}); "
                                       "the newest is shown"))
     console.print(facts)
     console.print(Text("payload" + ("" if detail.payload_is_json else " (not JSON)"),
@@ -251,13 +255,13 @@ def purge(ctx: typer.Context, job_type: str = _TYPE,
     never = (f", {plan.pending_drain:,} of them never drained by `requeue --all`"
              if plan.pending_drain else "")
     if not yes:
-        raise ConfigError(f"Refusing to delete {plan.letters:,} letters from {plan.topic}"
+        raise ConfigError(f"Refusing to delete {counted(plan.letters, 'letter')} from {plan.topic}"
                           f"{never} without --yes: a purge cannot be undone. Look first with "
                           f"`stream-jobs dlq list {job_type}`, then run "
                           f"`stream-jobs dlq purge {job_type} --yes`.")
-    console.print(f"Deleting {plan.letters:,} letters from {plan.topic}{never}.")
+    console.print(f"Deleting {counted(plan.letters, 'letter')} from {plan.topic}{never}.")
     deleted = asyncio.run(dlq.purge(settings, job_type, plan=plan))
-    console.print(f"Deleted {deleted:,} letters; letters dead-lettered since are kept.")
+    console.print(f"Deleted {counted(deleted, 'letter')}; letters dead-lettered since are kept.")
 
 
 # -- printing -------------------------------------------------------------------------------
@@ -276,12 +280,15 @@ def _print_plan(plan: RequeuePlan, *, reset_attempts: bool,
         console.print("  nothing is after the drain position: earlier `--all` runs dealt with "
                       "every letter (`--id` and `--reason` look at the whole DLQ).")
         return
-    console.print(f"  looked at {plan.read:,} letters; {plan.selected:,} selected")
+    console.print(f"  looked at {counted(plan.read, 'letter')}; {plan.selected:,} selected")
     if plan.superseded:
-        console.print(f"  {plan.superseded:,} older letters of jobs that have a newer one "
-                      "are not sent")
+        console.print("  " + counted(plan.superseded,
+                                     "older letter of a job that has a newer one is",
+                                     "older letters of jobs that have a newer one are")
+                      + " not sent")
     lanes = ", ".join(f"{lane} {n:,}" for lane, n in sorted(plan.lanes.items()))
-    attempt = "at attempt 1" if reset_attempts else "as their next attempt"
+    attempt = ("at attempt 1" if reset_attempts
+               else "as its next attempt" if plan.to_requeue == 1 else "as their next attempt")
     pace = f", at most {rate_per_s:g}/s" if rate_per_s else ""
     console.print(f"  will requeue {plan.to_requeue:,} {attempt}{pace}"
                   + (f" (lanes: {lanes})" if lanes else ""))
@@ -300,10 +307,10 @@ def _print_plan(plan: RequeuePlan, *, reset_attempts: bool,
 
 def _print_outcome(result: RequeueResult, job_type: str) -> None:
     plan = result.plan
-    done = f"Requeued {result.requeued:,} letters"
+    done = f"Requeued {counted(result.requeued, 'letter')}"
     if plan.mode == "all":
         done += f"; the drain position moved past {result.drained:,}"
-    console.print(done + ". The letters stay in the DLQ until its retention or a purge.")
+    console.print(done + ". Requeued letters stay in the DLQ until its retention or a purge.")
     if plan.left and plan.mode == "all":
         console.print(f"Letters left behind are still listed by `stream-jobs dlq list {job_type}`;"
                       f" requeue one later with `stream-jobs dlq requeue {job_type} --id ID "

@@ -16,6 +16,7 @@ from stream_jobs.durations import parse_rate
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
 from stream_jobs.kafka.consumer import open_reader
+from stream_jobs.plurals import counted
 from stream_jobs.runtime.throttle import RateInForce, publish_rate, rate_in_force, read_overrides
 from stream_jobs.settings import Settings
 from stream_jobs.tools.stats import collect
@@ -149,7 +150,7 @@ async def _watch(settings: Settings, types: dict[str, JobTypePolicy], job_type: 
         task = progress.add_task(job_type, total=total, detail="")
         while current.lag > 0:
             if timeout_s is not None and time.monotonic() - started > timeout_s:
-                console.print(f"{job_type}: {current.lag:,} jobs still waiting after "
+                console.print(f"{job_type}: {counted(current.lag, 'job')} still waiting after "
                               f"{timeout_s:g} s; the workers go on.")
                 return 3
             await asyncio.sleep(interval_s)  # the refresh period, not a wait for a state

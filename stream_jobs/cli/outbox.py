@@ -19,6 +19,7 @@ from stream_jobs import logs
 from stream_jobs.cli.common import run_fast, settings_of
 from stream_jobs.outbox.depth import FailingRow, OutboxDepth, failing_rows, read_depth
 from stream_jobs.outbox.relay import OutboxRelay
+from stream_jobs.plurals import counted
 
 console = Console(stderr=True)
 out = Console()
@@ -59,7 +60,7 @@ def relay(
         await relay.run(stop)
 
     run_fast(main())
-    console.print(f"stopped: {relay.moved:,} rows moved to Kafka")
+    console.print(f"stopped: {counted(relay.moved, 'row')} moved to Kafka")
 
 
 @outbox_app.command("status")
@@ -85,8 +86,8 @@ def status(
         out.print_json(orjson.dumps(document).decode())
         return
     age = "-" if depth.oldest_age_s is None else f"{depth.oldest_age_s:.1f}s"
-    out.print(f"outbox in schema {depth.schema}: {depth.depth:,} rows waiting, oldest {age}, "
-              f"{depth.retrying:,} retrying", highlight=False)
+    out.print(f"outbox in schema {depth.schema}: {counted(depth.depth, 'row')} waiting, "
+              f"oldest {age}, {depth.retrying:,} retrying", highlight=False)
     if rows:
         table = Table(title="rows whose write failed (oldest first)")
         for column in ("id", "topic", "job ID", "attempts", "retry at (UTC)", "last error"):

@@ -22,6 +22,7 @@ from rich.table import Table
 from stream_jobs import clock
 from stream_jobs.cli.common import settings_of
 from stream_jobs.durations import parse_rate
+from stream_jobs.plurals import counted
 from stream_jobs.tools.group_offsets import OffsetChange, reset_offsets
 from stream_jobs.tools.replay import ReplayResult, parse_time_ms, replay, resume_hint
 
@@ -73,8 +74,8 @@ def replay_command(
     except KeyboardInterrupt:
         bar.stop()
         if bar.result is not None:
-            console.print(f"[yellow]interrupted[/] after {bar.result.written} of "
-                          f"{bar.result.planned} records. {resume_hint(bar.result)}",
+            console.print(f"[yellow]interrupted[/] after {bar.result.written:,} of "
+                          f"{counted(bar.result.planned, 'record')}. {resume_hint(bar.result)}",
                           highlight=False)
         # SystemExit, not typer.Exit: in the entry point's non-standalone mode typer turns
         # an Exit into a return value, and the exit code would be lost.
@@ -115,9 +116,8 @@ def reset(
     if dry_run:
         console.print("dry run: nothing committed.")
     else:
-        console.print(f"[green]committed[/] {len(changes)} offset"
-                      f"{'s' if len(changes) != 1 else ''} for {group}; its workers start "
-                      "there.", highlight=False)
+        console.print(f"[green]committed[/] {counted(len(changes), 'offset')} for {group}; "
+                      "its workers start there.", highlight=False)
 
 
 class _ReplayBar:
@@ -177,20 +177,20 @@ def _print_summary(result: ReplayResult) -> None:
         table.add_row(str(partition), job_type, destination, f"{count:,}")
     console.print(table)
     if result.skipped_total:
-        skipped = Table(title=f"{result.skipped_total} records skipped: not jobs")
+        skipped = Table(title=f"{counted(result.skipped_total, 'record')} skipped: not jobs")
         for column in ("partition", "offset", "reason", "detail"):
             skipped.add_column(column, overflow="fold")
         for skip in result.skipped[:_LISTED_SKIPS]:
             skipped.add_row(str(skip.partition), str(skip.offset), skip.reason, skip.message)
         console.print(skipped)
         if result.skipped_total > _LISTED_SKIPS:
-            console.print(f"... and {result.skipped_total - _LISTED_SKIPS} more.")
+            console.print(f"... and {result.skipped_total - _LISTED_SKIPS:,} more.")
     if result.expired:
-        verb = "is" if result.expired == 1 else "are"
-        console.print(f"[yellow]{result.expired} of the jobs {verb} past their expiry[/]: the "
+        late = counted(result.expired, "of the jobs is", "of the jobs are")
+        console.print(f"[yellow]{late} past their expiry[/]: the "
                       "worker counts such jobs expired and does not run them.", highlight=False)
     verb = "would write" if result.dry_run else "wrote"
-    console.print(f"{verb} {result.written:,} of {result.read:,} records read from "
+    console.print(f"{verb} {result.written:,} of {counted(result.read, 'record')} read from "
                   f"{result.topic}; skipped {result.skipped_total:,}.", highlight=False)
 
 

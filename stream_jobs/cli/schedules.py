@@ -168,9 +168,12 @@ def trigger(
     if app_spec is not None:
         job_app = load_app(app_spec)
         job_app.use_settings(settings)
+    # The run's time: what a payload computed in code gets, and what is printed.
+    fire_ms = clock.now_ms()
+    spec = view.spec
     payload: Payload
-    if view.spec is not None and not view.spec.in_code:
-        payload = view.spec.payload
+    if spec is not None and not spec.in_code:
+        payload = spec.payload
     else:
         if job_app is None:
             raise ConfigError(f"Schedule {name!r} computes its payload in code "
@@ -179,9 +182,10 @@ def trigger(
         if declared is None:
             raise ConfigError(f"{app_spec} declares no schedule {name!r} of "
                               f"{view.job_type!r}.")
+        spec = declared[0]  # a schedule declared in code has no spec in topics/
         runner = job_app.scheduler(view.job_type)
         assert runner is not None
-        payload = asyncio.run(runner.payload_for(declared[0], clock.now_ms()))
+        payload = asyncio.run(runner.payload_for(spec, fire_ms))
     models = job_app.models() if job_app is not None else {}
 
     async def main() -> str:
@@ -190,6 +194,5 @@ def trigger(
 
     job_id = asyncio.run(main())
     print(job_id)
-    status.print(f"{view.job_type}:{name} triggered at "
-                 f"{local_time(view.spec, clock.now_ms()).isoformat() if view.spec else 'now'}")
+    status.print(f"{view.job_type}:{name} triggered at {local_time(spec, fire_ms).isoformat()}")
 

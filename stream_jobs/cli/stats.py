@@ -16,6 +16,7 @@ from rich.table import Table
 from stream_jobs.cli.common import settings_of
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
 from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, JobLocation, locate_job
+from stream_jobs.plurals import counted
 from stream_jobs.settings import Settings
 from stream_jobs.tools.stats import collect
 from stream_jobs.tools.type_stats import DEFAULT_WINDOW_S, StatsSnapshot, TopicLag, TypeStats
@@ -27,8 +28,8 @@ status_console = Console(stderr=True)
 OUTBOX_ALERT_AGE_S = 60.0
 
 _STATUS_STYLE = {"done": "green", "finished": "green", "pending": "cyan", "retrying": "yellow",
-                 "dead_lettered": "red", "not_seen": "magenta", "cancelled": "yellow",
-                 "superseded": "dim"}
+                 "scheduled": "cyan", "dead_lettered": "red", "not_seen": "magenta",
+                 "cancelled": "yellow", "superseded": "dim"}
 
 
 def stats(
@@ -164,12 +165,11 @@ def render_stats(shot: StatsSnapshot, settings: Settings, partitions: bool) -> G
                       _limit(t))
         if t.heartbeats is not None and t.heartbeats.stuck:
             stuck = t.heartbeats.stuck
-            plural = "s" if len(stuck) > 1 else ""
-            notes.append(f"[red]{t.job_type}: {len(stuck)} partition{plural} stuck (no heartbeat "
-                         f"processed for over {2 * t.heartbeats.interval_s:g} s): "
+            notes.append(f"[red]{t.job_type}: {counted(len(stuck), 'partition')} stuck (no "
+                         f"heartbeat processed for over {2 * t.heartbeats.interval_s:g} s): "
                          + ", ".join(f"{p.topic}[{p.partition}]" for p in stuck) + "[/]")
         if t.missing_topics:
-            notes.append(f"{t.job_type}: {len(t.missing_topics)} topics missing "
+            notes.append(f"{t.job_type}: {counted(len(t.missing_topics), 'topic')} missing "
                          f"({', '.join(t.missing_topics)}): run `stream-jobs topics apply`.")
     parts: list[Any] = [waiting, rates, _outbox_line(shot)]
     shadowed = [t for t in shot.types if t.shadow is not None]
@@ -188,7 +188,7 @@ def _outbox_line(shot: StatsSnapshot) -> str:
         return f"[yellow]outbox: unknown ({shot.outbox_problem})[/]"
     age = _age(box.oldest_age_s)
     stuck = box.oldest_age_s is not None and box.oldest_age_s > OUTBOX_ALERT_AGE_S
-    text = (f"outbox (schema {box.schema}): {box.depth:,} rows waiting, oldest {age}"
+    text = (f"outbox (schema {box.schema}): {counted(box.depth, 'row')} waiting, oldest {age}"
             + (f", {box.retrying:,} retrying" if box.retrying else ""))
     return f"[red]{text}[/]" if stuck else text
 

@@ -13,6 +13,7 @@ from rich.table import Table
 from stream_jobs.cli.common import settings_of
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka import topics as kafka_topics
+from stream_jobs.plurals import counted
 from stream_jobs.settings import Settings
 from stream_jobs.topic_plan import Change
 
@@ -98,7 +99,7 @@ def _summary(changes: list[Change]) -> str:
     topics = len({c.topic for c in changes})
     parts = [f"{counts[a]} {a}" for a in ("create", "add-partitions", "set-config", "warn")
              if counts[a]]
-    return f"{topics} topics: " + (", ".join(parts) if parts else "all ok")
+    return f"{counted(topics, 'topic')}: " + (", ".join(parts) if parts else "all ok")
 
 
 def _count(value: int | None) -> str:

@@ -1,8 +1,7 @@
-"""`stream-jobs worker APP [--type T ...] [--processes N|auto]` and `stream-jobs db migrate`."""
+"""`stream-jobs worker APP [--type T ...] [--processes N|auto]`."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -13,7 +12,6 @@ from rich.console import Console
 from stream_jobs import logs
 from stream_jobs.app import App, load_app
 from stream_jobs.cli.common import app, run_fast, settings_of
-from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -23,7 +21,6 @@ if TYPE_CHECKING:
     from stream_jobs.runtime.worker import Worker
 
 console = Console(stderr=True)
-db_app = typer.Typer(help="The dedup database.", no_args_is_help=True)
 
 
 @app.command("worker")
@@ -152,20 +149,3 @@ class _Plan:
         return Shadow(self.job_app.settings, self.job_app.job_type(job_type),
                       self.job_app.handlers.get(job_type))
 
-
-@db_app.command("migrate")
-def migrate(ctx: typer.Context) -> None:
-    """Create the dedup and outbox tables (stream_jobs_done, stream_jobs_outbox) and the
-    fencing token sequence (stream_jobs_fencing_tokens) if they are missing; safe to
-    re-run."""
-    settings = settings_of(ctx)
-
-    async def main() -> None:
-        store = DedupStore(settings)
-        try:
-            await store.migrate()
-        finally:
-            await store.close()
-
-    asyncio.run(main())
-    console.print(f"dedup schema ready in {settings.database_schema}")

@@ -15,6 +15,9 @@ from stream_jobs.settings import Settings, redact_url
 
 # Opening a connection failed: Postgres is down, refusing, or still starting.
 UNREACHABLE = (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
+# Postgres answered but would not let us in: the URL's database, user or password is wrong.
+REFUSED = (asyncpg.InvalidCatalogNameError, asyncpg.InvalidAuthorizationSpecificationError,
+           asyncpg.InvalidPasswordError)
 
 
 class LazyPool:
@@ -45,9 +48,24 @@ class LazyPool:
             await pool.close()
 
     def unavailable(self, exc: BaseException) -> DatabaseUnavailable:
+        return not_connected(self.settings, exc)
+
+
+def not_connected(settings: Settings, exc: BaseException) -> DatabaseUnavailable:
+    """Our error for a connection to the settings' database that could not be opened:
+    Postgres did not answer, or refused the URL's database, user or password."""
+    shown = redact_url(settings.database_url)
+    if isinstance(exc, REFUSED):
         return DatabaseUnavailable(
-            f"Postgres did not answer at {redact_url(self.settings.database_url)} "
-            f"(STREAM_JOBS_DATABASE_URL): {exc}")
+            f"The Postgres server at {shown} (STREAM_JOBS_DATABASE_URL) refused us "
+            f"({_first_line(exc)}): fix the user, password or database in the setting.")
+    return DatabaseUnavailable(
+        f"Postgres did not answer at {shown} (STREAM_JOBS_DATABASE_URL): {_first_line(exc)}; "
+        "start it (`stream-jobs dev up` starts the local one) or fix the setting.")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
 
 
 def database_error(exc: BaseException, pool: LazyPool, what: str) -> StreamJobsError:
@@ -59,10 +77,9 @@ def database_error(exc: BaseException, pool: LazyPool, what: str) -> StreamJobsE
             f"Cannot {what}: schema {pool.settings.database_schema!r} lacks the tables of "
             "cancels and unique keys; run `stream-jobs db migrate` (or point "
             "STREAM_JOBS_DATABASE_SCHEMA at the schema that has them).")
-    if isinstance(exc, UNREACHABLE):
+    if isinstance(exc, UNREACHABLE + REFUSED):
         return pool.unavailable(exc)
-    detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return DatabaseUnavailable(f"Postgres failed to {what}: {detail}.")
+    return DatabaseUnavailable(f"Postgres failed to {what}: {_first_line(exc)}.")
 
 
 # The driver's errors, for `except` clauses at this boundary.
@@ -70,4 +87,4 @@ DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
-__all__ = ["DRIVER_ERRORS", "UNREACHABLE", "LazyPool", "database_error"]
+__all__ = ["DRIVER_ERRORS", "REFUSED", "UNREACHABLE", "LazyPool", "database_error", "not_connected"]

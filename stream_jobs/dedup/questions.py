@@ -14,8 +14,9 @@ from typing import TypeVar
 
 import asyncpg
 
+from stream_jobs.dedup.pool import not_connected
 from stream_jobs.errors import ConfigError, DatabaseUnavailable
-from stream_jobs.settings import Settings, redact_url
+from stream_jobs.settings import Settings
 
 CONNECT_TIMEOUT_S = 3.0
 
@@ -29,8 +30,7 @@ async def ask(settings: Settings, query: Callable[[asyncpg.Connection], Awaitabl
     try:
         conn = await asyncpg.connect(settings.database_url, timeout=CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        raise DatabaseUnavailable(f"Postgres did not answer at "
-                                  f"{redact_url(settings.database_url)}: {exc}") from exc
+        raise not_connected(settings, exc) from exc
     try:
         return await query(conn)
     except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError) as exc:

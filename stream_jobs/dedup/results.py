@@ -20,18 +20,15 @@ import asyncio
 import contextlib
 import hashlib
 import zlib
-from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
-from pydantic import BaseModel
 
-from stream_jobs.errors import ConfigError, DatabaseUnavailable, ResultNotKept, ResultTimeout
+from stream_jobs.errors import ConfigError, DatabaseUnavailable
 from stream_jobs.results import StoredResult
 from stream_jobs.settings import Settings, redact_url
 
 TABLE = "stream_jobs_results"
-M = TypeVar("M", bound=BaseModel)
 _CHANNEL_MAX = 63  # Postgres keeps 63 bytes of an identifier; a channel is one
 CONNECT_TIMEOUT_S = 10.0
 _DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
@@ -101,28 +98,6 @@ class ResultReader:
         except _DRIVER_ERRORS as exc:
             raise self._unavailable(exc) from exc
         return None if row is None else stored(row)
-
-    async def result(self, job_id: str, timeout_s: float, *, model: type[M] | None = None,
-                     kept: Mapping[str, float] | None = None) -> Any:
-        """What `client.result` returns: the job's result once it exists (validated by
-        `model`), or the error that says why there is none (see `JobClient.result`).
-        `kept` names the types that keep results, for the sentence of a finished job."""
-        found = await self.wait(job_id, timeout_s)
-        job_type = await self.finished_type(job_id) if found is None else None
-        return answer(job_id, found, job_type, timeout_s, model=model, kept=kept)
-
-    async def finished_type(self, job_id: str) -> str | None:
-        """The type of the job if it has a dedup row (it finished), else None."""
-        pool = await self._get_pool()
-        try:
-            return await pool.fetchval(  # type: ignore[no-any-return]
-                f'SELECT job_type FROM "{self._schema}".stream_jobs_done WHERE job_id = $1',
-                job_id)
-        except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError) as exc:
-            raise ConfigError(f"There is no dedup table in schema {self._schema!r}: run "
-                              "`stream-jobs db migrate`.") from exc
-        except _DRIVER_ERRORS as exc:
-            raise self._unavailable(exc) from exc
 
     async def wait(self, job_id: str, timeout_s: float) -> StoredResult | None:
         """The job's row once it exists, or None when `timeout_s` passed without one."""
@@ -214,25 +189,6 @@ class ResultReader:
             f"(STREAM_JOBS_DATABASE_URL) for a job's result: {exc}")
 
 
-def answer(job_id: str, found: StoredResult | None, finished_type: str | None,
-           waited_s: float, *, model: type[M] | None = None,
-           kept: Mapping[str, float] | None = None) -> Any:
-    """`client.result`'s answer from the job's row (`found`) and, without one, the type of
-    its dedup row (`finished_type`, None: not finished): the value, or the error."""
-    if found is None:
-        if finished_type is None:
-            raise ResultTimeout(f"Job {job_id} has no result after {waited_s:g} s: it "
-                                f"has not finished yet (`stream-jobs job {job_id}` says "
-                                "where it is).")
-        why = ("its type keeps no results: declare it with @app.job(..., keep_result="
-               "'1d')" if finished_type not in (kept or {}) else "its result was pruned")
-        raise ResultNotKept(f"Job {job_id} ({finished_type}) finished, but no result of it "
-                            f"is kept: {why}.")
-    if not found.succeeded:
-        raise found.failure()
-    return found.parsed(model) if model is not None else found.value()
-
-
 async def prune_expired(conn: Any, schema: str, batch: int) -> int:
     """Delete up to `batch` result rows past their expiry; how many were deleted."""
     status = await conn.execute(
@@ -241,5 +197,5 @@ async def prune_expired(conn: Any, schema: str, batch: int) -> int:
     return int(status.rsplit(" ", 1)[-1])
 
 
-__all__ = ["ResultReader", "answer", "prune_expired", "results_channel", "results_table",
+__all__ = ["ResultReader", "prune_expired", "results_channel", "results_table",
            "select_result_sql", "stored"]

@@ -215,6 +215,11 @@ superseded_table = Table(
 _superseded_at_index = Index("stream_jobs_superseded_at", superseded_table.c.superseded_at)
 
 
+# What `schema_ddl` creates (besides indexes), by name, in the order `db migrate` lists
+# them: every table of `metadata`, then the sequence.
+SCHEMA_OBJECTS: tuple[str, ...] = (*metadata.tables, FENCING_SEQUENCE)
+
+
 def control_ddl() -> list[str]:
     """The statements for the cancel, unique-key and debounce tables."""
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]

@@ -13,6 +13,7 @@ SQLAlchemy owns the schema (`stream_jobs.dedup.schema`); the hot path talks to a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import (
     AbstractAsyncContextManager,
@@ -20,6 +21,7 @@ from contextlib import (
     asynccontextmanager,
     nullcontext,
 )
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
@@ -29,11 +31,12 @@ from stream_jobs.dedup.deferred import DeferredBlock, Statement, WriteBatcher
 from stream_jobs.dedup.fencing import FENCING_SEQUENCE, TokenIssuer
 from stream_jobs.dedup.group_commit import INSERT_DONE, GroupCommitter
 from stream_jobs.dedup.held import DRIVER_ERRORS, HeldTransaction, ours
+from stream_jobs.dedup.pool import REFUSED, not_connected
 from stream_jobs.dedup.results import prune_expired, results_table, select_result_sql, stored
 from stream_jobs.dedup.sync_once import done_table, once_in
-from stream_jobs.errors import AlreadyDone, ConfigError, DatabaseUnavailable
+from stream_jobs.errors import AlreadyDone, ConfigError, DatabaseUnavailable, StreamJobsError
 from stream_jobs.results import StoredResult
-from stream_jobs.settings import Settings, redact_url
+from stream_jobs.settings import Settings
 
 # Opening a connection failed: Postgres is down, refusing, or still starting.
 _UNREACHABLE = (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
@@ -64,6 +67,17 @@ class Dedup(Protocol):
     def fencing_token(self) -> asyncio.Future[int]: ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Migration:
+    """What a migration did: the schema it readied, whether it created it, and the
+    tables and sequences of `stream_jobs.dedup.schema` it created or found there."""
+
+    schema: str
+    schema_created: bool
+    created: tuple[str, ...]
+    present: tuple[str, ...]
 
 
 class DedupStore:
@@ -102,9 +116,20 @@ class DedupStore:
         return self._pool
 
     def _unavailable(self, exc: BaseException) -> DatabaseUnavailable:
-        return DatabaseUnavailable(
-            f"Postgres did not answer at {redact_url(self._settings.database_url)} "
-            f"(STREAM_JOBS_DATABASE_URL): {exc}")
+        return not_connected(self._settings, exc)
+
+    def _failed(self, exc: BaseException, what: str) -> StreamJobsError:
+        """Our error for a driver error met while doing `what` ("count the dedup rows")."""
+        if isinstance(exc, _UNREACHABLE + REFUSED):
+            return self._unavailable(exc)
+        schema = self._settings.database_schema
+        if isinstance(exc, asyncpg.UndefinedTableError | asyncpg.InvalidSchemaNameError):
+            return ConfigError(
+                f"Cannot {what}: there is no dedup table in schema {schema!r}; run "
+                "`stream-jobs db migrate` (or point STREAM_JOBS_DATABASE_SCHEMA at the schema "
+                "that has it).")
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
+        return DatabaseUnavailable(f"Postgres failed to {what}: {detail}.")
 
     async def close(self) -> None:
         if self._held_pool is not None:
@@ -120,15 +145,44 @@ class DedupStore:
             await self._pool.close()
             self._pool = None
 
-    async def migrate(self) -> None:
-        """Create the dedup table, its index and the fencing token sequence if missing
-        (idempotent)."""
-        from stream_jobs.dedup.schema import schema_ddl  # SQLAlchemy is only needed here
+    async def migrate(self) -> Migration:
+        """Create the settings' schema if it is missing, then in it every table, index
+        and sequence of `stream_jobs.dedup.schema` that is missing (idempotent). All of
+        it in one transaction, one migration of a schema at a time.
 
-        pool = await self._get_pool()
-        async with pool.acquire() as conn:
-            for statement in schema_ddl():
-                await conn.execute(statement)
+        Raises `ConfigError` when the user may not create the schema or its tables (with
+        the statement that would grant it), `DatabaseUnavailable` when Postgres does not
+        answer or refuses the URL or a statement.
+        """
+        from stream_jobs.dedup.schema import SCHEMA_OBJECTS, schema_ddl  # SQLAlchemy: only here
+
+        schema = self._settings.database_schema
+        try:
+            pool = await self._get_pool()
+            async with pool.acquire() as conn, conn.transaction():
+                # One migration of a schema at a time: concurrent CREATE ... IF NOT EXISTS
+                # of one name can both try, and one fails on a catalog's unique index.
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", _migration_lock(schema))
+                user, database = await conn.fetchrow("SELECT current_user, current_database()")
+                made = await _create_schema(conn, schema, user, database)
+                there = {row[0] for row in await conn.fetch(
+                    "SELECT c.relname FROM pg_class c JOIN pg_namespace n "
+                    "ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = ANY($2)",
+                    schema, list(SCHEMA_OBJECTS))}
+                try:
+                    for statement in schema_ddl():
+                        await conn.execute(statement)
+                except asyncpg.InsufficientPrivilegeError as exc:
+                    raise ConfigError(
+                        f"User {user!r} may not create tables in schema {schema!r} "
+                        f"(STREAM_JOBS_DATABASE_SCHEMA): have its owner run `GRANT CREATE ON "
+                        f"SCHEMA {schema} TO {user}`, or set STREAM_JOBS_DATABASE_SCHEMA to a "
+                        "schema of the user's own.") from exc
+        except DRIVER_ERRORS as exc:
+            raise self._failed(exc, f"migrate schema {schema!r}") from exc
+        return Migration(schema, made,
+                         created=tuple(o for o in SCHEMA_OBJECTS if o not in there),
+                         present=tuple(o for o in SCHEMA_OBJECTS if o in there))
 
     @asynccontextmanager
     async def once(self, job_id: str, job_type: str, attempt: int) -> AsyncIterator[Any]:
@@ -275,7 +329,8 @@ class DedupStore:
         return [int(row[0]) for row in rows]
 
     async def finished(self, job_id: str) -> tuple[str, int, datetime] | None:
-        """(job_type, attempt, finished_at) of a finished job, or None."""
+        """(job_type, attempt, finished_at) of a finished job, or None. Driver errors are
+        the caller's (`stream_jobs.lookup` turns each into a note)."""
         pool = await self._get_pool()
         row = await pool.fetchrow(
             "SELECT job_type, attempt, finished_at FROM stream_jobs_done WHERE job_id = $1", job_id
@@ -285,18 +340,15 @@ class DedupStore:
     async def prune_plan(self, older_than_s: float) -> tuple[datetime, int]:
         """The cutoff (the database's clock, which wrote `finished_at`, less `older_than_s`)
         and how many rows finished before it."""
-        pool = await self._get_pool()
         try:
+            pool = await self._get_pool()
             row = await pool.fetchrow(
                 "SELECT c.cutoff, (SELECT count(*) FROM stream_jobs_done "
                 "WHERE finished_at < c.cutoff) AS n "
                 "FROM (SELECT now() - make_interval(secs => $1) AS cutoff) c",
                 float(older_than_s))
-        except asyncpg.UndefinedTableError as exc:
-            raise ConfigError(
-                f"There is no dedup table in schema {self._settings.database_schema!r}: "
-                "run `stream-jobs db migrate` first (or point STREAM_JOBS_DATABASE_SCHEMA "
-                "at the schema that has it).") from exc
+        except DRIVER_ERRORS as exc:
+            raise self._failed(exc, "count the dedup rows to prune") from exc
         return row["cutoff"], int(row["n"])
 
     async def prune(self, older_than_s: float, *, batch: int = 10_000, dry_run: bool = False,
@@ -319,11 +371,14 @@ class DedupStore:
     async def prune_batch(self, cutoff: datetime, limit: int) -> int:
         """Delete up to `limit` rows finished before `cutoff`, oldest first, in one short
         transaction (so locks and WAL stay small); how many were deleted."""
-        pool = await self._get_pool()
-        status = await pool.execute(
-            "DELETE FROM stream_jobs_done WHERE job_id IN (SELECT job_id FROM "
-            "stream_jobs_done WHERE finished_at < $1 ORDER BY finished_at LIMIT $2)",
-            cutoff, limit)
+        try:
+            pool = await self._get_pool()
+            status = await pool.execute(
+                "DELETE FROM stream_jobs_done WHERE job_id IN (SELECT job_id FROM "
+                "stream_jobs_done WHERE finished_at < $1 ORDER BY finished_at LIMIT $2)",
+                cutoff, limit)
+        except DRIVER_ERRORS as exc:
+            raise self._failed(exc, "delete old dedup rows") from exc
         return int(status.rsplit(" ", 1)[-1])
 
     async def prune_results(self, *, batch: int = 10_000, dry_run: bool = False) -> int:
@@ -345,32 +400,76 @@ class DedupStore:
         except asyncpg.UndefinedTableError:
             return 0  # migrated before results existed: nothing kept, nothing to prune
         except DRIVER_ERRORS as exc:
-            raise ours(exc, "the prune of expired results") from exc
+            raise self._failed(exc, "delete expired results") from exc
 
     async def count(self, job_type: str | None = None) -> int:
-        pool = await self._get_pool()
-        if job_type is None:
-            return int(await pool.fetchval("SELECT count(*) FROM stream_jobs_done"))
-        return int(await pool.fetchval(
-            "SELECT count(*) FROM stream_jobs_done WHERE job_type = $1", job_type))
+        """Dedup rows, of every type or of `job_type`."""
+        try:
+            pool = await self._get_pool()
+            if job_type is None:
+                return int(await pool.fetchval("SELECT count(*) FROM stream_jobs_done"))
+            return int(await pool.fetchval(
+                "SELECT count(*) FROM stream_jobs_done WHERE job_type = $1", job_type))
+        except DRIVER_ERRORS as exc:
+            raise self._failed(exc, "count the dedup rows") from exc
 
 
-async def prepare_schema(settings: Settings, app_sql: Sequence[str] = ()) -> None:
-    """Create the settings' schema if missing, run an app's own DDL in it, then the dedup
-    table's migration (the demo and the chaos runner set up their databases this way)."""
-    conn = await asyncpg.connect(settings.database_url)
+def _migration_lock(schema: str) -> int:
+    """The advisory lock a migration of `schema` holds (advisory locks are database-wide)."""
+    digest = hashlib.sha256(f"stream-jobs migrate\0{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+async def _create_schema(conn: Any, schema: str, user: str, database: str) -> bool:
+    """Create `schema` if it does not exist; whether this call created it."""
+    # Asked first: CREATE SCHEMA IF NOT EXISTS needs the privilege to create a schema
+    # even when the schema is there.
+    if await conn.fetchval("SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)",
+                           schema):
+        return False
     try:
-        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{settings.database_schema}"')
-        await conn.execute(f'SET search_path TO "{settings.database_schema}"')
-        for statement in app_sql:
-            await conn.execute(statement)
-    finally:
-        await conn.close()
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise ConfigError(
+            f"Schema {schema!r} (STREAM_JOBS_DATABASE_SCHEMA) does not exist and user "
+            f"{user!r} may not create schemas in database {database!r}: have its owner run "
+            f"`CREATE SCHEMA {schema} AUTHORIZATION {user}`, or set "
+            "STREAM_JOBS_DATABASE_SCHEMA to a schema that exists.") from exc
+    return True
+
+
+async def migrate(settings: Settings) -> Migration:
+    """`DedupStore.migrate` on a store of its own: `stream-jobs db migrate`, `dev up`."""
     store = DedupStore(settings)
     try:
-        await store.migrate()
+        return await store.migrate()
     finally:
         await store.close()
+
+
+async def prepare_schema(settings: Settings, app_sql: Sequence[str] = ()) -> Migration:
+    """Migrate the settings' schema (creating it if missing), then run an app's own DDL
+    in it (the demo, the chaos runner and the test fixtures set up their databases so)."""
+    migration = await migrate(settings)
+    if not app_sql:
+        return migration
+    try:
+        conn = await asyncpg.connect(settings.database_url, server_settings={
+            "search_path": settings.database_schema})
+    except DRIVER_ERRORS as exc:
+        raise not_connected(settings, exc) from exc
+    try:
+        for statement in app_sql:
+            try:
+                await conn.execute(statement)
+            except DRIVER_ERRORS as exc:
+                detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise DatabaseUnavailable(
+                    f"Postgres refused the app's statement {statement.split('(')[0].strip()!r} "
+                    f"in schema {settings.database_schema!r}: {detail}") from exc
+    finally:
+        await conn.close()
+    return migration
 
 
 class _DeferredBlock(DeferredBlock):

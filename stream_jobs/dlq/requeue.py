@@ -58,6 +58,7 @@ from stream_jobs.kafka.consumer import Consumer, open_consumer, open_reader
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.kafka.scan import PartitionRange, scan
 from stream_jobs.naming import DEFAULT_LANE, dlq_group, dlq_topic, lane_topic
+from stream_jobs.plurals import counted
 from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
 
@@ -404,7 +405,8 @@ async def _send(producer: JobProducer, batch: list[tuple[str, JobRecord]],
     try:
         await producer.send_many(batch)
     except PublishError as exc:
-        raise PublishError(f"{exc}. {sent_before} letters were requeued before this and the "
+        raise PublishError(f"{exc}. {counted(sent_before, 'letter was', 'letters were')} "
+                           "requeued before this and the "
                            "rest are still in the DLQ: run the same command again to go on "
                            "(letters sent twice keep their job IDs and ctx.once() runs "
                            "them once).") from exc
@@ -416,7 +418,8 @@ async def _commit(consumer: Consumer, tp: TopicPartition, offset: int, sent: int
         await consumer.commit({tp: offset})
     except CommitRefused as exc:
         raise DlqRefused(f"Kafka did not take the drain position of {tp.topic} partition "
-                         f"{tp.partition} ({exc}); {sent} letters were requeued. Run the "
+                         f"{tp.partition} ({exc}); {counted(sent, 'letter was', 'letters were')}"
+                         " requeued. Run the "
                          "same command again: it starts from the last position taken and "
                          "letters sent twice run once (ctx.once()).") from exc
 

@@ -135,8 +135,8 @@ class RequeueOut(BaseModel):
 
 class JobOut(BaseModel):
     job_id: str
-    status: str = Field(description="done, dead_lettered, retrying, pending, finished, "
-                        "cancelled, superseded or not_seen.")
+    status: str = Field(description="done, dead_lettered, retrying, scheduled, pending, "
+                        "finished, cancelled, superseded or not_seen.")
     summary: str
     job_type: str | None
     attempt: int | None
@@ -214,6 +214,30 @@ class StrictJsonRoute(APIRoute):
         return strict
 
 
+class AnyTypeJsonRoute(StrictJsonRoute):
+    """Reads the body as JSON whatever its Content-Type says. `curl -d` sends
+    application/x-www-form-urlencoded, so a cancel written as most people write curl
+    would be a 422.
+
+    Only for routes whose auth is the bearer token, a header and never a cookie: a page
+    of another site can make a browser send a form-encoded or text/plain body without a
+    CORS preflight, but not with `Authorization`, which needs a preflight that the
+    gateway never grants (it sends no CORS headers). (With `serve --no-auth` every route
+    is open to whoever reaches it; a cancel needs no body at all.)"""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def as_json(request: Request) -> Response:
+            headers = [(name, value) for name, value in request.scope["headers"]
+                       if name != b"content-type"]
+            scope = {**request.scope, "headers": [*headers,
+                                                  (b"content-type", b"application/json")]}
+            return await handler(Request(scope, request.receive))
+
+        return as_json
+
+
 router = APIRouter(route_class=StrictJsonRoute)
 GatewayDep = Annotated[Gateway, Depends(gateway_of)]
 
@@ -254,7 +278,8 @@ async def job(gateway: GatewayDep,
               job_type: Annotated[str | None, Query(alias="type", max_length=249)] = None,
               max_records: Annotated[int, Query(ge=1, le=1_000_000)]
               = DEFAULT_MAX_RECORDS_PER_TOPIC) -> JobOut:
-    """What happened to a job: done, dead-lettered, retrying, pending, finished, not seen."""
+    """What happened to a job: done, dead-lettered, retrying, scheduled, pending, finished,
+    cancelled, superseded, not seen."""
     found = await locate_job(gateway.settings, gateway.types, job_id, job_type=job_type,
                              max_records_per_topic=max_records)
     return JobOut(job_id=found.job_id, status=found.status, summary=found.summary(),
@@ -273,21 +298,27 @@ async def batch(gateway: GatewayDep,
     return BatchOut(**found.to_dict())
 
 
-@router.post("/jobs/{job_id}/cancel", response_model=CancelOut, tags=["jobs"],
-             dependencies=[Authorized], responses=_errors(401, 404, 409, 503))
 async def cancel(gateway: GatewayDep,
                  job_id: Annotated[str, Path(min_length=1, max_length=64)],
                  job_type: Annotated[str | None, Query(alias="type", max_length=249)] = None,
                  body: Annotated[CancelIn | None, Body()] = None) -> CancelOut:
     """Cancel a job that has not finished: it never starts, and a run in progress is
     interrupted. A finished job is left as it is (`changed` is false); an unknown ID is
-    404. `type` narrows the search for the job to one type's topics."""
+    404. `type` narrows the search for the job to one type's topics. The body is read as
+    JSON whatever its Content-Type (`curl -d` sends a form's)."""
     if job_type is not None:
         get_job_type(gateway.types, job_type)
     answer = await cancel_job(gateway.settings, gateway.types, job_id, job_type=job_type,
                               reason=(body or CancelIn()).reason)
     return CancelOut(job_id=answer.job_id, job_type=answer.job_type, answer=answer.answer,
                      changed=answer.changed, summary=answer.summary())
+
+
+# A JSON body with any Content-Type: `curl ... -d '{"reason": "..."}'` works as written.
+router.add_api_route("/jobs/{job_id}/cancel", cancel, methods=["POST"],
+                     response_model=CancelOut, tags=["jobs"], dependencies=[Authorized],
+                     responses=_errors(401, 404, 409, 503),
+                     route_class_override=AnyTypeJsonRoute)
 
 
 @router.get("/types", response_model=list[TypeOut], tags=["types"])

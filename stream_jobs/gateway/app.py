@@ -41,6 +41,7 @@ from stream_jobs.errors import (
     UnknownWorkflow,
 )
 from stream_jobs.gateway import api, dashboard
+from stream_jobs.gateway.api_docs import mount_api_docs
 from stream_jobs.gateway.sampler import StatsSampler
 from stream_jobs.gateway.state import Enqueuer, Gateway
 from stream_jobs.job_types import load_job_types
@@ -195,8 +196,11 @@ def create_app(settings: Settings, *, models: Mapping[str, type[BaseModel]] | No
                   description="Enqueue jobs over HTTP, look them up, watch the queues and "
                   "work the DLQ. Write and operator routes need `Authorization: Bearer "
                   "<STREAM_JOBS_GATEWAY_TOKEN>`.",
-                  lifespan=lifespan, exception_handlers=_handlers(gateway))
+                  lifespan=lifespan, exception_handlers=_handlers(gateway),
+                  # /docs is served from the package (api_docs.py); no ReDoc, no OAuth.
+                  docs_url=None, redoc_url=None, swagger_ui_oauth2_redirect_url=None)
     app.state.gateway = gateway
+    mount_api_docs(app)
     app.include_router(api.router)
     app.include_router(dashboard.router)
 

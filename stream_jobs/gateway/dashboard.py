@@ -227,7 +227,7 @@ async def do_requeue(request: Request, job_type: str, gateway: GatewayDep) -> Re
                             status_code=303)
 
 
-_CANCELLABLE = ("pending", "retrying")
+_CANCELLABLE = ("pending", "retrying", "scheduled")
 
 
 async def _located(gateway: Gateway, job_id: str, job_type: str | None) -> JobLocation:

@@ -144,8 +144,10 @@ def _thread_metrics(worker: Worker) -> Iterator[Metric]:
         overdue.add_metric([job_type], threads.overdue_total)
         yield overdue
     stalls = CounterMetricFamily("stream_jobs_loop_stalls",
-                                 "Times the worker's event loop was blocked for more than "
-                                 "a second (e.g. time.sleep in an async def handler).",
+                                 "Times a job of this type blocked the process's event "
+                                 "loop for more than a second (e.g. time.sleep in an async "
+                                 "def handler); a stall no job is named for counts for "
+                                 "every type of the process.",
                                  labels=["type"])
     stalls.add_metric([job_type], worker.loop_watch.stalls)
     yield stalls

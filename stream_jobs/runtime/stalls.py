@@ -1,17 +1,24 @@
 """The blocked-loop warning: an `async def` handler that blocks the event loop (a
 `time.sleep`, a sync driver call) for more than a second is logged with its job.
 
-While the loop is blocked nothing else of the worker runs: no fetch, no commit, no
-heartbeat to the consumer group (miss enough and the group evicts the worker), no other
-job. The detector costs the job path nothing: the loop refreshes a timestamp from a timer
+While the loop is blocked nothing else of the process runs: no fetch, no commit, no
+heartbeat to a consumer group (miss enough and the group evicts the worker), no other
+job, of any type. So the watch is one per loop, whatever the number of types on it
+(`stream-jobs worker` runs them all on one loop): each type's `Worker` joins it with a
+`LoopWatch`, and a stall is reported once, naming the job that caused it.
+
+The detector costs the job path nothing: the loop refreshes a timestamp from a timer
 ten times a second, and a daemon thread compares it with the clock. When the loop is
 late by more than `warn_after_s`, the thread asks which task the loop is running (the
-running task of a loop is readable from any thread) and, when it is a runner, which
-record that runner has (`Runner.record`, set by the dispatcher anyway): one WARNING per
-stall, with the job's fields and `blocked_s`, and a second line when the loop is back,
-with how long the stall lasted in all.
+running task of a loop is readable from any thread: while a handler blocks, it is the
+task of the runner calling it) and which worker's runner that task is, with the record
+it runs (`Runner.record`, set by the dispatcher anyway). One WARNING per stall, with
+that job's fields and `blocked_s`, counted for its type; an INFO line when the loop is
+back, with how long the stall lasted in all. A stall in no runner's task (no handler
+running) is reported without a job, and counted for every type on the loop.
 
-`StallClock` is the decision, pure; `LoopWatch` is the timer and the thread.
+`StallClock` is the decision, pure; `LoopMonitor` is the timer and the thread of one
+loop; `LoopWatch` is a worker's part in it.
 """
 
 from __future__ import annotations
@@ -108,31 +115,83 @@ def running_record(task: object, runners: Iterable[Runner]) -> Record | None:
 
 
 class LoopWatch:
-    """Warns about stalls of the running loop (see the module). `runners` returns the
-    member's runners now; it is called on the monitor thread while the loop is blocked."""
+    """A worker's part in the stall watch of its event loop (see the module): `runners`
+    returns the worker's runners now (called on the monitor thread while the loop is
+    blocked); `stalls` counts the stalls its jobs caused, and those no job is named for.
+    `start` joins the loop's `LoopMonitor` (starting it, with this watch's `warn_after_s`
+    and `tick_s`, for the first worker on the loop), `stop` leaves it (stopping it after
+    the last). `name` is the worker's (its group)."""
 
     def __init__(self, name: str, runners: Callable[[], Iterable[Runner]], *,
                  warn_after_s: float = STALL_WARNING_S, tick_s: float = TICK_S) -> None:
         self.name = name
-        self._runners = runners
-        self._clock = StallClock(warn_after_s=warn_after_s, tick_s=tick_s)
+        self.runners = runners
+        self._warn_after_s = warn_after_s
         self._tick_s = tick_s
-        self._beat = time.monotonic()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        # Stalls reported (a counter, for Prometheus).
+        self._monitor: LoopMonitor | None = None
+        # Stalls counted for this worker (a counter, for Prometheus).
         self.stalls = 0
 
     def start(self) -> None:
-        """Start ticking on the running loop and watching from a daemon thread."""
-        self._loop = asyncio.get_running_loop()
+        """Watch the running loop with every other worker on it."""
+        loop = asyncio.get_running_loop()
+        with _monitors_lock:
+            monitor = _monitors.get(loop)
+            if monitor is None:
+                monitor = _monitors[loop] = LoopMonitor(
+                    loop, warn_after_s=self._warn_after_s, tick_s=self._tick_s)
+                monitor.start()
+            monitor.attach(self)
+        self._monitor = monitor
+
+    def stop(self) -> None:
+        monitor, self._monitor = self._monitor, None
+        if monitor is None:
+            return
+        with _monitors_lock:
+            if monitor.detach(self):
+                monitor.stop()
+                if _monitors.get(monitor.loop) is monitor:
+                    del _monitors[monitor.loop]
+
+
+# The monitor of each loop that has a started `LoopWatch`: one per process in practice.
+_monitors: dict[asyncio.AbstractEventLoop, LoopMonitor] = {}
+_monitors_lock = threading.Lock()
+
+
+class LoopMonitor:
+    """The timer and the thread that watch one event loop for every worker on it, so a
+    stall is reported once, naming the job that caused it (see the module)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, *,
+                 warn_after_s: float = STALL_WARNING_S, tick_s: float = TICK_S) -> None:
+        self.loop = loop
+        self._clock = StallClock(warn_after_s=warn_after_s, tick_s=tick_s)
+        self._tick_s = tick_s
         self._beat = time.monotonic()
-        self._timer = self._loop.call_later(self._tick_s, self._tick)
+        self._timer: asyncio.TimerHandle | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Replaced, never changed in place: the thread reads it while the loop may not run.
+        self._watches: tuple[LoopWatch, ...] = ()
+        self._blamed: dict[str, Any] = {}  # the fields of the job the last stall named
+
+    def attach(self, watch: LoopWatch) -> None:
+        self._watches = (*self._watches, watch)
+
+    def detach(self, watch: LoopWatch) -> bool:
+        """Forget `watch`; whether none is left."""
+        self._watches = tuple(w for w in self._watches if w is not watch)
+        return not self._watches
+
+    def start(self) -> None:
+        """Start ticking on the loop (the running one) and watching from a daemon thread."""
+        self._beat = time.monotonic()
+        self._timer = self.loop.call_later(self._tick_s, self._tick)
         self._stop.clear()
         self._thread = threading.Thread(target=self._watch, daemon=True,
-                                        name=f"{self.name}-loop-watch")
+                                        name="stream-jobs-loop-watch")
         self._thread.start()
 
     def stop(self) -> None:
@@ -146,34 +205,39 @@ class LoopWatch:
 
     def _tick(self) -> None:
         self._beat = time.monotonic()
-        assert self._loop is not None
-        self._timer = self._loop.call_later(self._tick_s, self._tick)
+        self._timer = self.loop.call_later(self._tick_s, self._tick)
 
     def _watch(self) -> None:
         while not self._stop.wait(self._tick_s):
             event = self._clock.observe(self._beat, time.monotonic())
             if isinstance(event, Stalled):
-                self.stalls += 1
                 self._report(event.blocked_s)
             elif isinstance(event, Recovered):
-                log.warning("%s: the event loop ran again after %.1f s blocked", self.name,
-                            event.blocked_s, extra={"blocked_s": round(event.blocked_s, 3)})
+                blamed, self._blamed = self._blamed, {}
+                by = (f" (job {blamed.get('job_id', '?')}, {blamed.get('job_type', '?')})"
+                      if blamed else "")
+                log.info("the event loop ran again after %.1f s blocked%s", event.blocked_s,
+                         by, extra={**blamed, "blocked_s": round(event.blocked_s, 3)})
 
     def _report(self, blocked_s: float) -> None:
-        loop = self._loop
-        task = asyncio.current_task(loop) if loop is not None else None
-        # A C-level copy: atomic under the GIL, while the loop's thread may wake and change it.
-        record = running_record(task, list(self._runners()))
-        if record is None:
-            name = task.get_name() if task is not None else "no task"
-            log.warning("%s: the event loop has been blocked for %.1f s (in %s): fetches, "
-                        "commits and group heartbeats wait meanwhile", self.name, blocked_s,
-                        name, extra={"blocked_s": round(blocked_s, 3)})
-            return
-        fields = job_fields_of(record)
-        log.warning("job %s (%s) has blocked the event loop for %.1f s: an `async def` "
-                    "handler must not block (time.sleep, sync I/O); fetches, commits and "
-                    "group heartbeats wait meanwhile. Await instead, or make it a plain "
-                    "`def`, which runs on a thread", fields.get("job_id", "?"),
-                    fields.get("job_type", "?"), blocked_s,
-                    extra={**fields, "blocked_s": round(blocked_s, 3)})
+        task = asyncio.current_task(self.loop)
+        watches = self._watches
+        for watch in watches:
+            # A C-level copy: atomic under the GIL, while the loop's thread may wake.
+            record = running_record(task, list(watch.runners()))
+            if record is not None:
+                watch.stalls += 1
+                self._blamed = fields = job_fields_of(record)
+                log.warning("job %s (%s) has blocked the event loop for %.1f s: an `async "
+                            "def` handler must not block (time.sleep, sync I/O); fetches, "
+                            "commits and group heartbeats wait meanwhile. Await instead, or "
+                            "make it a plain `def`, which runs on a thread",
+                            fields.get("job_id", "?"), fields.get("job_type", "?"),
+                            blocked_s, extra={**fields, "blocked_s": round(blocked_s, 3)})
+                return
+        for watch in watches:  # no job to blame: every type of the loop waited
+            watch.stalls += 1
+        name = task.get_name() if task is not None else "no task"
+        log.warning("the event loop has been blocked for %.1f s (in %s), not by a job's "
+                    "handler: fetches, commits and group heartbeats wait meanwhile",
+                    blocked_s, name, extra={"blocked_s": round(blocked_s, 3)})

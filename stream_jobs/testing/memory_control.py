@@ -12,9 +12,9 @@ for it, so what runs is the runtime's own code:
   unique and debounced `enqueue`, `result`, `chain`, `batch`, `progress` and `status`.
 
 A job that a unique or debounced enqueue sends is written to the broker at once, as the
-outbox relay would write its committed row. `result` waits (in real time, up to its
-timeout) only while the tester runs its workers: between runs nothing can finish, so it
-answers at once.
+outbox relay would write its committed row. `result` waits and looks as the real one
+does (`stream_jobs.client_stores.await_result`, in real time, up to its timeout) only
+while the tester runs its workers: between runs nothing can finish, so it answers at once.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from stream_jobs.cancels import (
     Cancellation,
     concerns,
 )
+from stream_jobs.client_stores import await_result
 from stream_jobs.dedup.cancel_watch import OnCancel
-from stream_jobs.dedup.results import answer
 from stream_jobs.errors import CancelPending, UnknownWorkflow
 from stream_jobs.job_types import JobTypePolicy, get_job_type
 from stream_jobs.kafka import TopicPartition
@@ -49,6 +49,7 @@ from stream_jobs.lookup import (
     topics_of,
 )
 from stream_jobs.outbox.unique import Build, KeyAnswer
+from stream_jobs.results import StoredResult
 from stream_jobs.settings import Settings
 from stream_jobs.testing.broker import MemoryBroker
 from stream_jobs.testing.memory_dedup import Publish
@@ -215,24 +216,27 @@ class MemoryStores:
         return taken
 
     async def result(self, job_id: str, timeout_s: float, *, model: type[BaseModel] | None,
-                     kept: Mapping[str, float]) -> Any:
-        found, waited_s = await self._wait(job_id, timeout_s)
-        done = self.tables.done.get(job_id) if found is None else None
-        return answer(job_id, found, None if done is None else done.job_type, waited_s,
-                      model=model, kept=kept)
+                     kept: Mapping[str, float | None],
+                     types: Mapping[str, JobTypePolicy]) -> Any:
+        """As `PostgresStores.result`, on the tester's rows and broker: the same waits and
+        looks (`await_result`), except that between runs nothing can change, so it answers
+        at once."""
+        return await await_result(_MemoryResults(self, types), job_id, timeout_s, kept=kept,
+                                  model=model)
 
-    async def _wait(self, job_id: str, timeout_s: float) -> tuple[Any, float]:
+    async def row(self, job_id: str, wait_s: float) -> StoredResult | None:
+        """The job's row, waiting up to `wait_s` (real time) for it while a run goes on."""
         found = self.tables.result_of(job_id)
-        if found is not None or not self._running() or timeout_s <= 0:
-            return found, 0.0
+        if found is not None or not self._running() or wait_s <= 0:
+            return found
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
+
         def wake() -> None:
             loop.call_soon_threadsafe(woken.set)
 
         stop = self.tables.on_result(wake)
-        started = loop.time()
-        deadline = started + timeout_s
+        deadline = loop.time() + wait_s
         try:
             while found is None and self._running() and loop.time() < deadline:
                 woken.clear()
@@ -241,7 +245,10 @@ class MemoryStores:
                 found = self.tables.result_of(job_id)
         finally:
             stop()
-        return found, loop.time() - started
+        return found
+
+    def idle(self) -> bool:
+        return not self._running()
 
     async def write_plan(self, plan: Plan) -> None:
         _, rows = self.tables.commit(None, plan.statements)
@@ -296,6 +303,23 @@ class MemoryStores:
 
     async def close(self) -> None:
         pass
+
+
+class _MemoryResults:
+    """The `ResultSource` of a tester's `MemoryStores`, looking in `types`."""
+
+    def __init__(self, stores: MemoryStores, types: Mapping[str, JobTypePolicy]) -> None:
+        self._stores = stores
+        self._types = types
+
+    async def row(self, job_id: str, wait_s: float) -> StoredResult | None:
+        return await self._stores.row(job_id, wait_s)
+
+    async def locate(self, job_id: str, job_type: str | None) -> JobLocation:
+        return await self._stores.status(self._types, job_id, job_type=job_type)
+
+    def idle(self) -> bool:
+        return self._stores.idle()
 
 
 __all__ = ["MemoryCancels", "MemoryKeys", "MemoryStores"]

@@ -17,6 +17,7 @@ from stream_jobs.dedup.cancels import CancelStore
 from stream_jobs.errors import JobNotFound
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, locate_job
+from stream_jobs.plurals import counted
 from stream_jobs.settings import Settings
 
 
@@ -30,8 +31,10 @@ async def cancel_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
     if found.status == "not_seen":
         where = f"the topics of {job_type}" if job_type else "the declared types' topics"
         cap = "" if found.complete else "; the scan stopped at its cap, so it may be further on"
-        raise JobNotFound(f"No job {job_id} was found: it has no dedup row and is in none of "
-                          f"{where} ({found.scanned_records:,} records read{cap}).")
+        topics = f"is in none of {where} ({counted(found.scanned_records, 'record')} read{cap})"
+        if found.notes:  # what the lookup could not check (Postgres away): said, not guessed
+            raise JobNotFound(f"No job {job_id} was found: it {topics}. " + " ".join(found.notes))
+        raise JobNotFound(f"No job {job_id} was found: it has no dedup row and {topics}.")
     verdict = verdict_of(found.status)
     # Done and cancelled come from Postgres: the cancel's transaction answers those itself,
     # with the details. Finished, dead-lettered and superseded only Kafka could tell.

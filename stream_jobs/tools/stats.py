@@ -3,10 +3,12 @@
 Everything about the types comes from Kafka, so they need no database and join no
 consumer group; the outbox's depth is one question to Postgres beside it (shown as
 unknown, with the reason, when Postgres does not answer).
-`read` asks the offsets (two offset requests for all topics, one committed-offsets
-request per group), reads one record per lagging lane partition for its timestamp, the
-`P._stats` reports of the window and the throttle's overrides; the arithmetic from that
-reading to a type's stats is `stream_jobs.tools.type_stats`, pure.
+`read` asks every offset first, at once (one metadata request, then the beginning and
+end offsets of all topics, `P._stats` and `P._control` included, the report window's
+start, and one committed-offsets request per group, concurrently), and only then reads:
+one record per lagging lane partition for its timestamp, the `P._stats` reports of the
+window and the throttle's overrides. The arithmetic from that reading to a type's stats
+is `stream_jobs.tools.type_stats`, pure.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 from stream_jobs import clock
 from stream_jobs.errors import StreamJobsError
@@ -22,10 +25,16 @@ from stream_jobs.job_types import JobTypePolicy, get_job_type
 from stream_jobs.kafka import TopicPartition, scan
 from stream_jobs.kafka.admin import Admin, open_admin
 from stream_jobs.kafka.consumer import Consumer, open_reader
-from stream_jobs.naming import relay_group, shadow_group, stats_topic, worker_group
+from stream_jobs.naming import (
+    control_topic,
+    relay_group,
+    shadow_group,
+    stats_topic,
+    worker_group,
+)
 from stream_jobs.outbox.depth import OutboxDepth, read_depth
 from stream_jobs.runtime.reports import ShadowReport, WorkerReport
-from stream_jobs.runtime.throttle import read_overrides
+from stream_jobs.runtime.throttle import RateOverride, apply_record
 from stream_jobs.settings import Settings
 from stream_jobs.tools.type_stats import (
     ALIVE_INTERVALS,
@@ -82,46 +91,84 @@ async def read(settings: Settings, chosen: Sequence[JobTypePolicy], *,
     """Offsets of the chosen types' topics and their groups' commits, the timestamps of
     the lagging lane partitions' oldest records, the reports of the last `lookback_s`
     and the throttle's overrides."""
-    prefix = settings.topic_prefix
+    async with _peeker(settings) as consumer, open_admin(settings) as admin:
+        return await read_with(consumer, admin, settings.topic_prefix, chosen,
+                               lookback_s=lookback_s,
+                               timeout_ms=settings.kafka_request_timeout_ms)
+
+
+async def read_with(consumer: Consumer, admin: Admin, prefix: str,
+                    chosen: Sequence[JobTypePolicy], *, lookback_s: float,
+                    timeout_ms: int) -> StatsReading:
+    """`read` with a group-less `consumer` and an `admin` of the caller's.
+
+    Every offset question comes before the first read, asked for all topics at once:
+    reading assigns partitions, after which the consumer's metadata covers only those,
+    and each question about another topic waited for a metadata round (half a second to
+    a second each, most of what `stream-jobs stats` took on a near-empty stack). The
+    groups' commits are asked concurrently, beside the offsets.
+    """
     lanes = {p.job_type: list(p.lane_topics(prefix).values()) for p in chosen}
     tiers = {p.job_type: list(p.tier_topics(prefix).values()) for p in chosen}
     names = [t for p in chosen for t in (*lanes[p.job_type], *tiers[p.job_type],
                                          p.dlq_topic(prefix))]
-    async with _peeker(settings) as consumer, open_admin(settings) as admin:
-        tps = await _partitions(consumer, names)
-        flat = [tp for parts in tps.values() for tp in parts]
-        beginnings = await consumer.beginning_offsets(flat) if flat else {}
-        ends = await consumer.end_offsets(flat) if flat else {}
-        committed, shadowed = await _commits(admin, prefix, chosen, lanes, tiers, tps)
-        report_ranges = await _report_ranges(consumer, prefix,
-                                             clock.now_ms() - int(lookback_s * 1000))
-        # Reading assigns partitions, after which this consumer's metadata covers only
-        # those topics: every offset question is asked above this line.
-        lane_tps = [tp for p in chosen for t in lanes[p.job_type] for tp in tps.get(t, [])]
-        heads = {tp: unfinished_from(beginnings[tp], committed.get(tp)) for tp in lane_tps
-                 if backlog(beginnings[tp], ends[tp], committed.get(tp)) > 0}
-        stamps = await _timestamps_at(consumer, heads, settings.kafka_request_timeout_ms)
-        at_ms = clock.now_ms()
-        reports, shadow_reports = await _reports(consumer, prefix, report_ranges)
-        overrides = await read_overrides(consumer, prefix)
+    reports_topic, controls_topic = stats_topic(prefix), control_topic(prefix)
+    found = await _partitions(consumer, [*names, reports_topic, controls_topic])
+    # Written by workers and operators, not by `topics apply`: either may be missing.
+    report_tps = found.pop(reports_topic, [])
+    control_tps = found.pop(controls_topic, [])
+    tps = found
+    flat = [tp for parts in tps.values() for tp in parts]
+    asked = [*flat, *report_tps, *control_tps]
+    since_ms = clock.now_ms() - int(lookback_s * 1000)
+    beginnings, ends, since, (committed, shadowed) = await asyncio.gather(
+        consumer.beginning_offsets(asked) if asked else _nothing(),
+        consumer.end_offsets(asked) if asked else _nothing(),
+        consumer.offsets_for_times({tp: since_ms for tp in report_tps}) if report_tps
+        else _nothing(),
+        _commits(admin, prefix, chosen, lanes, tiers, tps))
+    report_ranges = [scan.PartitionRange(tp.partition, at if (at := since.get(tp)) is not None
+                                         else ends[tp], ends[tp]) for tp in report_tps]
+    control_ranges = [scan.PartitionRange(tp.partition, beginnings[tp], ends[tp])
+                      for tp in control_tps]
+    # Reading from here on: no offset question below this line.
+    lane_tps = [tp for p in chosen for t in lanes[p.job_type] for tp in tps.get(t, [])]
+    heads = {tp: unfinished_from(beginnings[tp], committed.get(tp)) for tp in lane_tps
+             if backlog(beginnings[tp], ends[tp], committed.get(tp)) > 0}
+    stamps = await _timestamps_at(consumer, heads, timeout_ms)
+    at_ms = clock.now_ms()
+    reports, shadow_reports = await _reports(consumer, reports_topic, report_ranges)
+    overrides: dict[str, RateOverride] = {}
+    async for record in scan.scan(consumer, controls_topic, control_ranges):
+        apply_record(overrides, record.key, record.value)
     return StatsReading(at_ms, tps, beginnings, ends, committed, shadowed, stamps, reports,
                         shadow_reports, overrides)
+
+
+async def _nothing() -> dict[TopicPartition, Any]:
+    return {}
 
 
 async def _commits(admin: Admin, prefix: str, chosen: Sequence[JobTypePolicy],
                    lanes: Mapping[str, list[str]], tiers: Mapping[str, list[str]],
                    tps: Mapping[str, list[TopicPartition]]
                    ) -> tuple[dict[TopicPartition, int | None], dict[TopicPartition, int | None]]:
-    """(worker group on the lanes and relay group on the tiers, shadow group on the lanes)."""
-    committed: dict[TopicPartition, int | None] = {}
-    shadowed: dict[TopicPartition, int | None] = {}
+    """(worker group on the lanes and relay group on the tiers, shadow group on the
+    lanes), every group asked at once."""
+    questions = []
     for policy in chosen:
         name = policy.job_type
         lane_parts = [tp for t in lanes[name] for tp in tps.get(t, [])]
-        committed.update(await admin.committed_offsets(worker_group(prefix, name), lane_parts))
-        shadowed.update(await admin.committed_offsets(shadow_group(prefix, name), lane_parts))
-        committed.update(await admin.committed_offsets(
-            relay_group(prefix, name), [tp for t in tiers[name] for tp in tps.get(t, [])]))
+        tier_parts = [tp for t in tiers[name] for tp in tps.get(t, [])]
+        questions += [(False, worker_group(prefix, name), lane_parts),
+                      (True, shadow_group(prefix, name), lane_parts),
+                      (False, relay_group(prefix, name), tier_parts)]
+    answers = await asyncio.gather(*(admin.committed_offsets(group, parts)
+                                     for _, group, parts in questions))
+    committed: dict[TopicPartition, int | None] = {}
+    shadowed: dict[TopicPartition, int | None] = {}
+    for (shadow, _, _), answer in zip(questions, answers, strict=True):
+        (shadowed if shadow else committed).update(answer)
     return committed, shadowed
 
 
@@ -168,23 +215,11 @@ async def _timestamps_at(consumer: Consumer, heads: Mapping[TopicPartition, int]
     return found
 
 
-async def _report_ranges(consumer: Consumer, prefix: str, since_ms: int
-                         ) -> list[scan.PartitionRange]:
-    """What to read of `P._stats`: reports written since `since_ms` (none if no worker
-    ever made the topic)."""
-    topic = stats_topic(prefix)
-    if not consumer.partitions_for_topic(topic):
-        await consumer.refresh_metadata()
-        if not consumer.partitions_for_topic(topic):
-            return []
-    return await scan.ranges(consumer, topic, from_time_ms=since_ms)
-
-
-async def _reports(consumer: Consumer, prefix: str, ranges: list[scan.PartitionRange]
+async def _reports(consumer: Consumer, topic: str, ranges: list[scan.PartitionRange]
                    ) -> tuple[list[WorkerReport], list[ShadowReport]]:
     found: list[WorkerReport] = []
     shadows: list[ShadowReport] = []
-    async for record in scan.scan(consumer, stats_topic(prefix), ranges):
+    async for record in scan.scan(consumer, topic, ranges):
         report = WorkerReport.from_json(record.value)
         if report is not None:
             found.append(report)
@@ -195,4 +230,4 @@ async def _reports(consumer: Consumer, prefix: str, ranges: list[scan.PartitionR
     return found, shadows
 
 
-__all__ = ["collect", "read"]
+__all__ = ["collect", "read", "read_with"]

@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel
 
 from stream_jobs.job_ids import new_job_id
+from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
 from stream_jobs.workflows.create import JobSpec, Plan, batch_plan, chain_plan, write_plan
@@ -31,7 +32,10 @@ class WorkflowStores(Protocol):
     Postgres (`stream_jobs.client_stores`), or a `JobTester`'s memory."""
 
     async def result(self, job_id: str, timeout_s: float, *, model: type[BaseModel] | None,
-                     kept: Mapping[str, float]) -> Any: ...
+                     kept: Mapping[str, float | None],
+                     types: Mapping[str, JobTypePolicy]) -> Any:
+        """`WorkflowCalls.result`; `kept` as `JobClient` has it, `types` to look in."""
+        ...
 
     async def write_plan(self, plan: Plan) -> None:
         """Run `plan` in a transaction of its own."""
@@ -44,7 +48,9 @@ class WorkflowCalls:
     """What `JobClient` has of results and workflows (it sets the attributes below)."""
 
     settings: Settings
-    _kept: Mapping[str, float]
+    _types: Mapping[str, JobTypePolicy]
+    # The types this app has handlers for: seconds each keeps its results (None: none).
+    _kept: Mapping[str, float | None]
     _stores: WorkflowStores
     prepare: Callable[[Any], tuple[str, JobRecord]]
 
@@ -53,9 +59,13 @@ class WorkflowCalls:
                      model: type[M] | None = None) -> Any:
         """The job's kept result, waiting up to `timeout` seconds (woken by the worker's
         commit, not by polling), validated by `model` if given. Raises `JobFailed`
-        (dead-lettered), `JobCancelled` or `JobExpired` with the reason, `ResultTimeout`
-        when it has not finished in time, `ResultNotKept` when no result of it is kept."""
-        return await self._stores.result(job_id, timeout, model=model, kept=self._kept)
+        (dead-lettered), `JobCancelled` or `JobExpired` with the reason; `ResultNotKept`
+        when the job finished and no result of it is kept, or, not finished, when none
+        will be (its type's handler in this app has no `keep_result`); `ResultTimeout`,
+        saying where the job is, when it has not finished in time. A job without a row
+        is looked for as `stream-jobs job` does (docs/results.md says when)."""
+        return await self._stores.result(job_id, timeout, model=model, kept=self._kept,
+                                         types=self._types)
 
     async def chain(self, *jobs: Job, chain_id: str | None = None, conn: Any = None) -> str:
         """Run `jobs` one after another: each is enqueued when the one before succeeded,

@@ -142,3 +142,60 @@ def check_toml(example: Example) -> None:
 
 def toml_samples() -> CodeBlockParser:
     return CodeBlockParser(language="toml", evaluator=check_toml)
+
+
+# -- the reader's own project: the files a page shows that the repository does not have ----
+
+FENCE = re.compile(r"^```[\w-]*\n(?P<body>.*?)^```$", re.MULTILINE | re.DOTALL)
+# `# myapp/signup.py`, or `# pyproject.toml (your project's)` for a name the repository has.
+PROJECT_FILE = re.compile(r"^# (?P<path>[\w./-]+\.\w+)(?: \(.+\))?$")
+
+
+def section_of(text: str, heading: str) -> str:
+    """The part of a page from the line `heading` to the next heading of its level or
+    above (the page's end if none); a `#` line in a fenced block or a comment is none."""
+    level = len(heading) - len(heading.lstrip("#"))
+    lines = text.splitlines(keepends=True)
+    start = lines.index(f"{heading}\n")
+    inside: str | None = None  # the line that ends the block or comment we are in
+    for end in range(start + 1, len(lines)):
+        line = lines[end]
+        if inside is not None:
+            if line.rstrip().endswith(inside):
+                inside = None
+        elif line.startswith("```"):
+            inside = "```"
+        elif line.startswith("<!--") and not line.rstrip().endswith("-->"):
+            inside = "-->"
+        elif re.match(rf"#{{1,{level}}} ", line):
+            return "".join(lines[start:end])
+    return "".join(lines[start:])
+
+
+def project_files(page: Path, heading: str | None = None) -> dict[str, str]:
+    """The files of the reader's project that `page` shows (in the section under `heading`,
+    if given): each block whose first line names a file the repository does not have
+    (`# myapp/signup.py`), or names one with a note (`# pyproject.toml (yours)`)."""
+    text = page.read_text()
+    if heading is not None:
+        text = section_of(text, heading)
+    files = {}
+    for found in FENCE.finditer(text):
+        body = found.group("body")
+        first = PROJECT_FILE.match(body.split("\n", 1)[0].strip())
+        if first is None:
+            continue
+        name = named_file(body)
+        if name is not None and (REPO / name).is_file():
+            continue  # a repository file (checked by check_named_file), not the reader's
+        files[first.group("path")] = body
+    return files
+
+
+def write_project(folder: Path, files: dict[str, str]) -> Path:
+    """Write `files` (as `project_files` gives them) under `folder`; returns `folder`."""
+    for name, body in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body)
+    return folder

@@ -91,7 +91,8 @@ async def test_prune_takes_expired_results_and_old_finished_workflows(
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         out, _ = await asyncio.wait_for(proc.communicate(), 60)
         assert proc.returncode == 0, out.decode()
-        assert "deleted 6 kept results past their keep_result and 1 batches" in out.decode()
+        assert "deleted 6 kept results past their keep_result and 1 batch or chain" \
+            in out.decode()
         left = await conn.fetch("SELECT job_id FROM stream_jobs_results ORDER BY job_id")
         assert [r["job_id"] for r in left] == [f"r-{i}" for i in range(6, 10)]
         kept = await conn.fetch("SELECT workflow_id FROM stream_jobs_workflows ORDER BY 1")

@@ -341,3 +341,22 @@ async def test_selected_requeues_leave_what_cannot_or_should_not_run(
 
     # The drain still sees every letter: selections never move the group.
     assert (await list_letters(settings, "pick.fail", limit=0)).pending_drain == 6
+
+
+async def test_one_letter_is_counted_as_one(settings: Settings, declare: Declare) -> None:
+    await declare("one.letter", partitions=1)
+    [job_id] = await _fill(settings, "one.letter", 1)
+    listed = await _cli(settings, "dlq", "list", "one.letter")
+    assert listed.returncode == 0, listed.stderr
+    text = " ".join(listed.stdout.split())
+    assert f"{dlq_topic(settings.topic_prefix, 'one.letter')} holds 1 letter." in text
+    assert "1 of them is after the drain position" in text
+    assert "1 of 1 matching letter, most recent last" in text
+    assert "1 letters" not in text
+
+    requeued = await _cli(settings, "dlq", "requeue", "one.letter", "--id", job_id)
+    assert requeued.returncode == 0, requeued.stderr
+    text = " ".join(requeued.stdout.split())
+    assert "looked at 1 letter;" in text
+    assert "will requeue 1 as its next attempt" in text
+    assert "Requeued 1 letter." in text

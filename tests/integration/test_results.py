@@ -1,10 +1,13 @@
 """Kept results on the real stack: `@app.job(..., keep_result=...)` commits what the
 handler returns with its dedup row and effects, `client.result` waits for it (woken by
-NOTIFY), and a job that ends without success says why instead of timing out."""
+NOTIFY), and a job that ends without success says why instead of timing out; a job with
+no row of results is looked up as `stream-jobs job` does, so one that finished without
+`ctx.once()` (no dedup row) is answered at once too."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from pydantic import BaseModel
@@ -77,7 +80,7 @@ async def test_a_waiting_caller_is_woken_by_the_commit(reports: App) -> None:
         await asyncio.sleep(0)  # the wait is listening before the worker starts
         await app.worker(REPORT).run(until_idle=True)
         assert await asyncio.wait_for(waiting, 10) == {"n": 7}
-        with pytest.raises(ResultTimeout, match="has not finished yet"):
+        with pytest.raises(ResultTimeout, match="no record of it was found"):
             await client.result("no-such-job", timeout=0.2)
 
 
@@ -197,3 +200,60 @@ async def test_a_def_handler_keeps_its_result_and_once_sync_is_refused(
         assert [await client.result(i, timeout=5) for i in ids] == [{"n": n} for n in range(3)]
     assert len(refused) == 1
     assert "cannot join" in refused[0]
+
+
+async def test_a_job_without_a_row_is_answered_from_where_it_is(
+        reports: App, declare: Declare, settings: Settings) -> None:
+    """Issue 22: a job of a type without keep_result that finished without ctx.once()
+    has neither a result row nor a dedup row; `result` used to wait its whole timeout
+    and then say it had not finished, while `stream-jobs job` said it had."""
+    app = reports
+    await declare("report.plain", partitions=2, retry_tiers=["1s"], max_attempts=1)
+
+    @app.job(REPORT, keep_result="1h")
+    async def build(job: Report, ctx: JobContext) -> int:
+        return job.n
+
+    @app.job("report.plain")
+    async def plain(job: dict[str, int], ctx: JobContext) -> int:
+        if job["n"] < 0:
+            raise ValueError("no negative reports")
+        return job["n"]  # no ctx.once(): nothing in Postgres says it ran
+
+    async with app.client() as client:
+        finished = await client.enqueue("report.plain", {"n": 1})
+        failed = await client.enqueue("report.plain", {"n": -1})
+        await app.worker("report.plain").run(until_idle=True)
+        waiting_plain = await client.enqueue("report.plain", {"n": 2})  # no worker runs it
+        waiting_kept = await client.enqueue(REPORT, Report(n=3))
+
+        started = time.monotonic()
+        with pytest.raises(ResultNotKept) as not_kept:
+            await client.result(finished, timeout=30)
+        assert time.monotonic() - started < 10  # the first look comes after a second
+        assert "without a dedup row" in str(not_kept.value)
+        assert "keeps no results" in str(not_kept.value)
+
+        with pytest.raises(JobFailed, match="no negative reports") as dead:
+            await client.result(failed, timeout=30)
+        assert dead.value.state == "failed"
+        assert (dead.value.reason or "").startswith("max-attempts: ValueError")
+
+        # Not finished, but its type's handler here keeps no results: none will come.
+        with pytest.raises(ResultNotKept, match="will be kept") as never:
+            await client.result(waiting_plain, timeout=30)
+        assert "waits in its default lane" in str(never.value)
+
+        # A kept type's job that nothing runs: the wait ends at its timeout, saying where.
+        with pytest.raises(ResultTimeout, match="has not finished yet") as late:
+            await client.result(waiting_kept, timeout=1.5)
+        assert "waits in its default lane" in str(late.value)
+        assert time.monotonic() - started < 30
+
+    # A client without the handlers (a web app that only enqueues) cannot know what the
+    # type keeps, but the lookup still tells a finished job from a waiting one.
+    async with App(settings).client() as bare:
+        with pytest.raises(ResultNotKept, match="or its result was pruned"):
+            await bare.result(finished, timeout=30)
+        with pytest.raises(ResultTimeout, match="has not finished yet"):
+            await bare.result(waiting_plain, timeout=1.5)

@@ -9,8 +9,9 @@ import contextlib
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
+from zoneinfo import ZoneInfo
 
 import asyncpg
 import orjson
@@ -26,6 +27,7 @@ from stream_jobs.naming import lane_topic
 from stream_jobs.record import HEADER_JOB_ID
 from stream_jobs.schedules import Scheduler, firing_job_id
 from stream_jobs.schedules.leader import leaders
+from stream_jobs.schedules.state import read_states
 from stream_jobs.settings import Settings
 from tests.waiting import until
 
@@ -298,3 +300,37 @@ async def test_the_dashboard_shows_the_schedules(settings: Settings, app: App,
     assert "every 1s" in row
     assert "dashboard scheduler" in row
     assert "UTC" in row  # next fire and last fired, as times
+
+
+async def test_trigger_of_a_schedule_declared_in_code_prints_its_fire_time(
+        settings: Settings, stream_jobs_bind: Any, running: Start) -> None:
+    from tests.apps.stamps import app as stamps
+
+    await declare(settings, toml="")
+    stream_jobs_bind(stamps)
+    runner = stamps.scheduler(TICK)
+    assert runner is not None
+    task = running(runner)  # it writes the schedule's row, by which the CLI knows it
+
+    async def has_row() -> bool:
+        return bool(await read_states(settings, settings.topic_prefix))
+
+    await until(has_row, "the schedule's row", within_s=30)
+    await stopped(runner, task)
+
+    before = datetime.now(UTC)
+    code, out, err = await _run(settings, "schedules", "trigger", "stamped",
+                                "--app", "tests.apps.stamps:app")
+    after = datetime.now(UTC)
+    assert code == 0, err
+    printed = err.strip().rsplit(" triggered at ", 1)
+    assert printed[0] == f"{TICK}:stamped", err
+    fired = datetime.fromisoformat(printed[1])  # not "now": a time on the schedule's clock
+    assert fired.tzinfo is not None
+    assert before - timedelta(seconds=1) <= fired <= after
+    assert fired.utcoffset() == fired.astimezone(ZoneInfo("Europe/Berlin")).utcoffset()
+    # The payload function got the time that was printed.
+    records = await read_topic(settings, lane_topic(settings.topic_prefix, TICK))
+    bodies = {dict(r.headers)[HEADER_JOB_ID].decode(): orjson.loads(r.value or b"")
+              for r in records}
+    assert bodies[out.strip()] == {"fire": fired.isoformat()}

@@ -11,7 +11,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -351,3 +352,63 @@ async def test_rates_and_workers_come_from_the_reports_and_job_finds_each_job(
     assert pending.status == "pending"
     assert pending.last is not None
     assert pending.last.topic == f"{settings.topic_prefix}.stat.rate"
+
+
+class _Recorder:
+    """A consumer that notes the name of each call it passes on (a `Consumer`)."""
+
+    def __init__(self, consumer: Any, calls: list[str]) -> None:
+        self._consumer = consumer
+        self._calls = calls
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._consumer, name)
+        if callable(found):
+            self._calls.append(name)
+        return found
+
+
+# What costs a metadata round once a group-less reader has assigned other topics.
+_OFFSET_QUESTIONS = {"beginning_offsets", "end_offsets", "offsets_for_times",
+                     "cluster_partitions", "refresh_metadata"}
+
+
+async def test_every_offset_question_comes_before_the_first_read(
+        settings: Settings, declare: Declare, app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asked after a read, each one waited for a metadata round (half a second to a second:
+    most of what `stats` took). Counted here, not timed."""
+    from stream_jobs.runtime.reports import WorkerReport, ensure_stats_topic, publish
+    from stream_jobs.runtime.throttle import publish_rate
+
+    await declare("stat.ask", partitions=2)
+    async with app.client() as client:
+        await client.enqueue("stat.ask", {"n": 1})  # a lagging lane: its oldest is read
+    await publish_rate(settings, "stat.ask", 5.0, at_ms=_now_ms())  # makes P._control
+    await ensure_stats_topic(settings)
+    async with JobProducer(settings) as producer:
+        await publish(settings, producer, "w-1", WorkerReport(
+            "stat.ask", "w-1", _now_ms(), _now_ms() - 1_000, outcomes={"succeeded": 3}))
+
+    calls: list[str] = []
+    real = stats_module._peeker
+
+    def recording(on: Settings) -> Any:
+        @asynccontextmanager
+        async def opened() -> AsyncIterator[Any]:
+            async with real(on) as consumer:
+                yield _Recorder(consumer, calls)
+
+        return opened()
+
+    monkeypatch.setattr(stats_module, "_peeker", recording)
+    types = load_job_types(settings.topics_dir)
+    shot = _one(await collect(settings, types, job_type="stat.ask"))
+
+    first_read = calls.index("assign")
+    late = [c for c in calls[first_read:] if c in _OFFSET_QUESTIONS]
+    assert not late, f"offset questions after the first read: {calls}"
+    # And the reading is whole: the oldest job's age, the report, the throttle.
+    assert [lane.oldest_age_s is not None for lane in shot.lanes] == [True]
+    assert len(shot.workers) == 1
+    assert (shot.rate.per_s, shot.rate.source) == (5.0, "throttle")

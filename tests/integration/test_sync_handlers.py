@@ -32,6 +32,7 @@ from stream_jobs.errors import PermanentError
 from stream_jobs.logs import fields
 from stream_jobs.naming import dlq_topic
 from stream_jobs.record import decode_record
+from stream_jobs.runtime.host import WorkerHost
 from stream_jobs.runtime.metrics import worker_registry
 from stream_jobs.settings import Settings
 from tests.waiting import until
@@ -298,3 +299,58 @@ async def test_an_async_handler_blocking_the_loop_is_logged_with_its_job(
     assert 1.0 < found["blocked_s"] < 1.6
     assert worker.loop_watch.stalls == 1
     assert worker.outcomes["succeeded"] == 2
+
+
+async def test_a_blocked_loop_of_four_types_is_blamed_on_the_one_job_that_blocked_it(
+        app: App, declare: Declare, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 22: with a watch per type, one 1.5 s `time.sleep` in a process running four
+    types was also reported by the innocent types' watches, with their names. One loop,
+    one watch: one warning, naming the job."""
+    innocent = ["stall.mail", "stall.image", "stall.report"]
+    for job_type in ["stall.blocker", *innocent]:
+        await declare(job_type, partitions=1)
+
+    @app.job("stall.blocker")
+    async def blocker(job: dict[str, bool], ctx: JobContext) -> None:
+        if job["block"]:
+            time.sleep(1.5)  # noqa: ASYNC251 (the mistake the warning is for)
+
+    for job_type in innocent:
+        @app.job(job_type)
+        async def behaves(job: dict[str, int], ctx: JobContext) -> None:
+            await asyncio.sleep(0)
+
+    async with app.client() as client:
+        for job_type in innocent:
+            await client.enqueue_many([Job(job_type, {"n": n}) for n in range(20)])
+        await client.enqueue("stall.blocker", {"block": False})
+        blocking = await client.enqueue("stall.blocker", {"block": True})
+    workers = [app.worker(t) for t in ["stall.blocker", *innocent]]
+    host = WorkerHost(workers)  # every type runs (and watches) until the stall is over
+    with caplog.at_level(logging.INFO, logger="stream_jobs.worker"):
+        running = asyncio.create_task(host.run())
+        try:
+            def over() -> bool:
+                if running.done():
+                    running.result()  # surfaces the host's error
+                ran = [sum(w.outcomes.values()) for w in workers] == [2, 20, 20, 20]
+                return ran and any("ran again" in r.getMessage() for r in caplog.records)
+
+            await until(over, "every job ran and the loop ran again after the stall")
+        finally:
+            host.request_stop()
+            await running
+
+    about_the_loop = [r for r in caplog.records if "event loop" in r.getMessage()]
+    warnings = [r for r in about_the_loop if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in about_the_loop]
+    found = fields(warnings[0])
+    assert (found["job_id"], found["job_type"]) == (blocking, "stall.blocker")
+    assert 1.0 < found["blocked_s"] < 1.5
+    assert f"job {blocking} (stall.blocker) has blocked the event loop" in \
+        warnings[0].getMessage()
+    # Its end is one INFO line, about the same job; no line names an innocent type.
+    assert [r.levelno for r in about_the_loop] == [logging.WARNING, logging.INFO]
+    for record in about_the_loop:
+        assert not any(t in record.getMessage() for t in innocent), record.getMessage()
+    assert [w.loop_watch.stalls for w in workers] == [1, 0, 0, 0]

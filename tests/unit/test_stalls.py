@@ -3,7 +3,9 @@ and the monitor thread naming the job a runner blocks the loop with."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 
 import pytest
@@ -85,6 +87,13 @@ def test_a_records_job_fields_come_from_its_headers() -> None:
     assert running_record(None, [runner]) is None  # between records (work is None)
 
 
+def tag(work: PartitionWork, job_type: bytes) -> None:
+    """Give each fed record the headers a job has (its ID is "j-OFFSET")."""
+    for chain in work.chains.values():
+        record = chain.records[0]
+        record.headers = [("sj-job-id", b"j-%d" % record.offset), ("sj-type", job_type)]
+
+
 async def test_a_handler_blocking_the_loop_is_named_in_a_warning(
         caplog: pytest.LogCaptureFixture) -> None:
     async def handle(member: Member, work: PartitionWork, record: Record,
@@ -96,20 +105,61 @@ async def test_a_handler_blocking_the_loop_is_named_in_a_warning(
     watch = LoopWatch("g", lambda: member.dispatcher.runners, warn_after_s=0.3, tick_s=0.05)
     watch.start()
     try:
-        with caplog.at_level(logging.WARNING, logger="stream_jobs.worker"):
-            work = feed(member, 0, [None, None, None])
-            for record in work.chains.values():
-                record.records[0].headers = [("sj-job-id", b"j-%d" % record.records[0].offset),
-                                             ("sj-type", b"pdf.render")]
+        with caplog.at_level(logging.INFO, logger="stream_jobs.worker"):
+            tag(feed(member, 0, [None, None, None]), b"pdf.render")
             await until(lambda: len(member.done) == 3, "all records finish")
             await until(lambda: len(caplog.records) >= 2, "the stall and its end are logged")
     finally:
         watch.stop()
     stalled, ended = caplog.records[:2]
+    assert stalled.levelno == logging.WARNING
     assert "job j-1 (pdf.render) has blocked the event loop" in stalled.getMessage()
     assert fields(stalled)["job_id"] == "j-1"
     assert fields(stalled)["offset"] == 1
     assert fields(stalled)["blocked_s"] >= 0.3
+    # The stall's end is not a second warning; it names the same job.
+    assert ended.levelno == logging.INFO
     assert "ran again after" in ended.getMessage()
+    assert "(job j-1, pdf.render)" in ended.getMessage()
     assert 0.4 <= fields(ended)["blocked_s"] < 3
     assert watch.stalls == 1
+
+
+async def test_workers_on_one_loop_share_one_watch_that_blames_only_the_blocker(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 22: each type's worker had a watch of its own, so one stall was reported by
+    every worker of the process, the innocent ones too."""
+    async def blocks(member: Member, work: PartitionWork, record: Record,
+                     runner: Runner) -> None:
+        if record.offset == 1:
+            time.sleep(1.2)  # noqa: ASYNC251 (the mistake the warning is for)
+
+    async def awaits(member: Member, work: PartitionWork, record: Record,
+                     runner: Runner) -> None:
+        await asyncio.sleep(0)
+
+    members = {b"pdf.render": Member(blocks, concurrency=2),
+               **{b"mail.%d" % n: Member(awaits, concurrency=2) for n in range(3)}}
+    watches = [LoopWatch(kind.decode(), lambda m=m: m.dispatcher.runners,  # type: ignore[misc]
+                         warn_after_s=0.6, tick_s=0.05) for kind, m in members.items()]
+    threads = threading.active_count()
+    for watch in watches:
+        watch.start()
+    watching = threading.active_count() - threads
+    try:
+        with caplog.at_level(logging.INFO, logger="stream_jobs.worker"):
+            for kind, member in members.items():
+                tag(feed(member, 0, [None, None, None]), kind)
+            await until(lambda: all(len(m.done) == 3 for m in members.values()),
+                        "all records finish")
+            await until(lambda: len(caplog.records) >= 2, "the stall and its end are logged")
+    finally:
+        for watch in watches:
+            watch.stop()
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert warnings[0].getMessage().startswith("job j-1 (pdf.render) has blocked the event loop")
+    assert len([r for r in caplog.records if "ran again" in r.getMessage()]) == 1
+    assert [w.stalls for w in watches] == [1, 0, 0, 0]
+    assert watching == 1  # one monitor thread for the loop, gone with its last watch
+    assert threading.active_count() == threads

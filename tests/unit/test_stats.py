@@ -13,7 +13,7 @@ from rich.console import Console
 from stream_jobs.cli.stats import render_stats
 from stream_jobs.failures import FailureInfo
 from stream_jobs.kafka.scan import PartitionRange
-from stream_jobs.lookup import Sighting, capped, judge, sighting_of
+from stream_jobs.lookup import JobLocation, Sighting, capped, judge, sighting_of
 from stream_jobs.runtime.reports import WorkerReport
 from stream_jobs.settings import Settings
 from stream_jobs.tools.type_stats import (
@@ -202,6 +202,22 @@ def test_a_requeued_dead_letter_is_pending_again() -> None:
 
 def test_a_tier_record_the_relay_released_counts_as_pending() -> None:
     assert judge([seen("tier", attempt=2, behind=True)])[0] == "pending"
+
+
+def test_a_first_attempt_waiting_out_its_delay_is_scheduled_not_retrying() -> None:
+    delayed = seen("tier", attempt=1)
+    assert judge([delayed]) == ("scheduled", delayed)
+    # The relay moved it to a shorter tier: still its delay, still scheduled.
+    hopped = [seen("tier", attempt=1, at=0, behind=True), seen("tier", attempt=1, at=60_000)]
+    assert judge(hopped) == ("scheduled", hopped[1])
+    # A first attempt that failed waits in a tier for attempt 2, with its failure.
+    failure = FailureInfo("exception", "ValueError", "boom", "", NOW)
+    failed = [seen("lane", attempt=1, behind=True),
+              replace(seen("tier", attempt=2, at=10), failure=failure)]
+    assert judge(failed) == ("retrying", failed[1])
+    location = JobLocation("j", "scheduled", "t", 1, last=replace(delayed, not_before_ms=NOW))
+    assert location.summary().endswith("for its first attempt, due "
+                                       "2023-11-14T22:13:20+00:00: it was enqueued with a delay.")
 
 
 @dataclass

@@ -45,6 +45,7 @@ async def test_a_queued_or_delayed_job_that_is_cancelled_never_runs(
     assert answer.answer is CancelAnswer.CANCELLED
     await t.run_until_idle(jump=False)  # the delayed job is held in its tier now
     assert t.outcomes == {"succeeded": 1, "cancelled": 1}
+    assert (await t.status(delayed)).status == "scheduled"  # its delay, not a failure
     assert (await t.cancel(delayed)).answer is CancelAnswer.CANCELLED
     await t.run_until_idle()
     assert ran == [3]

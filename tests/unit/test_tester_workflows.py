@@ -87,6 +87,22 @@ async def test_a_kept_result_is_read_and_each_ending_has_its_error(
         await t.result(ok)
 
 
+async def test_a_job_without_a_row_is_answered_from_where_it_is(
+        job_tester: StartTester) -> None:
+    """As the real client (tests/integration/test_results.py): a job of a type without
+    keep_result that finished without ctx.once() has no row at all, and the lookup says
+    it finished; one that waits will never have a result."""
+    t = job_tester(quote_app([]), types=TYPES)
+    finished = await t.enqueue("report.done", {"name": "x", "batch": None})
+    await t.run_until_idle()
+    waiting = await t.enqueue("report.done", {"name": "y", "batch": None})
+    with pytest.raises(ResultNotKept, match="without a dedup row") as not_kept:
+        await t.result(finished)
+    assert "keeps no results" in str(not_kept.value)
+    with pytest.raises(ResultNotKept, match="will be kept"):
+        await t.result(waiting)
+
+
 async def test_a_result_is_waited_for_while_the_tester_runs(job_tester: StartTester) -> None:
     app = quote_app([])
     t = job_tester(app, types=TYPES)

@@ -333,6 +333,14 @@ def test_missing_topics_are_created() -> None:
     assert "3 partitions" in changes[0].detail
 
 
+def test_one_partition_is_written_singular() -> None:
+    policy = JobTypePolicy("a", partitions=1)
+    created = diff_policy(policy, "jobs", {})[0]
+    assert created.detail.startswith("1 partition, replication factor")
+    [ok] = [c for c in diff_policy(policy, "jobs", state_of(policy)) if c.topic == "jobs.a"]
+    assert (ok.action, ok.detail) == ("ok", "1 partition")
+
+
 def test_matching_topics_are_ok() -> None:
     policy = JobTypePolicy("a", partitions=3)
     assert {c.action for c in diff_policy(policy, "jobs", state_of(policy))} == {"ok"}
