@@ -100,17 +100,38 @@ def formatter(log_format: LogFormat) -> logging.Formatter:
     return JsonFormatter() if log_format == "json" else TextFormatter()
 
 
+# The Kafka driver's logger, and the level its lines start at unless told otherwise: its
+# INFO lines repeat a group's partitions several times at each rebalance.
+KAFKA_LOGGER = "aiokafka"
+KAFKA_LEVEL = "WARNING"
+
+
 def configure(*, log_format: LogFormat = "text", level: str | int = "INFO",
-              stream: Any = None) -> None:
+              kafka_level: str | int = KAFKA_LEVEL, stream: Any = None) -> None:
     """Send every log line to stderr (or `stream`) in `log_format`, from `level` up,
-    replacing the root logger's handlers; the worker command calls this."""
+    replacing the root logger's handlers; the Kafka driver's (aiokafka's) lines from
+    `kafka_level` or `level` up, whichever is higher (`STREAM_JOBS_KAFKA_LOG_LEVEL`).
+    The worker command calls this."""
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(formatter(log_format))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(level.upper() if isinstance(level, str) else level)
+    root.setLevel(_number(level))
+    driver = logging.getLogger(KAFKA_LOGGER)
+    # A logger's own level decides for its lines; the root's does not filter them again.
+    driver.setLevel(max(_number(level), _number(kafka_level)))
+    driver.propagate = True  # the CLI keeps it quiet until a command configures logging
+
+
+def _number(level: str | int) -> int:
+    if isinstance(level, int):
+        return level
+    found = logging.getLevelNamesMapping().get(level.strip().upper())
+    if found is None:
+        raise ValueError(f"{level!r} is not a log level")
+    return found
 
 
 def fields(record: logging.LogRecord) -> Mapping[str, Any]:
@@ -118,5 +139,5 @@ def fields(record: logging.LogRecord) -> Mapping[str, Any]:
     return _fields_of(record)
 
 
-__all__ = ["FIELDS", "JOB_FIELDS", "JsonFormatter", "LogFormat", "TextFormatter", "configure",
-           "fields", "formatter", "job_fields"]
+__all__ = ["FIELDS", "JOB_FIELDS", "KAFKA_LEVEL", "KAFKA_LOGGER", "JsonFormatter", "LogFormat",
+           "TextFormatter", "configure", "fields", "formatter", "job_fields"]

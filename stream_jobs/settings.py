@@ -24,6 +24,7 @@ DEFAULT_POSTGRES_PORT = 54320
 YOUNG_THRESHOLD = 50_000
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+LogLevelName = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
 
@@ -109,6 +110,11 @@ class Settings(BaseSettings):
     # line); see stream_jobs/logs.py.
     log_format: Literal["text", "json"] = "text"
 
+    # The Kafka driver's (aiokafka's) log lines from this level up (or the command's
+    # --log-level, if higher), in any case: its INFO lines repeat a group's partitions
+    # several times at each rebalance (1-2 KB each).
+    kafka_log_level: LogLevelName = "WARNING"
+
     # Local development stack (`stream-jobs dev ...`).
     stack_dir: Path = Path(".stack")
     jars_cache_dir: Path = Path.home() / ".cache" / "stream-jobs"
@@ -134,6 +140,11 @@ class Settings(BaseSettings):
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"{server!r} is not host:port")
         return ",".join(servers)
+
+    @field_validator("kafka_log_level", mode="before")
+    @classmethod
+    def _level_in_capitals(cls, value: object) -> object:
+        return value.strip().upper() if isinstance(value, str) else value
 
     @field_validator("database_url")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Coroutine
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -61,3 +62,19 @@ def run_fast(main: Coroutine[Any, Any, T]) -> T:
 
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+class LogLevel(StrEnum):
+    """The choices of `--log-level` and `--kafka-log-level`: logging's level names."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+    CRITICAL = "CRITICAL"
+
+
+LOG_LEVEL_HELP = "Log lines from this level up (any case)."
+KAFKA_LOG_LEVEL_HELP = ("The Kafka driver's (aiokafka's) log lines from this level or "
+                        "--log-level up, whichever is higher (any case); WARNING by default, "
+                        "as its INFO lines repeat the partitions at every rebalance.")

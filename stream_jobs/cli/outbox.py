@@ -16,7 +16,13 @@ from rich.console import Console
 from rich.table import Table
 
 from stream_jobs import logs
-from stream_jobs.cli.common import run_fast, settings_of
+from stream_jobs.cli.common import (
+    KAFKA_LOG_LEVEL_HELP,
+    LOG_LEVEL_HELP,
+    LogLevel,
+    run_fast,
+    settings_of,
+)
 from stream_jobs.outbox.depth import FailingRow, OutboxDepth, failing_rows, read_depth
 from stream_jobs.outbox.relay import OutboxRelay
 from stream_jobs.plurals import counted
@@ -35,15 +41,22 @@ def relay(
                                      help="Rows claimed per round (default 500)."),
     until_idle: bool = typer.Option(False, "--until-idle",
                                     help="Exit once a round finds nothing to send."),
-    log_level: str = typer.Option("INFO", "--log-level", envvar="STREAM_JOBS_LOG_LEVEL"),
+    log_level: LogLevel = typer.Option(LogLevel.INFO, "--log-level",
+                                       envvar="STREAM_JOBS_LOG_LEVEL", case_sensitive=False,
+                                       help=LOG_LEVEL_HELP),
+    kafka_log_level: LogLevel | None = typer.Option(
+        None, "--kafka-log-level", envvar="STREAM_JOBS_KAFKA_LOG_LEVEL", case_sensitive=False,
+        help=KAFKA_LOG_LEVEL_HELP),
     log_format: str | None = typer.Option(
         None, "--log-format", envvar="STREAM_JOBS_LOG_FORMAT",
         help="text (fields as key=value after the message) or json (one object a line)."),
 ) -> None:
     """Move committed outbox rows to Kafka until SIGTERM or Ctrl-C (the round in flight
     finishes first). Any number may run: they share the rows (FOR UPDATE SKIP LOCKED)."""
-    settings = settings_of(ctx, outbox_batch_max=batch, log_format=log_format)
-    logs.configure(log_format=settings.log_format, level=log_level)
+    settings = settings_of(ctx, outbox_batch_max=batch, log_format=log_format,
+                           kafka_log_level=kafka_log_level)
+    logs.configure(log_format=settings.log_format, level=log_level,
+                   kafka_level=settings.kafka_log_level)
     relay = OutboxRelay(settings)
 
     async def main() -> None:

@@ -16,7 +16,14 @@ from rich.table import Table
 
 from stream_jobs import clock, logs
 from stream_jobs.app import load_app
-from stream_jobs.cli.common import app, run_fast, settings_of
+from stream_jobs.cli.common import (
+    KAFKA_LOG_LEVEL_HELP,
+    LOG_LEVEL_HELP,
+    LogLevel,
+    app,
+    run_fast,
+    settings_of,
+)
 from stream_jobs.client import JobClient
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
@@ -38,9 +45,14 @@ def scheduler(
     ctx: typer.Context,
     app_spec: str = typer.Argument(..., metavar="APP", help="MODULE:ATTR of a stream_jobs.App."),
     job_types: list[str] = typer.Option(
-        [], "--type", "-t", help="A type whose schedules to run (repeatable; default: every "
-        "type with schedules)."),
-    log_level: str = typer.Option("INFO", "--log-level", envvar="STREAM_JOBS_LOG_LEVEL"),
+        [], "--type", "-t", metavar="TYPE", help="A type whose schedules to run "
+        "(repeatable; default: every type with schedules)."),
+    log_level: LogLevel = typer.Option(LogLevel.INFO, "--log-level",
+                                       envvar="STREAM_JOBS_LOG_LEVEL", case_sensitive=False,
+                                       help=LOG_LEVEL_HELP),
+    kafka_log_level: LogLevel | None = typer.Option(
+        None, "--kafka-log-level", envvar="STREAM_JOBS_KAFKA_LOG_LEVEL", case_sensitive=False,
+        help=KAFKA_LOG_LEVEL_HELP),
     log_format: str | None = typer.Option(
         None, "--log-format", envvar="STREAM_JOBS_LOG_FORMAT",
         help="text (fields as key=value after the message) or json (one object a line)."),
@@ -48,8 +60,9 @@ def scheduler(
     """Run the schedulers of APP's types alone: each waits for its type's lock and, while
     it holds it, enqueues every due firing. SIGTERM or SIGINT stops it (the lock goes to
     another scheduler at once)."""
-    settings = settings_of(ctx, log_format=log_format)
-    logs.configure(log_format=settings.log_format, level=log_level)
+    settings = settings_of(ctx, log_format=log_format, kafka_log_level=kafka_log_level)
+    logs.configure(log_format=settings.log_format, level=log_level,
+                   kafka_level=settings.kafka_log_level)
     job_app = load_app(app_spec)
     job_app.use_settings(settings)
     chosen = job_types or job_app.scheduled_types()

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from stream_jobs.app import load_app
-from stream_jobs.cli.common import app, settings_of
+from stream_jobs.cli.common import LogLevel, app, settings_of
 from stream_jobs.errors import ConfigError
 
 console = Console(stderr=True)
@@ -30,7 +30,9 @@ def serve(
         help="Seconds between stats samples for /metrics and the dashboard (5)."),
     no_auth: bool = typer.Option(False, "--no-auth", help="Open every route without a token; "
                                  "only for a gateway nobody else can reach."),
-    log_level: str = typer.Option("INFO", "--log-level", envvar="STREAM_JOBS_LOG_LEVEL"),
+    log_level: LogLevel = typer.Option(
+        LogLevel.INFO, "--log-level", envvar="STREAM_JOBS_LOG_LEVEL", case_sensitive=False,
+        help="Log lines from this level up (any case), uvicorn's access lines among them."),
 ) -> None:
     """Serve the gateway: POST /jobs/{type}, job lookup, stats, the DLQ, /metrics and the
     dashboard at /. Write and operator routes need STREAM_JOBS_GATEWAY_TOKEN."""

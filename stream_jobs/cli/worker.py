@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import TYPE_CHECKING
 
@@ -11,7 +10,14 @@ from rich.console import Console
 
 from stream_jobs import logs
 from stream_jobs.app import App, load_app
-from stream_jobs.cli.common import app, run_fast, settings_of
+from stream_jobs.cli.common import (
+    KAFKA_LOG_LEVEL_HELP,
+    LOG_LEVEL_HELP,
+    LogLevel,
+    app,
+    run_fast,
+    settings_of,
+)
 from stream_jobs.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -28,17 +34,24 @@ def worker(
     ctx: typer.Context,
     app_spec: str = typer.Argument(..., metavar="APP", help="MODULE:ATTR of a stream_jobs.App."),
     job_types: list[str] | None = typer.Option(
-        None, "--type", "-t", help="A job type to run; give it again for more. Default: "
-        "every type the app has a handler for."),
+        None, "--type", "-t", metavar="TYPE", help="A job type to run; give it again for "
+        "more. Default: every type the app has a handler for."),
     processes: str = typer.Option(
         "1", "--processes", envvar="STREAM_JOBS_WORKER_PROCESSES",
         help="Worker processes, each running every type: a number, or auto (one per CPU). "
         "More than 1 forks them under a supervisor that restarts any that dies."),
-    until_idle: bool = typer.Option(False, "--until-idle",
-                                    help="Exit once lanes and tiers are drained."),
+    until_idle: bool = typer.Option(
+        False, "--until-idle", help="Exit once no type of the command has a job in a lane, "
+        "a delay tier (a retry or delay not due yet is waited for), the outbox or a "
+        "handler, in this process and, with --processes, in every one of them at once."),
     shadow: bool = typer.Option(False, "--shadow", help="Run nothing: read each type's lanes "
                                 "in group T.shadow and count what is there (see `stats`)."),
-    log_level: str = typer.Option("INFO", "--log-level", envvar="STREAM_JOBS_LOG_LEVEL"),
+    log_level: LogLevel = typer.Option(LogLevel.INFO, "--log-level",
+                                       envvar="STREAM_JOBS_LOG_LEVEL", case_sensitive=False,
+                                       help=LOG_LEVEL_HELP),
+    kafka_log_level: LogLevel | None = typer.Option(
+        None, "--kafka-log-level", envvar="STREAM_JOBS_KAFKA_LOG_LEVEL", case_sensitive=False,
+        help=KAFKA_LOG_LEVEL_HELP),
     log_format: str | None = typer.Option(
         None, "--log-format", envvar="STREAM_JOBS_LOG_FORMAT",
         help="text (fields as key=value after the message) or json (one object a line)."),
@@ -56,10 +69,11 @@ def worker(
     from stream_jobs.runtime.host import select_types, summary
     from stream_jobs.runtime.supervisor import Supervisor, processes_of
 
-    settings = settings_of(ctx, metrics_port=metrics_port, log_format=log_format)
+    settings = settings_of(ctx, metrics_port=metrics_port, log_format=log_format,
+                           kafka_log_level=kafka_log_level)
     count = processes_of(processes, _usable_cpus())
-    logs.configure(log_format=settings.log_format, level=log_level)
-    logging.getLogger("aiokafka").propagate = True  # a worker's log wants the driver's view
+    logs.configure(log_format=settings.log_format, level=log_level,
+                   kafka_level=settings.kafka_log_level)
     job_app = load_app(app_spec)
     job_app.use_settings(settings)
     types = select_types(job_app.handlers, job_types or [], shadow=shadow)
@@ -126,7 +140,8 @@ class _Plan:
         settings = self.job_app.settings
         host = WorkerHost(runners, until_idle=self.until_idle,
                           services=process_services(settings, workers),
-                          lifeline=child.lifeline if child is not None else None)
+                          lifeline=child.lifeline if child is not None else None,
+                          idle_link=child.idle_link if child is not None else None)
         groups = ", ".join(r.group_id for r in runners)
         who = f"{child.name}: " if child is not None else ""
         what = "shadow" if self.shadow else "worker"

@@ -3,18 +3,25 @@
 What `stream-jobs stats`, `stream-jobs outbox status` and the gateway's gauges show. A
 row normally lives for milliseconds (commit, NOTIFY, a relay's round); an old oldest row
 means no relay runs, or Kafka refuses what the rows are for (`last_error` says why).
+`OutboxWaiting` asks the one question `stream-jobs worker --until-idle` needs: do rows
+for these topics wait?
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from stream_jobs.dedup.questions import ask
+import asyncpg
+
+from stream_jobs.dedup.questions import CONNECT_TIMEOUT_S, ask
+from stream_jobs.errors import DatabaseUnavailable
 from stream_jobs.outbox.rows import decode_headers, table
 from stream_jobs.record import HEADER_JOB_ID
-from stream_jobs.settings import Settings
+from stream_jobs.settings import Settings, redact_url
 
 # What `ask` says when the tables are missing or Postgres fails.
 _ABOUT = {"missing": "There is no outbox table", "about": "the outbox"}
@@ -82,5 +89,38 @@ def _job_id(headers: str) -> str | None:
     return None
 
 
+class OutboxWaiting:
+    """Rows of the outbox whose topic is one of `topics` (a worker's lanes and delay
+    tiers), asked again and again on one connection of its own (opened on first use,
+    opened again after a failure). A schema without an outbox table has none waiting."""
 
-__all__ = ["FailingRow", "OutboxDepth", "failing_rows", "read_depth"]
+    def __init__(self, settings: Settings, topics: Iterable[str]) -> None:
+        self.settings = settings
+        self.topics = sorted(set(topics))
+        self._sql = (f"SELECT count(*) FROM {table(settings.database_schema)} "
+                     "WHERE topic = ANY($1::text[])")
+        self._conn: Any = None
+
+    async def rows(self) -> int:
+        """Rows waiting for those topics now. `DatabaseUnavailable` if Postgres fails."""
+        try:
+            if self._conn is None or self._conn.is_closed():
+                self._conn = await asyncpg.connect(self.settings.database_url,
+                                                   timeout=CONNECT_TIMEOUT_S)
+            return int(await self._conn.fetchval(self._sql, self.topics))
+        except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError):
+            return 0  # never migrated: nothing was ever written to it
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            await self.close()
+            raise DatabaseUnavailable(
+                f"Postgres did not answer about the outbox at "
+                f"{redact_url(self.settings.database_url)}: {exc}") from exc
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            with contextlib.suppress(Exception):  # a broken connection: nothing to keep
+                await conn.close(timeout=5)
+
+
+__all__ = ["FailingRow", "OutboxDepth", "OutboxWaiting", "failing_rows", "read_depth"]

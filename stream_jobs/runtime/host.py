@@ -18,6 +18,13 @@ that makes them: the transactional outbox's relay (`stream_jobs.outbox.relay`, o
 A stop (`request_stop`: SIGTERM, SIGINT, or the supervisor gone) drains every type the
 way one worker drains: no new jobs, running ones get their grace period, finished offsets
 are committed.
+
+With `until_idle` (`--until-idle`) the host stops by itself once the process is idle: no
+type it runs has a job in a lane, a delay tier, the outbox or a handler, judged by one
+`stream_jobs.runtime.idle.IdleWatch` over all its types together (a type is not idle
+alone while another's handler may write it a job). In a child of a supervisor, the watch
+tells the supervisor instead, through the child's `idle_link`, and the supervisor stops
+the children once all of them are idle together.
 """
 
 from __future__ import annotations
@@ -31,7 +38,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from stream_jobs.errors import ConfigError
+from stream_jobs.naming import tier_topic
+from stream_jobs.outbox.depth import OutboxWaiting
 from stream_jobs.outbox.relay import background_relay
+from stream_jobs.runtime.idle import IdleLink, IdleWatch, run_until_idle
 from stream_jobs.runtime.shadow import Shadow
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
@@ -161,12 +171,26 @@ def add_counts(total: Counts, more: Mapping[str, Mapping[str, int]]) -> None:
 # -- the host -------------------------------------------------------------------------------
 
 
+def outbox_waiting(workers: Sequence[Worker]) -> OutboxWaiting | None:
+    """The outbox rows `--until-idle` waits for: those for the workers' lanes and delay
+    tiers (a row for a type this process does not run is another worker's to run)."""
+    if not workers:
+        return None
+    settings = workers[0].settings
+    prefix = settings.topic_prefix
+    topics = [topic for w in workers for topic in (
+        *w.topics, *(tier_topic(prefix, w.policy.job_type, tier)
+                     for tier in w.policy.retry_tiers))]
+    return OutboxWaiting(settings, topics)
+
+
 class WorkerHost:
     """Runs `runners` (a `Worker` or a `Shadow` per type) together on the running loop,
     with `services` beside them."""
 
     def __init__(self, runners: Iterable[Worker | Shadow], *, until_idle: bool = False,
-                 services: Sequence[ProcessService] = (), lifeline: int | None = None) -> None:
+                 services: Sequence[ProcessService] = (), lifeline: int | None = None,
+                 idle_link: int | None = None) -> None:
         self.runners = list(runners)
         if not self.runners:
             raise ConfigError("A worker process needs at least one job type to run.")
@@ -174,6 +198,10 @@ class WorkerHost:
         self.services = list(services)
         # Readable (end of file) once the supervisor that forked this process is gone.
         self.lifeline = lifeline
+        # With until_idle: what decides that every type of the process is idle together.
+        self.idle = (IdleWatch(self.runners, outbox=outbox_waiting(self.workers),
+                               link=IdleLink(idle_link) if idle_link is not None else None)
+                     if until_idle else None)
         self._stop_requested = False
 
     @property
@@ -188,8 +216,9 @@ class WorkerHost:
 
     async def run(self, *, handle_signals: bool = False) -> None:
         """Start the services, run every type until stopped (or, with `until_idle`, until
-        each is drained), stop the services. With `handle_signals`, SIGTERM and SIGINT
-        drain (the worker command's behaviour; off for a host inside a test or an app)."""
+        the process is idle: see the module's docstring), stop the services. With
+        `handle_signals`, SIGTERM and SIGINT drain (the worker command's behaviour; off
+        for a host inside a test or an app)."""
         loop = asyncio.get_running_loop()
         signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
         for sig in signals:
@@ -211,8 +240,17 @@ class WorkerHost:
                 loop.remove_signal_handler(sig)
 
     async def _run_runners(self) -> None:
-        tasks = [asyncio.create_task(r.run(until_idle=self.until_idle),
-                                     name=f"{r.group_id} run") for r in self.runners]
+        if self.idle is None:
+            await self._run_all()
+        else:
+            await run_until_idle(self.idle, self._run_all, self._stop_runners)
+
+    def _stop_runners(self) -> None:
+        for runner in self.runners:
+            runner.request_stop()
+
+    async def _run_all(self) -> None:
+        tasks = [asyncio.create_task(r.run(), name=f"{r.group_id} run") for r in self.runners]
         try:
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         except asyncio.CancelledError:
@@ -259,4 +297,4 @@ class WorkerHost:
 
 
 __all__ = ["Counts", "MetricsService", "ProcessService", "WorkerHost", "add_counts",
-           "process_services", "select_types", "summary"]
+           "outbox_waiting", "process_services", "select_types", "summary"]

@@ -106,6 +106,13 @@ class GroupMember(ABC):
             fetch_max_bytes=4 * 1024 * 1024,
         )
         self._last_commit = 0.0
+        # What the idle watch (`stream_jobs.runtime.idle`) reads: records fetched and
+        # rebalances seen so far (it only grows: equal values mean nothing came in between),
+        # whether the group has given this member its partitions (possibly none) since the
+        # last revocation, and a poll that fetched nothing (it paces the watch's checks).
+        self.taken_in = 0
+        self.joined = False
+        self.empty_poll = asyncio.Event()
 
     # -- subclass hooks -------------------------------------------------------------------
 
@@ -179,6 +186,9 @@ class GroupMember(ABC):
         loop = asyncio.get_running_loop()
         if loop.time() - self._last_commit >= self.commit_interval_s:
             await self.commit()
+        self.taken_in += count
+        if not count:
+            self.empty_poll.set()
         return count
 
     async def stop(self) -> None:
@@ -292,12 +302,14 @@ class GroupMember(ABC):
         return sum(w.buffered for w in self.partitions.values())
 
     async def caught_up(self) -> bool:
-        """Nothing buffered, everything committed, and every assigned partition read to its end."""
-        if self.in_flight():
+        """Nothing buffered, everything committed, and every assigned partition read to its
+        end. False until the group has given this member its partitions; true for a member
+        the group gave none (more members than partitions), which has nothing to read."""
+        if self.in_flight() or not self.joined:
             return False
         assignment = list(self.consumer.assignment())
         if not assignment:
-            return False
+            return True
         ends = await self.consumer.end_offsets(assignment)
         for tp in assignment:
             work = self.partitions.get(tp)
@@ -311,6 +323,8 @@ class GroupMember(ABC):
     # -- the group's rebalance listener (`stream_jobs.kafka.consumer.RebalanceListener`) ---
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
+        self.joined = False
+        self.taken_in += 1
         if revoked:
             log.info("%s: rebalance revoked %s", self.group_id, ", ".join(_named(revoked)),
                      extra={"group": self.group_id, "partitions": _named(revoked)})
@@ -321,6 +335,8 @@ class GroupMember(ABC):
                  ", ".join(_named(assigned)) or "nothing",
                  extra={"group": self.group_id, "partitions": _named(assigned)})
         self.adopt(assigned)
+        self.taken_in += 1
+        self.joined = True
 
 
 def _named(tps: Iterable[TopicPartition]) -> list[str]:

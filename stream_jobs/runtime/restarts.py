@@ -18,8 +18,10 @@ as long as it takes, each death logged as an error with its streak: its partitio
 served by the others meanwhile, and stopping them would only turn one broken process (a
 metrics port taken, say) into an outage.
 
-With `--until-idle`, a child that exits 0 has drained its types: it is finished, not
-restarted.
+With `--until-idle` too: a child never ends by itself there (the supervisor stops them
+all once they agree they are idle, `stream_jobs.runtime.agreement`), so one that ended
+was stopped or crashed, and its partitions need a member again before the others can
+agree.
 """
 
 from __future__ import annotations
@@ -57,14 +59,6 @@ class Restart:
     quick_deaths: int
 
 
-@dataclass(frozen=True)
-class Finished:
-    """The child drained its types (`--until-idle`) and exited 0: do not restart it."""
-
-
-Decision = Restart | Finished
-
-
 def restart_delay_s(policy: RestartPolicy, quick_deaths: int) -> float:
     """The wait before a restart after `quick_deaths` quick deaths in a row (0: the child
     had a good run and is restarted after the first delay)."""
@@ -75,15 +69,13 @@ def restart_delay_s(policy: RestartPolicy, quick_deaths: int) -> float:
     return min(policy.max_delay_s, policy.first_delay_s * 2.0 ** doublings)
 
 
-def after_exit(policy: RestartPolicy, *, quick_deaths: int, lived_s: float, exit_code: int,
-               until_idle: bool) -> Decision:
+def after_exit(policy: RestartPolicy, *, quick_deaths: int, lived_s: float) -> Restart:
     """What to do about a child that ended while the supervisor was not stopping.
 
     `quick_deaths` is the child's count before this exit, `lived_s` how long this run
-    lasted, `exit_code` its code (negative: killed by that signal, as `subprocess` says).
+    lasted. Whatever its exit code, it is restarted: a worker process never ends by
+    itself while its supervisor runs.
     """
-    if until_idle and exit_code == 0:
-        return Finished()
     count = quick_deaths + 1 if lived_s < policy.stable_after_s else 0
     return Restart(restart_delay_s(policy, count), count)
 
@@ -121,5 +113,5 @@ def describe_exit(exit_code: int) -> str:
     return f"was killed by {name}"
 
 
-__all__ = ["Decision", "Finished", "Restart", "RestartPolicy", "after_exit", "describe_exit",
-           "exit_code_of", "restart_delay_s", "should_give_up", "streak_now"]
+__all__ = ["Restart", "RestartPolicy", "after_exit", "describe_exit", "exit_code_of",
+           "restart_delay_s", "should_give_up", "streak_now"]

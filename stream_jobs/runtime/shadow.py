@@ -31,6 +31,7 @@ from stream_jobs.naming import shadow_group
 from stream_jobs.record import Record, decode_record
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.heartbeats import is_heartbeat
+from stream_jobs.runtime.idle import IdleWatch, run_until_idle
 from stream_jobs.runtime.member import GroupMember
 from stream_jobs.runtime.reports import (
     LaneSeen,
@@ -119,7 +120,10 @@ class Shadow(GroupMember):
             await self.start()
             reporter = asyncio.create_task(self._report_every())
             try:
-                await self._loop(until_idle)
+                if until_idle:
+                    await run_until_idle(IdleWatch([self]), self._loop, self.request_stop)
+                else:
+                    await self._loop()
             finally:
                 await self.stop()
                 reporter.cancel()
@@ -132,19 +136,21 @@ class Shadow(GroupMember):
         """Ask `run` to stop (safe from a signal handler on the loop)."""
         self.stopping.set()
 
-    async def _loop(self, until_idle: bool) -> None:
-        idle_rounds = 0
+    async def _loop(self) -> None:
         while not self.stopping.is_set():
-            fetched = await self.poll_once()
-            if not until_idle:
-                continue
-            if fetched:
-                idle_rounds = 0
-                continue
-            await self.commit()
-            idle_rounds = idle_rounds + 1 if await self.caught_up() else 0
-            if idle_rounds >= 2:
-                return
+            await self.poll_once()
+
+    # -- idleness (what `stream_jobs.runtime.idle` reads) -----------------------------------
+
+    def busy(self) -> bool:
+        return False  # each record is counted as it is fetched: nothing stays in memory
+
+    def intake(self) -> int:
+        return self.taken_in
+
+    async def drained(self) -> bool:
+        """Every lane read to its end, and committed (by the polls)."""
+        return await self.caught_up()
 
     def report(self, *, final: bool = False) -> ShadowReport:
         return ShadowReport(

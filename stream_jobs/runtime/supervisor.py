@@ -17,26 +17,32 @@ inherits the imported app and nothing live) and the supervisor too simple to fai
   SIGTERM, each drains as a single worker does, and the supervisor waits for them up to
   `stop_timeout_s` (30 s: the 10 s grace period, the final commits and leaving the
   groups, with room); a child still running then is killed. Exit code 0 when every
-  child running at the stop drained cleanly (or, with `--until-idle`, every child
-  finished), 1 otherwise or when the supervisor gave up. A child whose supervisor dies
-  (even by SIGKILL) sees its lifeline pipe close and drains by itself, so no child is
-  left orphaned and working.
+  child running at the stop drained cleanly, 1 otherwise or when the supervisor gave
+  up. A child whose supervisor dies (even by SIGKILL) sees its lifeline pipe close and
+  drains by itself, so no child is left orphaned and working.
+- **Until idle**: with `--until-idle` no child exits by itself, since a job one child
+  writes may be for a partition another reads. Each child tells the supervisor when its
+  own check finds it idle, through a socket of its own (`Child.idle_link`; its messages
+  wake the supervisor with SIGIO); once all have, the supervisor asks them to confirm,
+  and when every one has (`stream_jobs.runtime.agreement`) it stops them as on SIGTERM.
 - **Counts**: each child sends what it counted through a pipe as it exits; the
   supervisor adds them up over all children and runs. A killed child's run sends
   nothing, and `SupervisorResult.unreported` names it.
 
-Signals reach the supervisor through `sigtimedwait` with SIGCHLD, SIGTERM and SIGINT
-blocked, so nothing runs inside a signal handler and no wait polls.
+Signals reach the supervisor through `sigtimedwait` with SIGCHLD, SIGTERM, SIGINT and
+SIGIO blocked, so nothing runs inside a signal handler and no wait polls.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import logging
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -46,9 +52,9 @@ from dataclasses import dataclass, field
 import orjson
 
 from stream_jobs.errors import ConfigError, StreamJobsError
+from stream_jobs.runtime.agreement import Agreed, Ask, IdleAgreement, confirm
 from stream_jobs.runtime.host import Counts, add_counts
 from stream_jobs.runtime.restarts import (
-    Finished,
     RestartPolicy,
     after_exit,
     describe_exit,
@@ -64,16 +70,19 @@ log = logging.getLogger("stream_jobs.supervisor")
 STOP_TIMEOUT_S = 30.0
 # The longest the supervisor blocks without looking at its children again.
 MAX_WAIT_S = 60.0
-_SIGNALS = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
+_SIGNALS = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGIO}
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @dataclass(frozen=True)
 class Child:
-    """What a child knows of itself: its number (1..N) and its end of the lifeline pipe,
-    which reads end-of-file once the supervisor is gone."""
+    """What a child knows of itself: its number (1..N), its end of the lifeline pipe,
+    which reads end-of-file once the supervisor is gone, and with `--until-idle` its end
+    of the socket it tells the supervisor it is idle through."""
 
     index: int
     lifeline: int
+    idle_link: int | None = None
 
     @property
     def name(self) -> str:
@@ -109,10 +118,11 @@ class _Slot:
     pid: int | None = None
     started_at: float = 0.0
     status_fd: int | None = None
+    # With --until-idle: the supervisor's end of the child's idle socket.
+    link: socket.socket | None = None
     runs: int = 0
     quick_deaths: int = 0
     restart_at: float | None = None
-    finished: bool = False
     last_exit: int | None = None
 
     @property
@@ -154,11 +164,13 @@ class Supervisor:
         self._unclean: list[str] = []
         self._mask: set[int | signal.Signals] = set()
         self._lifeline: tuple[int, int] | None = None
+        self._agreement = (IdleAgreement(frozenset(s.index for s in self._slots))
+                           if until_idle else None)
 
     # -- the supervisor's loop --------------------------------------------------------------
 
     def run(self) -> SupervisorResult:
-        """Run the children until stopped (or, with `until_idle`, until all are finished)."""
+        """Run the children until stopped (or, with `until_idle`, until all are idle)."""
         # Inherited SIGCHLD ignored would reap the children behind our back (no exit codes).
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
@@ -168,8 +180,9 @@ class Supervisor:
                 self._spawn(slot)
             while self._busy():
                 found = signal.sigtimedwait(_SIGNALS, self._wait_s())
-                if found is not None and found.si_signo != signal.SIGCHLD:
+                if found is not None and found.si_signo in _STOP_SIGNALS:
                     self._stop(f"{signal.Signals(found.si_signo).name} received")
+                self._hear()
                 self._reap()
                 if self._stopping:
                     if time.monotonic() >= self._stop_deadline:
@@ -188,6 +201,13 @@ class Supervisor:
                 if slot.status_fd is not None:
                     os.close(slot.status_fd)
                     slot.status_fd = None
+                if slot.link is not None:
+                    slot.link.close()
+                    slot.link = None
+            # A SIGIO still pending (a child's last words) would end this process once
+            # unblocked: SIGIO's default action. With the sockets closed, none comes after.
+            while signal.sigtimedwait({signal.SIGIO}, 0) is not None:
+                pass
             signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
         self._result.restarts = {s.name: s.runs - 1 for s in self._slots if s.runs > 1}
         self._result.exit_code = 1 if self._result.gave_up or self._unclean else 0
@@ -233,11 +253,11 @@ class Supervisor:
         return should_give_up(self.policy, (
             streak_now(self.policy, s.quick_deaths,
                        None if s.pid is None else now - s.started_at)
-            for s in self._slots if not s.finished))
+            for s in self._slots))
 
     def _give_up(self) -> None:
         last = ", ".join(f"{s.name} {describe_exit(s.last_exit)}" for s in self._slots
-                         if s.last_exit is not None and not s.finished)
+                         if s.last_exit is not None)
         log.error("every worker process died within %g s of its start %d times in a row "
                   "(last: %s); giving up: the log lines above say why",
                   self.policy.stable_after_s, self.policy.give_up_after, last)
@@ -250,6 +270,35 @@ class Supervisor:
             if slot.restart_at is not None and slot.restart_at <= now:
                 slot.restart_at = None
                 self._spawn(slot)
+
+    # -- until idle ---------------------------------------------------------------------------
+
+    def _hear(self) -> None:
+        """Read what the children said on their idle sockets, and act on it."""
+        if self._agreement is None or self._stopping:
+            return
+        for slot in self._slots:
+            while slot.link is not None:
+                try:
+                    message = slot.link.recv(64)
+                except OSError:  # nothing more to read now (or the child is ending)
+                    break
+                if not message:  # the child closed it: it is ending (SIGCHLD follows)
+                    break
+                self._act(self._agreement.heard(slot.index, message))
+                if self._stopping:
+                    return
+
+    def _act(self, decision: Ask | Agreed | None) -> None:
+        if isinstance(decision, Agreed):
+            self._stop("every worker process is idle (no job in a lane, a delay tier, the "
+                       "outbox or a handler)")
+        elif isinstance(decision, Ask):
+            for slot in self._slots:
+                if slot.index in decision.children and slot.link is not None:
+                    # A child gone meanwhile does not answer: its end ends the round.
+                    with contextlib.suppress(OSError):
+                        slot.link.send(confirm(decision.round_no))
 
     # -- children ending --------------------------------------------------------------------
 
@@ -271,6 +320,11 @@ class Supervisor:
         lived_s = time.monotonic() - slot.started_at
         slot.pid = None
         slot.last_exit = exit_code
+        if slot.link is not None:
+            slot.link.close()
+            slot.link = None
+        if self._agreement is not None:
+            self._agreement.ended(slot.index)
         counts = self._read_counts(slot)
         what = describe_exit(exit_code)
         if counts is None:
@@ -284,12 +338,7 @@ class Supervisor:
             level = logging.INFO if exit_code == 0 else logging.WARNING
             log.log(level, "%s %s after the stop", slot.name, what, extra=fields)
             return
-        decision = after_exit(self.policy, quick_deaths=slot.quick_deaths, lived_s=lived_s,
-                              exit_code=exit_code, until_idle=self.until_idle)
-        if isinstance(decision, Finished):
-            slot.finished = True
-            log.info("%s drained its types and exited", slot.name, extra=fields)
-            return
+        decision = after_exit(self.policy, quick_deaths=slot.quick_deaths, lived_s=lived_s)
         slot.quick_deaths = decision.quick_deaths
         slot.restart_at = time.monotonic() + decision.delay_s
         if decision.quick_deaths >= max(1, self.policy.give_up_after):
@@ -329,11 +378,25 @@ class Supervisor:
         sys.stdout.flush()
         sys.stderr.flush()
         status_r, status_w = os.pipe()
+        # Datagrams keep each message whole; the supervisor's end is read on SIGIO.
+        link = (socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                if self._agreement is not None else None)
+        if link is not None:
+            _woken_by(link[0])
         pid = os.fork()
         if pid == 0:  # the child: never returns
             os.close(status_r)
-            self._be_child(slot, status_w)
+            child_link = None
+            if link is not None:
+                link[0].close()
+                child_link = link[1].detach()
+            self._be_child(slot, status_w, child_link)
         os.close(status_w)
+        if link is not None:
+            link[1].close()
+            slot.link = link[0]
+        if self._agreement is not None:
+            self._agreement.started(slot.index)
         slot.pid = pid
         slot.status_fd = status_r
         slot.started_at = time.monotonic()
@@ -341,7 +404,7 @@ class Supervisor:
         again = f", run {slot.runs}" if slot.runs > 1 else ""
         log.info("%s started (pid %d%s)", slot.name, pid, again, extra={"child": slot.name})
 
-    def _be_child(self, slot: _Slot, status_w: int) -> None:
+    def _be_child(self, slot: _Slot, status_w: int, idle_link: int | None) -> None:
         code = 1
         try:
             assert self._lifeline is not None
@@ -350,9 +413,11 @@ class Supervisor:
             for other in self._slots:
                 if other.status_fd is not None:
                     os.close(other.status_fd)
+                if other.link is not None:
+                    other.link.close()
             signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
             multiprocessing.current_process().name = slot.name
-            counts = self.child_main(Child(slot.index, lifeline_r))
+            counts = self.child_main(Child(slot.index, lifeline_r, idle_link))
             code = 0
             with contextlib.suppress(BrokenPipeError):  # the supervisor is gone
                 _write_all(status_w, orjson.dumps(counts))
@@ -366,6 +431,15 @@ class Supervisor:
             traceback.print_exc()
         finally:
             _exit_child(code)
+
+
+def _woken_by(sock: socket.socket) -> None:
+    """Make `sock` non-blocking, and send this process SIGIO when there is something to
+    read in it: the supervisor's loop waits for signals, not for files."""
+    sock.setblocking(False)
+    fd = sock.fileno()
+    fcntl.fcntl(fd, fcntl.F_SETOWN, os.getpid())
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_ASYNC)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -62,6 +62,8 @@ from stream_jobs.runtime.flow_control import FlowControlled, header_expires_at_m
 from stream_jobs.runtime.gc_tuning import worker_collector
 from stream_jobs.runtime.heartbeats import is_heartbeat
 from stream_jobs.runtime.heartbeats import report_interval_s as heartbeat_report_interval_s
+from stream_jobs.runtime.idle import IdleWatch, run_until_idle
+from stream_jobs.runtime.member import GroupMember
 from stream_jobs.runtime.relay import Relay
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
 from stream_jobs.runtime.stalls import LoopWatch
@@ -141,8 +143,11 @@ class Worker(FlowControlled):
     # -- running ----------------------------------------------------------------------------
 
     async def run(self, *, until_idle: bool = False) -> None:
-        """Process jobs until `stop()` (or SIGTERM via the CLI); with `until_idle`, until
-        the lanes and tiers are read to their ends and nothing is in flight or held."""
+        """Process jobs until `request_stop()` (or SIGTERM via the CLI); with `until_idle`,
+        until this type is idle: its lanes and tiers read to their ends and committed,
+        nothing running or held (a retry not due yet is waited for). That is this type
+        alone: several types, and the outbox their jobs write through, are
+        `stream_jobs.runtime.host.WorkerHost`'s to watch (`stream_jobs.runtime.idle`)."""
         await self.producer.start()
         prefix = self.settings.topic_prefix
         await self.producer.warm([*self.topics, dlq_topic(prefix, self.policy.job_type),
@@ -167,7 +172,10 @@ class Worker(FlowControlled):
                 background.append(asyncio.create_task(self.scheduler.run()))
             try:
                 with worker_collector(self.settings.worker_gc_young_threshold):
-                    await self._loop(until_idle)
+                    if until_idle:
+                        await run_until_idle(IdleWatch([self]), self._loop, self.request_stop)
+                    else:
+                        await self._loop()
             finally:
                 if self.relay is not None:
                     await self.relay.stop()
@@ -231,27 +239,17 @@ class Worker(FlowControlled):
         """Ask `run` to drain and return (safe from a signal handler on the loop)."""
         self.stopping.set()
 
-    async def _loop(self, until_idle: bool) -> None:
+    async def _loop(self) -> None:
         # The relay polls its tiers in a task of its own: a lane fetch never waits for a
         # tier fetch's long poll, nor a due retry for the lanes'.
         ended = asyncio.Event()
         relaying = (asyncio.create_task(self._relay_loop(self.relay, ended))
                     if self.relay is not None else None)
         try:
-            idle_rounds = 0
             while not self.stopping.is_set():
                 if relaying is not None and relaying.done():
                     await relaying  # it ended with an error: raise it here
-                fetched = await self.poll_once()
-                if not until_idle:
-                    continue
-                if (fetched or self.in_flight() or (self.relay and self.relay.in_flight())
-                        or (self.threads is not None and self.threads.busy)):
-                    idle_rounds = 0
-                    continue
-                idle_rounds = idle_rounds + 1 if await self._idle() else 0
-                if idle_rounds >= 2:
-                    return
+                await self.poll_once()
         finally:
             ended.set()
             if relaying is not None:
@@ -261,13 +259,24 @@ class Worker(FlowControlled):
         while not (ended.is_set() or self.stopping.is_set()):
             await relay.poll_once()
 
-    async def _idle(self) -> bool:
-        await self.commit()
-        if self.relay is not None:
-            await self.relay.commit()
-            if not await self.relay.caught_up():
-                return False
-        return await self.caught_up()
+    # -- idleness (what `stream_jobs.runtime.idle` reads) -----------------------------------
+
+    def busy(self) -> bool:
+        """Work in memory: jobs fetched and not finished, records a delay tier holds until
+        they are due, handlers still running on a thread or past their runner."""
+        return bool(self.in_flight() or self.dispatcher.held
+                    or (self.relay is not None and self.relay.in_flight())
+                    or (self.threads is not None and self.threads.busy))
+
+    def intake(self) -> int:
+        """Records fetched from the lanes and the delay tiers, and rebalances, so far."""
+        return self.taken_in + (self.relay.taken_in if self.relay is not None else 0)
+
+    async def drained(self) -> bool:
+        """The lanes and the delay tiers read to their ends, and committed. (The polls
+        commit, every `commit_interval_s`: a commit from here could overtake theirs.)"""
+        members: list[GroupMember] = [self] if self.relay is None else [self, self.relay]
+        return all(await asyncio.gather(*(member.caught_up() for member in members)))
 
     # -- one job ----------------------------------------------------------------------------
 

@@ -9,7 +9,12 @@ then, by MODE:
 - `drain`: waits for SIGTERM (or for its supervisor to die), then returns its counts;
 - `crash`: exits with code 3 at once, every time;
 - `refuse`: raises a StreamJobsError at once, every time (the one-sentence path);
-- `stubborn`: ignores SIGTERM and waits for good (the supervisor has to kill it).
+- `stubborn`: ignores SIGTERM and waits for good (the supervisor has to kill it);
+- `idle` (the supervisor runs with `until_idle`): says `idle` on its idle link, answers
+  every `confirm R` with `still R`, and waits for SIGTERM; its counts say how many
+  questions it answered;
+- `idle-late`: as `idle`, but `worker-2` answers the first question with `busy` (a job
+  came in) and then says `idle` again.
 
 The restart policy is fast (delays of 10 to 50 ms, three quick deaths to give up) and the
 stop bound short (1 s), so every case ends within seconds. The supervisor's result is
@@ -23,6 +28,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import sys
 from collections.abc import Mapping
 
@@ -30,6 +36,7 @@ import orjson
 
 from stream_jobs import logs
 from stream_jobs.errors import DatabaseUnavailable
+from stream_jobs.runtime import agreement
 from stream_jobs.runtime.restarts import RestartPolicy
 from stream_jobs.runtime.supervisor import Child, Supervisor
 
@@ -47,6 +54,8 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def child_main(mode: str, child: Child) -> Mapping[str, Mapping[str, int]]:
+    if mode.startswith("idle"):
+        return idle_child(mode, child)
     if mode == "crash":
         raise SystemExit(3)
     if mode == "refuse":
@@ -62,11 +71,35 @@ def child_main(mode: str, child: Child) -> Mapping[str, Mapping[str, int]]:
         return {"t": {"succeeded": child.index}}
 
 
+def idle_child(mode: str, child: Child) -> Mapping[str, Mapping[str, int]]:
+    assert child.idle_link is not None
+    link = socket.socket(fileno=child.idle_link)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    print(f"ready {child.name} {os.getpid()}", flush=True)
+    answered = 0
+    late = mode == "idle-late" and child.index == 2
+    try:
+        link.send(agreement.IDLE)
+        while True:
+            round_no = agreement.confirm_round(link.recv(64))
+            if round_no is None:
+                continue
+            if late:
+                late = False
+                link.send(agreement.BUSY)
+                link.send(agreement.IDLE)
+                continue
+            answered += 1  # first: SIGTERM may come as soon as it is sent
+            link.send(agreement.still(round_no))
+    except Stop:
+        return {"t": {"answered": answered}}
+
+
 def main() -> None:
     mode, processes = sys.argv[1], int(sys.argv[2])
     logs.configure(level=logging.INFO)
     supervisor = Supervisor(processes, lambda child: child_main(mode, child), policy=POLICY,
-                            stop_timeout_s=STOP_TIMEOUT_S)
+                            stop_timeout_s=STOP_TIMEOUT_S, until_idle=mode.startswith("idle"))
     result = supervisor.run()
     print(orjson.dumps(dataclasses.asdict(result)).decode(), flush=True)
     sys.exit(result.exit_code)

@@ -4,8 +4,7 @@ schema, environment and event loop.
 A page's samples run as a newcomer runs them: `App()` reads the `STREAM_JOBS_*`
 environment, which points at the page's prefix and schema while the page runs (and is put
 back afterwards). The schema is not made in advance (a newcomer's `stream-jobs db migrate`
-makes it); it is dropped, and the topics under the page's prefix deleted, when the page
-ends.
+makes it); it is dropped, and the page's topics deleted, when the page ends.
 
 A page's hidden blocks (`<!-- invisible-code-block: python ... -->`) reach this object as
 `page`: `await page.migrate(...)` for the dedup tables and the page's own, `await
@@ -120,7 +119,7 @@ class Page:
                 else:
                     os.environ[name] = value
             run_async(lambda: drop_schema(settings))
-            run_async(lambda: delete_topics(settings))
+            run_async(lambda: drop_topics(settings))
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run a sample's top-level awaits on the page's loop (one loop per page, so a
@@ -165,14 +164,14 @@ class Page:
         return count_outcomes(host.counts())
 
 
-async def delete_topics(settings: Settings) -> None:
-    """Delete the topics under the page's prefix: a page makes a score of them, and a
-    broker that kept every run's ran out of file handles ("Too many open files")."""
+async def drop_topics(settings: Settings) -> None:
+    """Delete the page's topics: every page applies a folder of types, and a broker that
+    keeps every run's topics runs out of heap (the development broker did, at ~4,600)."""
     async with admin_client(settings) as admin:
-        ours = [name for name in await admin.list_topics()
+        mine = [name for name in await admin.list_topics()
                 if name.startswith(f"{settings.topic_prefix}.")]
-        if ours:
-            await admin.delete_topics(ours)
+        if mine:
+            await admin.delete_topics(mine)
 
 
 def count_outcomes(counts: Mapping[str, Mapping[str, int]]) -> Counter[str]:

@@ -74,27 +74,44 @@ def test_a_child_names_itself_in_text_and_json_lines() -> None:
 
 
 class FakeRunner:
-    """What the host needs of a Worker: run until stopped (or idle), request_stop."""
+    """What the host needs of a Worker: run until stopped, request_stop, and what the
+    idle watch reads (`stream_jobs.runtime.idle.Drainable`): it has `jobs` to take in,
+    one a poll, each finished at once."""
 
     def __init__(self, job_type: str, events: list[str], *, fail: Exception | None = None,
-                 idle_after: int = 0) -> None:
+                 jobs: int = 0) -> None:
         self.job_type = job_type
         self.group_id = f"p.{job_type}.worker"
         self.events = events
         self.fail = fail
-        self.idle_after = idle_after
+        self.jobs = jobs
+        self.taken = 0
         self.stopping = asyncio.Event()
+        self.empty_poll = asyncio.Event()
 
     def request_stop(self) -> None:
         self.stopping.set()
 
-    async def run(self, *, until_idle: bool = False) -> None:
+    def busy(self) -> bool:
+        return False
+
+    def intake(self) -> int:
+        return self.taken
+
+    async def drained(self) -> bool:
+        return self.taken == self.jobs
+
+    async def run(self) -> None:
         self.events.append(f"{self.job_type} started")
         await asyncio.sleep(0)
         if self.fail is not None:
             raise self.fail
-        if not until_idle:
-            await self.stopping.wait()
+        while not self.stopping.is_set():
+            if self.taken < self.jobs:
+                self.taken += 1
+            else:
+                self.empty_poll.set()
+            await asyncio.sleep(0)  # a poll
         self.events.append(f"{self.job_type} drained")
 
 
@@ -116,9 +133,11 @@ def host(*runners: FakeRunner, **options: Any) -> WorkerHost:
 
 async def test_services_start_before_the_workers_and_stop_after_them() -> None:
     events: list[str] = []
-    h = host(FakeRunner("a", events), FakeRunner("b", events), until_idle=True,
+    a, b = FakeRunner("a", events, jobs=3), FakeRunner("b", events, jobs=5)
+    h = host(a, b, until_idle=True,
              services=[FakeService("metrics", events), FakeService("outbox", events)])
-    await h.run()
+    await asyncio.wait_for(h.run(), 5)
+    assert (a.taken, b.taken) == (3, 5)
     assert events[:2] == ["metrics up", "outbox up"]
     assert events[-2:] == ["outbox down", "metrics down"]
     assert sorted(events[2:-2]) == ["a drained", "a started", "b drained", "b started"]

@@ -1,4 +1,5 @@
-"""Log lines with fields: what the text and JSON formats write, and configure()."""
+"""Log lines with fields: what the text and JSON formats write, and configure(), which
+also sets the Kafka driver's level (`STREAM_JOBS_KAFKA_LOG_LEVEL`)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import io
 import logging
 
 import orjson
+import pytest
 
 from stream_jobs import logs
+from stream_jobs.errors import ConfigError
 from stream_jobs.logs import JsonFormatter, TextFormatter, job_fields
 from stream_jobs.record import JobRecord
+from stream_jobs.settings import Settings, load_settings
 
 from .fake_records import FakeRecord
 
@@ -77,3 +81,39 @@ def test_configure_writes_the_chosen_format() -> None:
         root.handlers[:], _ = saved[0], root.setLevel(saved[1])
     [written] = out.getvalue().splitlines()
     assert orjson.loads(written)["job_id"] == "j-9"
+
+
+def configured(**options: object) -> list[str]:
+    """The lines the Kafka driver's logger writes at each level once `configure(**options)`
+    ran (and the root logger as it was afterwards)."""
+    root, driver = logging.getLogger(), logging.getLogger("aiokafka")
+    saved = root.handlers[:], root.level, driver.level, driver.propagate
+    out = io.StringIO()
+    try:
+        logs.configure(stream=out, **options)  # type: ignore[arg-type]
+        for level in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR):
+            driver.log(level, "driver line at %s", logging.getLevelName(level))
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        driver.setLevel(saved[2])
+        driver.propagate = saved[3]
+    return [line.rpartition(" at ")[2] for line in out.getvalue().splitlines()]
+
+
+def test_the_kafka_drivers_info_lines_are_left_out_by_default() -> None:
+    # Its INFO lines repeat a group's partitions at every rebalance, 1-2 KB each.
+    assert configured(level="DEBUG") == ["WARNING", "ERROR"]
+    assert configured(level="DEBUG", kafka_level="info") == ["INFO", "WARNING", "ERROR"]
+    # --log-level is the floor for every line, the driver's too.
+    assert configured(level="ERROR", kafka_level="DEBUG") == ["ERROR"]
+    assert configured(level="INFO", kafka_level="DEBUG") == ["INFO", "WARNING", "ERROR"]
+
+
+def test_the_kafka_log_level_is_a_setting_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().kafka_log_level == "WARNING"
+    monkeypatch.setenv("STREAM_JOBS_KAFKA_LOG_LEVEL", " info ")
+    assert Settings().kafka_log_level == "INFO"
+    monkeypatch.setenv("STREAM_JOBS_KAFKA_LOG_LEVEL", "chatty")
+    with pytest.raises(ConfigError, match="STREAM_JOBS_KAFKA_LOG_LEVEL: Input should be"):
+        load_settings()

@@ -1,4 +1,4 @@
-"""The supervisor's restart policy: backoff, streaks, finishing and giving up. Pure."""
+"""The supervisor's restart policy: backoff, streaks and giving up. Pure."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_jobs.runtime.restarts import (
-    Finished,
     Restart,
     RestartPolicy,
     after_exit,
@@ -29,15 +28,12 @@ LONG = POLICY.stable_after_s + 1
 policies = st.builds(
     lambda first, factor, stable, give_up: RestartPolicy(first, first * factor, stable, give_up),
     st.floats(0.01, 10.0), st.floats(1.0, 1000.0), st.floats(0.1, 3600.0), st.integers(0, 20))
-exit_codes = st.integers(-64, 255)
 
 
 def test_a_child_that_keeps_dying_waits_twice_as_long_each_time_up_to_the_cap() -> None:
     delays, streak = [], 0
     for _ in range(9):
-        decision = after_exit(POLICY, quick_deaths=streak, lived_s=QUICK, exit_code=1,
-                              until_idle=False)
-        assert isinstance(decision, Restart)
+        decision = after_exit(POLICY, quick_deaths=streak, lived_s=QUICK)
         delays.append(decision.delay_s)
         streak = decision.quick_deaths
     assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
@@ -45,26 +41,15 @@ def test_a_child_that_keeps_dying_waits_twice_as_long_each_time_up_to_the_cap() 
 
 
 def test_a_long_run_forgets_the_streak() -> None:
-    decision = after_exit(POLICY, quick_deaths=7, lived_s=LONG, exit_code=-signal.SIGKILL,
-                          until_idle=False)
+    decision = after_exit(POLICY, quick_deaths=7, lived_s=LONG)
     assert decision == Restart(POLICY.first_delay_s, 0)
-
-
-def test_until_idle_a_clean_exit_is_finished_and_a_crash_is_restarted() -> None:
-    assert after_exit(POLICY, quick_deaths=0, lived_s=QUICK, exit_code=0,
-                      until_idle=True) == Finished()
-    assert isinstance(after_exit(POLICY, quick_deaths=0, lived_s=QUICK, exit_code=1,
-                                 until_idle=True), Restart)
-    # Without --until-idle a worker never ends by itself: a clean exit is restarted too.
-    assert isinstance(after_exit(POLICY, quick_deaths=0, lived_s=LONG, exit_code=0,
-                                 until_idle=False), Restart)
 
 
 def test_the_supervisor_gives_up_only_when_every_child_keeps_dying() -> None:
     limit = POLICY.give_up_after
     assert should_give_up(POLICY, [limit, limit])
     assert not should_give_up(POLICY, [limit, limit - 1])
-    assert not should_give_up(POLICY, [])  # every child finished
+    assert not should_give_up(POLICY, [])
     assert not should_give_up(RestartPolicy(give_up_after=0), [99, 99])
     # A child up for a minute is past its streak, however long it was.
     assert streak_now(POLICY, limit, alive_s=LONG) == 0
@@ -82,16 +67,10 @@ def test_delays_stay_within_the_bounds_and_never_shrink_along_a_streak(
 
 
 @PROPERTY
-@given(policies, st.integers(0, 1000), st.floats(0.0, 10_000.0), exit_codes, st.booleans())
-def test_every_exit_is_restarted_or_finished_and_the_streak_moves_by_one_or_resets(
-        policy: RestartPolicy, streak: int, lived_s: float, code: int, until_idle: bool
-) -> None:
-    decision = after_exit(policy, quick_deaths=streak, lived_s=lived_s, exit_code=code,
-                          until_idle=until_idle)
-    if isinstance(decision, Finished):
-        assert until_idle
-        assert code == 0
-        return
+@given(policies, st.integers(0, 1000), st.floats(0.0, 10_000.0))
+def test_every_exit_is_restarted_and_the_streak_moves_by_one_or_resets(
+        policy: RestartPolicy, streak: int, lived_s: float) -> None:
+    decision = after_exit(policy, quick_deaths=streak, lived_s=lived_s)
     quick = lived_s < policy.stable_after_s
     assert decision.quick_deaths == (streak + 1 if quick else 0)
     assert decision.delay_s == restart_delay_s(policy, decision.quick_deaths)

@@ -94,9 +94,9 @@ def test_a_single_broker_runs_with_a_capped_heap(
     monkeypatch.delenv("STREAM_JOBS_DEV_KAFKA_HEAP_MB", raising=False)
     cluster = KafkaCluster(Settings(stack_dir=tmp_path), 1)
     argv = cluster.server_argv(cluster.nodes[0], tmp_path / "lib")
-    assert heap_flags(argv) == ["-Xmx512m"]
+    assert heap_flags(argv) == ["-Xmx1024m"]
     # JVM options count only before the main class.
-    assert argv.index("-Xmx512m") < argv.index("kafka.Kafka")
+    assert argv.index("-Xmx1024m") < argv.index("kafka.Kafka")
     assert argv[-1] == str(cluster.nodes[0].config)
 
     smaller = KafkaCluster(Settings(stack_dir=tmp_path, dev_kafka_heap_mb=300), 1)

@@ -3,8 +3,9 @@
 Each test runs `python -m tests.apps.supervised MODE N` as a subprocess (it forks; the
 test process should not) and drives it with signals: a killed child is restarted under
 its name, SIGTERM is forwarded and drains, a child that ignores it is killed at the
-bound, a child that can never start makes the supervisor give up, and children whose
-supervisor is SIGKILLed stop by themselves. No test sleeps to wait: each polls what the
+bound, a child that can never start makes the supervisor give up, children whose
+supervisor is SIGKILLed stop by themselves, and with `--until-idle` the children are
+stopped only once every one has confirmed it is idle. No test sleeps to wait: each polls what the
 processes printed, or /proc, against a deadline.
 """
 
@@ -157,3 +158,18 @@ async def test_children_of_a_killed_supervisor_stop_by_themselves(supervised: An
     # Orphans are reaped by init; until then they are zombies, which _alive ignores.
     await until(lambda: not any(_alive(pid) for pid in children),
                 "the orphaned children exit", within_s=10)
+
+
+async def test_until_idle_the_supervisor_stops_the_children_once_all_confirm(
+        supervised: Any) -> None:
+    run = supervised("idle", 3)
+    assert await run.exit_code() == 0, run.text()
+    assert run.result()["counts"] == {"t": {"answered": 3}}  # one question each
+    assert "every worker process is idle" in run.text()
+
+
+async def test_until_idle_a_child_busy_when_asked_calls_the_round_off(supervised: Any) -> None:
+    run = supervised("idle-late", 2)
+    assert await run.exit_code() == 0, run.text()
+    # worker-1 answered rounds 1 and 2, worker-2 only round 2.
+    assert run.result()["counts"] == {"t": {"answered": 3}}
