@@ -9,9 +9,29 @@
 - Shell variables set by one command (`id=$(stream-jobs enqueue ...)`) are there for the
   next ones on the page; `export NAME=value` also sets the page's environment, so the
   page's Python samples see it as a reader's would.
+- A page that has the reader choose a corner of the stack of their own (`export
+  STREAM_JOBS_TOPIC_PREFIX=tour`, `..._DATABASE_SCHEMA`, or the stack's addresses
+  `..._KAFKA_BOOTSTRAP`, `..._DATABASE_URL`) keeps the page's values in the test: the
+  reader picks a name, the test a fresh one, so no two runs share topics, groups or
+  tables. Only a line that is that export alone is read so (see `placed`), and a page
+  shows no output that depends on the name (`...` stands for it).
 - A command that runs until stopped (`stream-jobs worker` without `--until-idle`,
-  `stats --watch`, `serve`, `scheduler`) starts in the background, as in a second
-  terminal; at the page's end it gets Ctrl-C (SIGINT) and must stop cleanly (exit 0).
+  `stats --watch`, `serve`, `scheduler`, `outbox relay`; alone, not joined to another by
+  `||` or `|`) starts in the background, as in a second terminal; at the page's end it
+  gets Ctrl-C (SIGINT) and must stop cleanly (exit 0). In a console block, the output
+  shown under it is what it printed by then, from its start to its last line (`...` for
+  the log lines a reader would skim).
+- A console block can also stop such a command where it stands, as a reader at the
+  terminal does: a `^C` line in its output means "once it printed what is shown above
+  this line, press Ctrl-C"; it must then stop with exit 0 and have printed, in all, what
+  is shown above and below the `^C` (see `interrupted`). The next command runs after it
+  stopped. A reader's Ctrl-C comes once the command has said it runs: a background
+  command still silent at the page's end gets it after `START_S`.
+- Commands run from the repository's root with the project's virtualenv first on `PATH`,
+  stdout and stderr together, in a terminal 120 columns wide without colour.
+- A page's hidden blocks check what its commands did with `shell_output(page, command)`
+  (what a command prints in the page's shell, with its variables) and
+  `background_lines(page, text)` (lines a background command printed, e.g. a worker's log).
 """
 
 from __future__ import annotations
@@ -23,7 +43,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,8 +55,14 @@ from tests.docs.page import Page
 COMMAND_TIMEOUT_S = 180.0
 SETTLE_S = 60.0
 STOP_TIMEOUT_S = 60.0
+# A reader presses Ctrl-C once a command has said it runs, or has had this long to start
+# (one that prints nothing until it stops, as `stats --watch` into a file).
+START_S = 15.0
 ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=")
 EXPORT = re.compile(r"^\s*export\s+([A-Za-z_][A-Za-z0-9_]*)=")
+# The settings that place a page on the stack: its own in the test, whatever the page says.
+PLACING = ("STREAM_JOBS_TOPIC_PREFIX", "STREAM_JOBS_DATABASE_SCHEMA",
+           "STREAM_JOBS_KAFKA_BOOTSTRAP", "STREAM_JOBS_DATABASE_URL")
 
 
 @dataclass
@@ -108,11 +134,52 @@ def matches(shown: str, output: str) -> bool:
     return pattern_of(shown).fullmatch(actual) is not None
 
 
+def placed(command: str, values: Mapping[str, str]) -> str:
+    """`command` with every line that is only `export NAME=value` (a comment after it
+    allowed) of a name in `values` made to export `values[NAME]` instead."""
+    lines = []
+    for line in command.splitlines():
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            words = []
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            name = words[1].split("=", 1)[0]
+            if name in values:
+                indent = line[: len(line) - len(line.lstrip())]
+                line = f"{indent}export {name}={shlex.quote(values[name])}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+INTERRUPT = "^C"
+
+
+def interrupted(shown: str | None) -> tuple[str, str] | None:
+    """The output a console block shows before and after its `^C` line (Ctrl-C pressed
+    there), or None when it shows none."""
+    if shown is None:
+        return None
+    lines = shown.splitlines()
+    marks = [number for number, line in enumerate(lines) if line.strip() == INTERRUPT]
+    if not marks:
+        return None
+    if len(marks) > 1:
+        raise ValueError(f"one Ctrl-C stops a command; the output shows {len(marks)}")
+    return "\n".join(lines[:marks[0]]), "\n".join(lines[marks[0] + 1:])
+
+
 def runs_until_stopped(command: str) -> bool:
-    """Whether a command runs until Ctrl-C (the CLI's long-running commands)."""
+    """Whether a command runs until Ctrl-C (the CLI's long-running commands). One joined
+    to others (`||`, `&&`, `;`, `|`: `stream-jobs worker APP -t nope || echo $?`) is run to
+    its end: the page shows it ending."""
     try:
-        words = shlex.split(command, comments=True)
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words = list(lexer)
     except ValueError:
+        return False
+    if any(set(word) <= set("|&;") for word in words):
         return False
     while words and ASSIGNMENT.match(words[0]):
         words = words[1:]  # NAME=value before the command
@@ -129,12 +196,24 @@ def runs_until_stopped(command: str) -> bool:
 
 
 @dataclass
+class Background:
+    """A command running until stopped: where the page started it, its log, what the page
+    shows it printed (checked once it stopped)."""
+
+    where: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    shown: str | None = None
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass
 class Shell:
     """A page's shell: its variables, its background commands, its environment."""
 
     page: Page
     state: Path
-    background: list[tuple[str, subprocess.Popen[bytes], Path]] = field(default_factory=list)
+    background: list[Background] = field(default_factory=list)
 
     @classmethod
     def of(cls, page: Page) -> Shell:
@@ -148,6 +227,8 @@ class Shell:
         return shell
 
     def script(self, command: str) -> str:
+        command = placed(command, {name: self.page.env[name] for name in PLACING
+                                   if name in self.page.env})
         names = sorted({m.group(1) for line in command.splitlines()
                         if (m := ASSIGNMENT.match(line))})
         keep = "".join(f'declare -p {name} >> "{self.state}" 2>/dev/null\n' for name in names)
@@ -162,19 +243,18 @@ class Shell:
                 "TERM": "dumb"}
 
     def run(self, step: Step, where: str) -> None:
+        stop_at = interrupted(step.shown)
+        if stop_at is not None:
+            self.interrupt(step.command, where, *stop_at)
+            return
         if runs_until_stopped(step.command):
-            self.start(step.command, where)
+            self.start(step, where)
             return
         deadline = time.monotonic() + SETTLE_S
         while True:
-            done = subprocess.run(["bash", "-c", self.script(step.command)],
-                                  cwd=self.page.cwd, env=self.environment(),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  timeout=COMMAND_TIMEOUT_S, check=False)
-            output = done.stdout.decode(errors="replace")
-            if done.returncode != 0:
-                raise AssertionError(f"{where}: `{step.command}` exited {done.returncode}:\n"
-                                     f"{output}")
+            code, output = self.execute(step.command)
+            if code != 0:
+                raise AssertionError(f"{where}: `{step.command}` exited {code}:\n{output}")
             if step.shown is None or matches(step.shown, output):
                 break
             if time.monotonic() > deadline:
@@ -185,48 +265,113 @@ class Shell:
             if (exported := EXPORT.match(line)) is not None:
                 self.export(exported.group(1))
 
+    def execute(self, command: str) -> tuple[int, str]:
+        """Run `command` to its end in the page's shell: its exit code, and what it printed
+        (stdout and stderr, as a terminal shows them)."""
+        done = subprocess.run(["bash", "-c", self.script(command)], cwd=self.page.cwd,
+                              env=self.environment(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=COMMAND_TIMEOUT_S, check=False)
+        return done.returncode, done.stdout.decode(errors="replace")
+
     def export(self, name: str) -> None:
         """Give the page's environment a variable the page exported."""
         done = subprocess.run(["bash", "-c", f'source "{self.state}"; printf %s "${name}"'],
                               env=self.environment(), capture_output=True, check=True)
         self.page.use_env(**{name: done.stdout.decode()})
 
-    def start(self, command: str, where: str) -> None:
+    def start(self, step: Step, where: str) -> None:
         log = self.page.workdir / f"background-{len(self.background)}.log"
         with log.open("wb") as out:
             # A session of its own: Ctrl-C reaches the command's whole process group, as a
             # terminal's would.
-            process = subprocess.Popen(["bash", "-c", self.script(command)],
+            process = subprocess.Popen(["bash", "-c", self.script(step.command)],
                                        cwd=self.page.cwd, env=self.environment(),
                                        stdout=out, stderr=subprocess.STDOUT,
                                        start_new_session=True)
-        self.background.append((f"{where}: `{command}`", process, log))
+        self.background.append(Background(f"{where}: `{step.command}`", process, log,
+                                          step.shown))
+
+    def interrupt(self, command: str, where: str, before: str, after: str) -> None:
+        """Run `command` until it printed `before`, press Ctrl-C, and check it stopped with
+        exit 0 having printed `before` then `after`."""
+        self.start(Step(command), where)
+        running = self.background.pop()
+        running.shown = "\n".join(part for part in (before, after) if part.strip()) or None
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            output = running.log.read_text(errors="replace")
+            if output and matches(f"{before}...", output):
+                break
+            if running.process.poll() is not None or time.monotonic() > deadline:
+                if running.process.poll() is None:
+                    os.killpg(running.process.pid, signal.SIGKILL)
+                    running.process.wait()
+                raise AssertionError(f"{running.where} printed\n{output}\nwhich is not what "
+                                     f"the page shows before ^C:\n{before}")
+            time.sleep(0.2)  # the command is still starting: a reader waits for its lines
+        failure = self.stop(running)
+        if failure is not None:
+            raise AssertionError(failure)
+
+    def stop(self, command: Background) -> str | None:
+        """Ctrl-C `command`; what went wrong, if it did not stop with exit 0 having printed
+        what the page shows."""
+        what, process, log = command.where, command.process, command.log
+        # Ctrl-C after the command said it runs (or had START_S to), not while Python
+        # starts: a reader waits for the prompt's answer.
+        while (process.poll() is None and not log.stat().st_size
+               and time.monotonic() < command.started + START_S):
+            time.sleep(0.1)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)
+        try:
+            code = process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            return (f"{what} did not stop within {STOP_TIMEOUT_S:g} s of Ctrl-C:\n"
+                    f"{log.read_text(errors='replace')}")
+        output = log.read_text(errors="replace")
+        if code != 0:
+            return f"{what} exited {code}:\n{output}"
+        if command.shown is not None and not matches(command.shown, output):
+            return f"{what} printed\n{output}\nwhich is not what the page shows:\n{command.shown}"
+        return None
 
     def stop_background(self) -> None:
-        """Ctrl-C each background command, newest first; each must stop with exit 0."""
-        failures = []
-        for what, process, log in reversed(self.background):
-            started_by = time.monotonic() + STOP_TIMEOUT_S
-            # A reader presses Ctrl-C after the command said it runs, not while Python starts.
-            while process.poll() is None and not log.stat().st_size:
-                if time.monotonic() > started_by:
-                    break
-                time.sleep(0.1)
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGINT)
-            try:
-                code = process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                code = process.wait()
-                failures.append(f"{what} did not stop within {STOP_TIMEOUT_S:g} s of Ctrl-C:\n"
-                                f"{log.read_text(errors='replace')}")
-                continue
-            if code != 0:
-                failures.append(f"{what} exited {code}:\n{log.read_text(errors='replace')}")
+        """Ctrl-C each background command, newest first; each must stop with exit 0 and
+        have printed what the page shows."""
+        failures = [failure for command in reversed(self.background)
+                    if (failure := self.stop(command)) is not None]
         self.background.clear()
         if failures:
             raise AssertionError("\n".join(failures))
+
+
+def shell_output(page: Page, command: str) -> str:
+    """What `command` prints in `page`'s shell, with the variables its blocks set: for a
+    hidden block's check of what a page's commands did. It must exit 0."""
+    code, output = Shell.of(page).execute(command)
+    if code != 0:
+        raise AssertionError(f"`{command}` exited {code}:\n{output}")
+    return output
+
+
+def background_lines(page: Page, containing: str) -> list[str]:
+    """The lines `page`'s background commands printed that contain `containing`, once at
+    least one has (waiting up to SETTLE_S, as a console block's output does): for a hidden
+    block's check of what a worker logged."""
+    logs = [command.log for command in Shell.of(page).background]
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        found = [line for log in logs for line in log.read_text(errors="replace").splitlines()
+                 if containing in line]
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no background command of the page printed {containing!r} "
+                                 f"within {SETTLE_S:g} s")
+        time.sleep(0.5)  # a worker logs as it goes: the line is still coming
 
 
 def run_shell(example: Example) -> None:
