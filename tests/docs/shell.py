@@ -195,6 +195,17 @@ def runs_until_stopped(command: str) -> bool:
     return args[:1] == ["stats"] and "--watch" in args
 
 
+# What a long-running command prints once it serves, where its first line comes earlier:
+# `serve` names its address before uvicorn has bound the port.
+READY = {"serve": "Uvicorn running on"}
+
+
+def ready_line(command: str) -> str:
+    """The line that says a long-running command is ready ("" for its first line)."""
+    words = command.split()
+    return next((line for name, line in READY.items() if name in words[1:2]), "")
+
+
 @dataclass
 class Background:
     """A command running until stopped: where the page started it, its log, what the page
@@ -290,6 +301,19 @@ class Shell:
                                        start_new_session=True)
         self.background.append(Background(f"{where}: `{step.command}`", process, log,
                                           step.shown))
+        self.until_ready(process, log, ready_line(step.command))
+
+    @staticmethod
+    def until_ready(process: subprocess.Popen[bytes], log: Path, ready: str) -> None:
+        """Go on once a background command printed `ready` (or anything, for ""), as a
+        reader turns to the second terminal once the first says it runs; or once it
+        stopped, or after START_S (a silent command)."""
+        deadline = time.monotonic() + START_S
+        while process.poll() is None and time.monotonic() < deadline:
+            output = log.read_text(errors="replace")
+            if output and ready in output:
+                return
+            time.sleep(0.1)  # the command is still starting
 
     def interrupt(self, command: str, where: str, before: str, after: str) -> None:
         """Run `command` until it printed `before`, press Ctrl-C, and check it stopped with

@@ -15,6 +15,7 @@ from tests.docs.shell import (
     matches,
     pattern_of,
     placed,
+    ready_line,
     runs_until_stopped,
 )
 
@@ -185,3 +186,9 @@ def test_a_value_is_quoted_for_the_shell() -> None:
     assert placed("export STREAM_JOBS_DATABASE_URL=x",
                   {"STREAM_JOBS_DATABASE_URL": "postgresql://u@h:1/d?x=1 2"}) == \
         "export STREAM_JOBS_DATABASE_URL='postgresql://u@h:1/d?x=1 2'"
+
+
+def test_serve_is_ready_once_uvicorn_listens_and_others_at_their_first_line() -> None:
+    assert ready_line("stream-jobs serve --host 127.0.0.1 --port 8080") == "Uvicorn running on"
+    assert ready_line("stream-jobs worker consumers.mail:app") == ""
+    assert ready_line("stream-jobs stats --watch") == ""
