@@ -7,7 +7,7 @@ SJ     := $(BIN)/stream-jobs
 # about this site.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
-.PHONY: setup system venv stack down status lint docs unit integration test demo bench clean chaos \
+.PHONY: setup system venv stack down status lint docs manual unit integration test demo bench clean chaos \
 	docker-images docker-test docker-check compose-check
 
 setup: system venv
@@ -50,13 +50,22 @@ docs: venv
 unit: venv
 	$(BIN)/pytest -q tests/unit
 
+# The manual alone, on the stack: every block of README.md and docs/ (`make integration`
+# runs it too). PAGES=docs/results.md make manual: one page.
+PAGES ?= README.md docs
+
+manual: stack
+	$(BIN)/pytest -q $(PAGES)
+
 # Two test processes at once: every test has its own topic prefix, groups and schema, and
-# most of a test's time is waiting on the broker. The tests that restart a shared service
-# (marked `exclusive`) run afterwards, alone.
+# most of a test's time is waiting on the broker. The manual runs with them, a page per
+# process at a time (README.md and docs/: tests/docs/). The tests that restart a shared
+# service (marked `exclusive`) run afterwards, alone.
 INTEGRATION_PROCESSES ?= 2
 
 integration: stack
-	$(BIN)/pytest -q -n $(INTEGRATION_PROCESSES) --dist loadfile -m "not exclusive" tests/integration
+	$(BIN)/pytest -q -n $(INTEGRATION_PROCESSES) --dist loadfile -m "not exclusive" \
+	  tests/integration README.md docs
 	$(BIN)/pytest -q -m exclusive tests/integration
 
 # lint, then the unit tests (no services), then the integration tests on the real stack,

@@ -1,3 +1,4 @@
+# consumers/mail.py
 """The tour's app: one handler for email.send, which succeeds, retries or dead-letters."""
 
 from pydantic import BaseModel
@@ -6,7 +7,7 @@ from stream_jobs import App, JobContext, PermanentError
 
 app = App()                       # settings from STREAM_JOBS_* environment variables
 
-# The handler's effect table (step 4 creates it).
+# The handler's effect table, in STREAM_JOBS_DATABASE_SCHEMA (step 2 of the tour creates it).
 SCHEMA = "CREATE TABLE IF NOT EXISTS sent_emails (job_id text PRIMARY KEY, recipient text NOT NULL)"
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system packages the local stack needs, when they are missing:
 # Java 17+ and Maven (to resolve and run the Kafka broker jars) and PostgreSQL, and
-# Chromium with a font for the dashboard's browser test.
+# Chromium with a font for the dashboard's browser test; psql, jq and curl for the
+# manual's commands, which run as tests.
 # Safe to re-run; installs nothing that is already there.
 set -euo pipefail
 
@@ -13,6 +14,10 @@ command -v runuser >/dev/null 2>&1 || missing+=(util-linux)
 # The gateway's browser test drives Debian's Chromium (playwright never downloads one).
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 ls /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf >/dev/null 2>&1 || missing+=(fonts-dejavu-core)
+# The manual's pages run as tests (tests/docs/): their commands use psql, jq and curl.
+command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
+command -v jq >/dev/null 2>&1 || missing+=(jq)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

@@ -381,6 +381,16 @@ async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
                 if seen is not None:
                     sightings.append(seen)
     status, last = judge(sightings)
+    if status == "finished":
+        # The rows were read before the scan, and a job whose worker committed since then
+        # has left its lane with them. A worker commits a job's rows before its offset,
+        # so rows read after the offsets show every job they count as finished.
+        row = await _dedup_row(settings, job_id, notes)
+        result = await _result_row(settings, job_id, notes)
+        if row is not None:
+            row_type, attempt, finished_at = row
+            return JobLocation(job_id, "done", row_type, attempt, finished_at,
+                               notes=tuple(notes), result=result)
     return JobLocation(job_id, status, type_of[last.topic] if last else None,
                        last.attempt if last else None, None, last, tuple(sightings), scanned,
                        complete, tuple(notes), result=result)

@@ -172,15 +172,37 @@ async def group_state(settings: Settings, group: str) -> tuple[str, int]:
 
 async def ensure_internal_topic(settings: Settings, name: str, configs: dict[str, str]) -> None:
     """Create one of stream-jobs' own topics (`P._stats`, `P._control`) if it is missing:
-    one partition, replicated to as many brokers as there are, up to 3."""
+    one partition, replicated to as many brokers as there are, up to 3. Returns once the
+    topic has a leader: a producer right after it (`stream-jobs throttle` on a fresh
+    prefix) saw no topic while the broker's metadata lagged the controller."""
     async with admin_client(settings) as admin:
-        if name in set(await admin.list_topics()):
+        if name not in set(await admin.list_topics()):
+            brokers = len((await admin.describe_cluster())["brokers"])
+            with contextlib.suppress(TopicAlreadyExistsError):  # another process made it first
+                await admin.create_topics([NewTopic(
+                    name, num_partitions=1, replication_factor=min(3, max(1, brokers)),
+                    topic_configs=configs)])
+        await until_led(admin, name, settings.kafka_request_timeout_ms / 1000)
+
+
+async def until_led(admin: Any, name: str, patience_s: float) -> None:
+    """Return once every partition of `name` has a leader in the broker's metadata;
+    `BrokerError` after `patience_s`."""
+    deadline = time.monotonic() + patience_s
+    pause = _FIRST_PAUSE_S
+    while True:
+        [described] = await admin.describe_topics([name])
+        partitions = described["partitions"]
+        if described["error_code"] == 0 and partitions and all(
+                p["error_code"] == 0 and p["leader"] >= 0 for p in partitions):
             return
-        brokers = len((await admin.describe_cluster())["brokers"])
-        with contextlib.suppress(TopicAlreadyExistsError):  # another process made it first
-            await admin.create_topics([NewTopic(
-                name, num_partitions=1, replication_factor=min(3, max(1, brokers)),
-                topic_configs=configs)])
+        if time.monotonic() + pause > deadline:
+            raise BrokerError(f"Kafka created {name} but gives it no leader after "
+                              f"{patience_s:g} s: a broker may be down.")
+        # Polling with a deadline: on a healthy cluster the metadata settles in milliseconds.
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, _LONGEST_PAUSE_S)
 
 
-__all__ = ["Admin", "admin_client", "ensure_internal_topic", "group_state", "open_admin"]
+__all__ = ["Admin", "admin_client", "ensure_internal_topic", "group_state", "open_admin",
+           "until_led"]

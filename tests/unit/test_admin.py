@@ -15,7 +15,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from stream_jobs.errors import BrokerError
 from stream_jobs.kafka import TopicPartition
-from stream_jobs.kafka.admin import Admin
+from stream_jobs.kafka.admin import Admin, until_led
 
 TP = TopicPartition("t.orders", 0)
 
@@ -75,3 +75,36 @@ async def test_a_described_group_whose_coordinator_loads_is_described_again() ->
                     Described(0, [{"client_host": "/127.0.0.1"}]))
     assert await Admin(client).group_hosts("g") == ["127.0.0.1"]
     assert client.asked == 2
+
+
+class LaggingMetadata:
+    """describe_topics as a broker whose metadata lags the controller: the new topic is
+    unknown, then leaderless, then led."""
+
+    def __init__(self, answers: list[dict[str, Any]]) -> None:
+        self.answers = answers
+        self.asked = 0
+
+    async def describe_topics(self, names: list[str]) -> list[dict[str, Any]]:
+        answer = self.answers[min(self.asked, len(self.answers) - 1)]
+        self.asked += 1
+        return [{"topic": names[0], **answer}]
+
+
+UNKNOWN = {"error_code": 3, "partitions": []}
+LEADERLESS = {"error_code": 0, "partitions": [{"error_code": 5, "leader": -1}]}
+LED = {"error_code": 0, "partitions": [{"error_code": 0, "leader": 1}]}
+
+
+async def test_an_internal_topic_is_ready_only_once_it_has_a_leader() -> None:
+    """`stream-jobs throttle` on a fresh prefix created P._control and its producer then
+    found no such topic: created is not yet usable."""
+    admin = LaggingMetadata([UNKNOWN, LEADERLESS, LED])
+    await until_led(admin, "p._control", patience_s=5)
+    assert admin.asked == 3
+
+
+async def test_a_topic_never_led_is_a_broker_error() -> None:
+    admin = LaggingMetadata([LEADERLESS])
+    with pytest.raises(BrokerError, match="no leader"):
+        await until_led(admin, "p._control", patience_s=0.2)

@@ -1,47 +1,47 @@
-"""docs/testing.md's in-memory examples run as they are written: its type file, app module
-and tests become a project of their own in a temporary folder, and pytest runs that test there
-with the installed plugin (the `job_tester` fixture) and no stream-jobs settings at all,
-as on a user's machine."""
+"""docs/testing.md's in-memory examples run as they are written: its type file, app module,
+tests and pytest configuration become a project of their own in a temporary folder, and a
+plain `pytest` runs its tests there, as a user types it in their project's root: with the
+installed plugin (the `job_tester` fixture), no stream-jobs settings, nothing on
+`PYTHONPATH` for the project. Without the page's `pythonpath` line that run cannot import
+the app (as the issue that added the line found), and with it the tests pass."""
 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.docs.samples import project_files, write_project
+
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "testing.md"
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 SECTION = "## In memory: `JobTester`"
+PYTEST = Path(sys.executable).parent / "pytest"
 
 
-def example_files() -> dict[str, str]:
-    """The in-memory section's code blocks whose first line names their file."""
-    text = DOC.read_text()
-    start = text.index(SECTION)
-    section = text[start:text.index("\n## ", start + len(SECTION))]
-    files = {}
-    for _, body in FENCE.findall(section):
-        first = body.splitlines()[0]
-        if first.startswith("# ") and "/" in first and " " not in first[2:]:
-            files[first[2:]] = body
-    return files
-
-
-def test_the_in_memory_example_is_a_project_whose_test_passes(tmp_path: Path) -> None:
-    files = example_files()
-    assert set(files) == {"topics/signup.welcome.toml", "myapp/signup.py",
-                          "tests/test_signup.py", "tests/test_signup_control.py"}
-    for name, body in files.items():
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(body)
+def plain_pytest(project: Path) -> subprocess.CompletedProcess[str]:
+    """`pytest -q` in `project`, with the environment of a user's shell there."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_JOBS_")}
-    env["PYTHONPATH"] = str(tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    # Our own run may put this checkout on PYTHONPATH; the project's folder never is.
+    assert str(project) not in env.get("PYTHONPATH", "").split(os.pathsep)
+    return subprocess.run([str(PYTEST), "-q", "-p", "no:cacheprovider"], cwd=project,
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_the_in_memory_example_is_a_project_whose_tests_pass(tmp_path: Path) -> None:
+    files = project_files(DOC, SECTION)
+    assert set(files) == {"topics/signup.welcome.toml", "myapp/signup.py",
+                          "tests/test_signup.py", "tests/test_signup_control.py",
+                          "pyproject.toml"}
+    config = files.pop("pyproject.toml")
+    write_project(tmp_path, files)
+
+    without = plain_pytest(tmp_path)
+    assert without.returncode != 0
+    assert "No module named 'myapp'" in without.stdout + without.stderr
+
+    write_project(tmp_path, {"pyproject.toml": config})
+    done = plain_pytest(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout

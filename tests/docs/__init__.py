@@ -1,0 +1,1 @@
+"""The manual runs as written: README.md's and docs/' samples executed on the real stack."""
