@@ -150,7 +150,8 @@ def requeue(
     job_type: str = _TYPE,
     every: bool = typer.Option(False, "--all", help="Drain: every letter after the drain "
                                "position of group P.T.dlq, which then moves past them."),
-    ids: list[str] | None = typer.Option(None, "--id", help="A job ID (repeatable); looks at "
+    ids: list[str] | None = typer.Option(None, "--id", metavar="JOB_ID",
+                                         help="A job ID (repeatable); looks at "
                                          "the whole DLQ."),
     reason: str | None = typer.Option(None, "--reason", help="Letters with this reason; looks "
                                       "at the whole DLQ."),
