@@ -50,6 +50,7 @@ from stream_jobs.kafka import TopicPartition, scan
 from stream_jobs.kafka.admin import open_admin
 from stream_jobs.kafka.consumer import open_reader
 from stream_jobs.naming import TopicRole, relay_group, worker_group
+from stream_jobs.plurals import counted
 from stream_jobs.record import (
     HEADER_ATTEMPT,
     HEADER_ERROR,
@@ -126,7 +127,7 @@ class JobLocation:
         if last is None:
             scope = "" if self.complete else " (the scan stopped at its cap; it may be further on)"
             return (f"{job} has no dedup row and is in none of the topics scanned "
-                    f"({self.scanned_records} records){scope}.")
+                    f"({counted(self.scanned_records, 'record')}){scope}.")
         where = f"{last.topic} partition {last.partition} offset {last.offset}"
         if self.status == "dead_lettered":
             why = (f": {last.failure.reason}, {last.failure.error_class}: "

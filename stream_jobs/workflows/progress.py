@@ -15,6 +15,7 @@ from typing import Any
 
 from stream_jobs.dedup.questions import ask
 from stream_jobs.errors import ConfigError, UnknownWorkflow
+from stream_jobs.plurals import counted
 from stream_jobs.settings import Settings
 from stream_jobs.workflows.members import step_job_id
 from stream_jobs.workflows.sql import workflow_jobs_table, workflows_table
@@ -81,7 +82,7 @@ class Progress:
         fired = [slot for slot, _ in self.callbacks if self.fired(slot)]
         calls = f"; callbacks written: {', '.join(fired)}" if fired else ""
         return (f"Batch {self.workflow_id} is {self.state}: {self.succeeded:,} of "
-                f"{self.total:,} members succeeded, {self.failed:,} failed, "
+                f"{counted(self.total, 'member')} succeeded, {self.failed:,} failed, "
                 f"{self.pending:,} pending{calls}.")
 
     def to_dict(self) -> dict[str, Any]:
