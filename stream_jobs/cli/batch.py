@@ -53,7 +53,7 @@ def batch(
 
 
 def _table(found: Progress) -> Table:
-    table = Table(title=f"{found.kind} {found.workflow_id}")
+    table = Table(title=f"{found.kind} {found.workflow_id}", show_header=False)
     table.add_column("", no_wrap=True)
     table.add_column("", overflow="fold")
     done = found.finished_at.isoformat(timespec="seconds") if found.finished_at else "-"
