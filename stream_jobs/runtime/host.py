@@ -121,6 +121,16 @@ def process_services(settings: Settings, workers: Sequence[Worker]) -> list[Proc
     return services
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def accept_stop_signals() -> None:
+    """Let SIGTERM and SIGINT through to this thread. A supervisor's child starts with them
+    held (`stream_jobs.runtime.supervisor`): a stop that comes while the child imports and
+    connects waits until its host drains on it, instead of killing it half-started."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 # -- which types a command runs (pure) --------------------------------------------------------
 
 
@@ -223,6 +233,8 @@ class WorkerHost:
         signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
         for sig in signals:
             loop.add_signal_handler(sig, self.request_stop)
+        if signals:
+            accept_stop_signals()
         if self.lifeline is not None:
             loop.add_reader(self.lifeline, self._supervisor_gone, loop)
         started: list[ProcessService] = []
@@ -296,5 +308,6 @@ class WorkerHost:
         return found
 
 
-__all__ = ["Counts", "MetricsService", "ProcessService", "WorkerHost", "add_counts",
-           "outbox_waiting", "process_services", "select_types", "summary"]
+__all__ = ["STOP_SIGNALS", "Counts", "MetricsService", "ProcessService", "WorkerHost",
+           "accept_stop_signals", "add_counts", "outbox_waiting", "process_services",
+           "select_types", "summary"]

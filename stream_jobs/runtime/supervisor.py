@@ -19,7 +19,10 @@ inherits the imported app and nothing live) and the supervisor too simple to fai
   groups, with room); a child still running then is killed. Exit code 0 when every
   child running at the stop drained cleanly, 1 otherwise or when the supervisor gave
   up. A child whose supervisor dies (even by SIGKILL) sees its lifeline pipe close and
-  drains by itself, so no child is left orphaned and working.
+  drains by itself, so no child is left orphaned and working. A child starts with
+  SIGTERM and SIGINT held, and lets them through once its host drains on them
+  (`stream_jobs.runtime.host.accept_stop_signals`): a stop during its start-up (a Ctrl-C
+  just after the command starts) drains it once it is up, rather than killing it.
 - **Until idle**: with `--until-idle` no child exits by itself, since a job one child
   writes may be for a partition another reads. Each child tells the supervisor when its
   own check finds it idle, through a socket of its own (`Child.idle_link`; its messages
@@ -415,7 +418,10 @@ class Supervisor:
                     os.close(other.status_fd)
                 if other.link is not None:
                     other.link.close()
-            signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
+            # SIGTERM and SIGINT stay held until the child's host has its handlers
+            # (`host.accept_stop_signals`): one that came before (a Ctrl-C just after the
+            # start) killed the child half-started, and the command exited 1.
+            signal.pthread_sigmask(signal.SIG_SETMASK, {*self._mask, *_STOP_SIGNALS})
             multiprocessing.current_process().name = slot.name
             counts = self.child_main(Child(slot.index, lifeline_r, idle_link))
             code = 0

@@ -7,6 +7,8 @@ it signals and reads what it prints. Each child prints `ready <name> <pid>` once
 then, by MODE:
 
 - `drain`: waits for SIGTERM (or for its supervisor to die), then returns its counts;
+- `slow-start`: as `drain`, but takes 0.3 s before it handles SIGTERM (a worker
+  importing its app and joining its groups), so a stop can come before it is up;
 - `crash`: exits with code 3 at once, every time;
 - `refuse`: raises a StreamJobsError at once, every time (the one-sentence path);
 - `stubborn`: ignores SIGTERM and waits for good (the supervisor has to kill it);
@@ -30,6 +32,7 @@ import select
 import signal
 import socket
 import sys
+import time
 from collections.abc import Mapping
 
 import orjson
@@ -37,6 +40,7 @@ import orjson
 from stream_jobs import logs
 from stream_jobs.errors import DatabaseUnavailable
 from stream_jobs.runtime import agreement
+from stream_jobs.runtime.host import accept_stop_signals
 from stream_jobs.runtime.restarts import RestartPolicy
 from stream_jobs.runtime.supervisor import Child, Supervisor
 
@@ -60,9 +64,12 @@ def child_main(mode: str, child: Child) -> Mapping[str, Mapping[str, int]]:
         raise SystemExit(3)
     if mode == "refuse":
         raise DatabaseUnavailable("The Postgres server did not answer.")
+    if mode == "slow-start":
+        time.sleep(0.3)  # importing and connecting: the SIGTERM may come meanwhile
     signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "stubborn" else _on_sigterm)
-    print(f"ready {child.name} {os.getpid()}", flush=True)
     try:
+        accept_stop_signals()  # a SIGTERM held since the start arrives here
+        print(f"ready {child.name} {os.getpid()}", flush=True)
         while True:
             readable, _, _ = select.select([child.lifeline], [], [])
             if readable and not os.read(child.lifeline, 1):
@@ -75,10 +82,11 @@ def idle_child(mode: str, child: Child) -> Mapping[str, Mapping[str, int]]:
     assert child.idle_link is not None
     link = socket.socket(fileno=child.idle_link)
     signal.signal(signal.SIGTERM, _on_sigterm)
-    print(f"ready {child.name} {os.getpid()}", flush=True)
     answered = 0
     late = mode == "idle-late" and child.index == 2
     try:
+        accept_stop_signals()
+        print(f"ready {child.name} {os.getpid()}", flush=True)
         link.send(agreement.IDLE)
         while True:
             round_no = agreement.confirm_round(link.recv(64))

@@ -104,6 +104,16 @@ async def test_sigterm_drains_every_child_and_adds_up_their_counts(supervised: A
     assert "SIGTERM received: draining worker-1, worker-2, worker-3" in run.text()
 
 
+async def test_a_stop_while_the_children_start_drains_them_once_up(supervised: Any) -> None:
+    """A Ctrl-C just after `worker --processes N` started killed its children by SIGTERM
+    before they handled it, and the command exited 1."""
+    run = supervised("slow-start", 2)
+    await until(lambda: run.text().count(" started (pid ") == 2, "both children forked")
+    run.proc.send_signal(signal.SIGTERM)
+    assert await run.exit_code() == 0, run.text()
+    assert run.result()["counts"] == {"t": {"succeeded": 3}}
+
+
 async def test_a_killed_child_is_restarted_under_its_name(supervised: Any) -> None:
     run = supervised("drain", 2)
     await until(lambda: len(run.ready()) == 2, "two children wait")
