@@ -166,10 +166,10 @@ def run_curl(served: Served, command: str) -> tuple[int, str]:
 
 @pytest.mark.skipif(CURL is None, reason="needs curl")
 def test_documented_curls_run_as_written(served: Served) -> None:
+    # control.md's cancel is a transcript the manual runs with its own gateway and job
+    # (tests/docs/); gateway.md's enqueue is a bash line, run here and shown as a comment.
     samples = documented_curls()
-    assert {sample.page for sample in samples} >= {"docs/gateway.md", "docs/control.md"}
-    # The job control.md's samples cancel: enqueued as the page's earlier steps did.
-    _enqueue(served, "01a2265a-9f17-7019-a966-4a00c51fb752")
+    assert {sample.page for sample in samples} >= {"docs/gateway.md"}
     for sample in samples:
         status, body = run_curl(served, sample.command)
         assert 200 <= status < 300, f"{sample.page}: {sample.command}\n{status} {body}"
