@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -71,6 +72,7 @@ class MetaJSON(TypedDict):
     """The invocation that wrote RESULTS.md."""
 
     date: str
+    commit: str  # the code that ran: `git rev-parse --short HEAD`, "+ changes" if dirty
     jobs: int
     runs: int
     minutes: float
@@ -186,7 +188,8 @@ def render(rows: list[RunJSON], meta: MetaJSON,
     lines = [
         "# Fault injection results",
         "",
-        f"`make chaos` ({meta['date']}): N = {meta['jobs']:,} jobs per run, "
+        f"`make chaos` ({meta['date']}, commit {meta.get('commit') or 'unknown'}): "
+        f"N = {meta['jobs']:,} jobs per run, "
         f"{meta['runs']} runs per scenario, {meta['minutes']:.0f} min for the invocation "
         "that wrote this file.",
         "",
@@ -236,6 +239,20 @@ def render(rows: list[RunJSON], meta: MetaJSON,
         lines += ["", *batches.batch_section(batch_rows)]
     lines += ["", METHOD]
     return "\n".join(lines) + "\n"
+
+
+def commit() -> str:
+    """The commit the run's code is at, and whether the tree had changes beside it."""
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain",
+                                "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (no git)"
+    return f"{head} + changes" if dirty else head
 
 
 def machine() -> str:

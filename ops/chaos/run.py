@@ -82,7 +82,8 @@ async def main() -> int:
     failovers: list[report.FailoverRowJSON] = []
     batch_rows: list[dict[str, Any]] = []
     meta: report.MetaJSON = {
-        "date": report.today(), "jobs": jobs, "runs": runs, "minutes": 0.0,
+        "date": report.today(), "commit": report.commit(), "jobs": jobs, "runs": runs,
+        "minutes": 0.0,
         "machine": report.machine(),
         "n_note": (f"N is {jobs:,}, not the issue's 100,000. Most of a run's time is "
                    "its faults (20 kills, a 30 s outage, five broker restarts), not its "
