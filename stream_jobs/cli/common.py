@@ -74,7 +74,16 @@ class LogLevel(StrEnum):
     CRITICAL = "CRITICAL"
 
 
-LOG_LEVEL_HELP = "Log lines from this level up (any case)."
-KAFKA_LOG_LEVEL_HELP = ("The Kafka driver's (aiokafka's) log lines from this level or "
-                        "--log-level up, whichever is higher (any case); WARNING by default, "
-                        "as its INFO lines repeat the partitions at every rebalance.")
+# The logging options of every long-running command (worker, outbox relay, scheduler),
+# defined once so their names, variables and help never drift apart.
+LOG_LEVEL_OPTION: Any = typer.Option(
+    LogLevel.INFO, "--log-level", envvar="STREAM_JOBS_LOG_LEVEL", case_sensitive=False,
+    help="Log lines from this level up (any case).")
+KAFKA_LOG_LEVEL_OPTION: Any = typer.Option(
+    None, "--kafka-log-level", envvar="STREAM_JOBS_KAFKA_LOG_LEVEL", case_sensitive=False,
+    help="The Kafka driver's (aiokafka's) log lines from this level or --log-level up, "
+    "whichever is higher (any case); WARNING by default, as its INFO lines repeat the "
+    "partitions at every rebalance.")
+LOG_FORMAT_OPTION: Any = typer.Option(
+    None, "--log-format", envvar="STREAM_JOBS_LOG_FORMAT", metavar="text|json",
+    help="text (fields as key=value after the message) or json (one object a line).")

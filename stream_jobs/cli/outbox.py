@@ -17,8 +17,9 @@ from rich.table import Table
 
 from stream_jobs import logs
 from stream_jobs.cli.common import (
-    KAFKA_LOG_LEVEL_HELP,
-    LOG_LEVEL_HELP,
+    KAFKA_LOG_LEVEL_OPTION,
+    LOG_FORMAT_OPTION,
+    LOG_LEVEL_OPTION,
     LogLevel,
     run_fast,
     settings_of,
@@ -41,15 +42,9 @@ def relay(
                                      help="Rows claimed per round (default 500)."),
     until_idle: bool = typer.Option(False, "--until-idle",
                                     help="Exit once a round finds nothing to send."),
-    log_level: LogLevel = typer.Option(LogLevel.INFO, "--log-level",
-                                       envvar="STREAM_JOBS_LOG_LEVEL", case_sensitive=False,
-                                       help=LOG_LEVEL_HELP),
-    kafka_log_level: LogLevel | None = typer.Option(
-        None, "--kafka-log-level", envvar="STREAM_JOBS_KAFKA_LOG_LEVEL", case_sensitive=False,
-        help=KAFKA_LOG_LEVEL_HELP),
-    log_format: str | None = typer.Option(
-        None, "--log-format", envvar="STREAM_JOBS_LOG_FORMAT",
-        help="text (fields as key=value after the message) or json (one object a line)."),
+    log_level: LogLevel = LOG_LEVEL_OPTION,
+    kafka_log_level: LogLevel | None = KAFKA_LOG_LEVEL_OPTION,
+    log_format: str | None = LOG_FORMAT_OPTION,
 ) -> None:
     """Move committed outbox rows to Kafka until SIGTERM or Ctrl-C (the round in flight
     finishes first). Any number may run: they share the rows (FOR UPDATE SKIP LOCKED)."""

@@ -17,8 +17,9 @@ from rich.table import Table
 from stream_jobs import clock, logs
 from stream_jobs.app import load_app
 from stream_jobs.cli.common import (
-    KAFKA_LOG_LEVEL_HELP,
-    LOG_LEVEL_HELP,
+    KAFKA_LOG_LEVEL_OPTION,
+    LOG_FORMAT_OPTION,
+    LOG_LEVEL_OPTION,
     LogLevel,
     app,
     run_fast,
@@ -47,15 +48,9 @@ def scheduler(
     job_types: list[str] = typer.Option(
         [], "--type", "-t", metavar="TYPE", help="A type whose schedules to run "
         "(repeatable; default: every type with schedules)."),
-    log_level: LogLevel = typer.Option(LogLevel.INFO, "--log-level",
-                                       envvar="STREAM_JOBS_LOG_LEVEL", case_sensitive=False,
-                                       help=LOG_LEVEL_HELP),
-    kafka_log_level: LogLevel | None = typer.Option(
-        None, "--kafka-log-level", envvar="STREAM_JOBS_KAFKA_LOG_LEVEL", case_sensitive=False,
-        help=KAFKA_LOG_LEVEL_HELP),
-    log_format: str | None = typer.Option(
-        None, "--log-format", envvar="STREAM_JOBS_LOG_FORMAT",
-        help="text (fields as key=value after the message) or json (one object a line)."),
+    log_level: LogLevel = LOG_LEVEL_OPTION,
+    kafka_log_level: LogLevel | None = KAFKA_LOG_LEVEL_OPTION,
+    log_format: str | None = LOG_FORMAT_OPTION,
 ) -> None:
     """Run the schedulers of APP's types alone: each waits for its type's lock and, while
     it holds it, enqueues every due firing. SIGTERM or SIGINT stops it (the lock goes to

@@ -11,8 +11,9 @@ from rich.console import Console
 from stream_jobs import logs
 from stream_jobs.app import App, load_app
 from stream_jobs.cli.common import (
-    KAFKA_LOG_LEVEL_HELP,
-    LOG_LEVEL_HELP,
+    KAFKA_LOG_LEVEL_OPTION,
+    LOG_FORMAT_OPTION,
+    LOG_LEVEL_OPTION,
     LogLevel,
     app,
     run_fast,
@@ -46,15 +47,9 @@ def worker(
         "handler, in this process and, with --processes, in every one of them at once."),
     shadow: bool = typer.Option(False, "--shadow", help="Run nothing: read each type's lanes "
                                 "in group T.shadow and count what is there (see `stats`)."),
-    log_level: LogLevel = typer.Option(LogLevel.INFO, "--log-level",
-                                       envvar="STREAM_JOBS_LOG_LEVEL", case_sensitive=False,
-                                       help=LOG_LEVEL_HELP),
-    kafka_log_level: LogLevel | None = typer.Option(
-        None, "--kafka-log-level", envvar="STREAM_JOBS_KAFKA_LOG_LEVEL", case_sensitive=False,
-        help=KAFKA_LOG_LEVEL_HELP),
-    log_format: str | None = typer.Option(
-        None, "--log-format", envvar="STREAM_JOBS_LOG_FORMAT",
-        help="text (fields as key=value after the message) or json (one object a line)."),
+    log_level: LogLevel = LOG_LEVEL_OPTION,
+    kafka_log_level: LogLevel | None = KAFKA_LOG_LEVEL_OPTION,
+    log_format: str | None = LOG_FORMAT_OPTION,
     metrics_port: int | None = typer.Option(
         None, "--metrics-port", envvar="STREAM_JOBS_METRICS_PORT",
         help="Serve Prometheus metrics on this port (0: off); with --processes N, worker "
