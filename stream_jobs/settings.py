@@ -98,6 +98,12 @@ class Settings(BaseSettings):
     gateway_enqueue_timeout_s: float = Field(default=10.0, gt=0)
     gateway_retry_after_s: int = Field(default=5, gt=0)
     gateway_sample_interval_s: float = Field(default=5.0, gt=0)
+    # The names the gateway answers to in the Host header, comma-separated ("*": any);
+    # empty: the address it listens on, localhost, 127.0.0.1 and ::1 (gateway/origins.py).
+    gateway_allowed_hosts: str = ""
+    # The proxies (addresses, comma-separated, "*": any) whose X-Forwarded-Proto and
+    # X-Forwarded-For the gateway believes; empty: none.
+    gateway_trusted_proxies: str = ""
     # Prometheus metrics of a worker on this port (`worker --metrics-port`); 0: off.
     metrics_port: int = Field(default=0, ge=0, lt=65536)
     metrics_host: str = "127.0.0.1"

@@ -83,7 +83,9 @@ def served(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
            "STREAM_JOBS_DATABASE_URL": settings.database_url,
            "STREAM_JOBS_DATABASE_SCHEMA": settings.database_schema,
            "STREAM_JOBS_TOPIC_PREFIX": settings.topic_prefix,
-           "STREAM_JOBS_TOPICS_DIR": str(topics_dir), "STREAM_JOBS_GATEWAY_TOKEN": TOKEN}
+           "STREAM_JOBS_TOPICS_DIR": str(topics_dir), "STREAM_JOBS_GATEWAY_TOKEN": TOKEN,
+           # The browser's name for it; a name not listed is refused (docs/security.md).
+           "STREAM_JOBS_GATEWAY_ALLOWED_HOSTS": f"127.0.0.1,localhost,{GATEWAY_NAME}"}
     log = folder / "serve.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
