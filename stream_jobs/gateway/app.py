@@ -72,7 +72,8 @@ class BodyLimit:
         status = 500
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await JSONResponse({"detail": _too_large(limit)}, status_code=413)(
+            await JSONResponse({"detail": _too_large(limit)}, status_code=413,
+                               headers={"Connection": "close"})(
                 scope, nothing_to_read, send)
             self._count(scope, 413)
             return

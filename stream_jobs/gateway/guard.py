@@ -88,7 +88,10 @@ class Guard:
         refusal = self._refusal(scope, host, headers)
         if refusal is not None:
             status, detail, extra = refusal
-            await JSONResponse({"detail": detail}, status_code=status, headers=extra)(
+            # Connection: close, so the server drops the connection with the body unread
+            # instead of reading (and discarding) all of it to keep the connection alive.
+            await JSONResponse({"detail": detail}, status_code=status,
+                               headers={**extra, "Connection": "close"})(
                 scope, nothing_to_read, send_guarded)
             return
         await self.app(scope, receive, send_guarded)
