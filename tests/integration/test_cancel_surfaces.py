@@ -101,7 +101,8 @@ async def test_the_gateway_and_the_dashboard_cancel_a_waiting_job(app: App,
         # The dashboard: signed in, the job's page offers the button; the form cancels.
         assert (await http.get(f"/ui/jobs/{by_page}")).status_code == 303  # to /login
         signed_in = await http.post("/login", data={"token": TOKEN, "next": "/"})
-        assert signed_in.status_code == 303 and SESSION_COOKIE in signed_in.cookies
+        assert signed_in.status_code == 303
+        assert SESSION_COOKIE in signed_in.cookies
         page = await http.get(f"/ui/jobs/{by_page}")
         assert page.status_code == 200
         assert 'data-figure="status">pending<' in page.text

@@ -161,7 +161,7 @@ class Attacker:
         pages = self.pages
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 body = pages.get(self.path.split("?")[0], "").encode()
                 self.send_response(200 if body else 404)
                 self.send_header("Content-Type", "text/html; charset=utf-8")
@@ -291,13 +291,17 @@ async def test_a_no_auth_gateway_takes_no_post_from_another_page(stage: Stage) -
         assert "the gateway takes changes only from its own pages" in shown[0], shown[0]
         assert open_gateway.status(job_id) == "pending"
         # Its own page still cancels: the form carries the process's CSRF token.
-        page = httpx.get(f"{open_gateway.url}/ui/jobs/{job_id}/cancel?type={TYPE}", timeout=30)
-        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
-        assert csrf is not None
-        posted = httpx.post(f"{open_gateway.url}/ui/jobs/{job_id}/cancel", timeout=30,
-                            data={"type": TYPE, "csrf": csrf.group(1)})
-        assert posted.status_code == 303, posted.text
+        _cancel_from_its_page(open_gateway, job_id)
         assert open_gateway.status(job_id) == "cancelled"
+
+
+def _cancel_from_its_page(gateway: Gateway, job_id: str) -> None:
+    page = httpx.get(f"{gateway.url}/ui/jobs/{job_id}/cancel?type={TYPE}", timeout=30)
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert csrf is not None
+    posted = httpx.post(f"{gateway.url}/ui/jobs/{job_id}/cancel", timeout=30,
+                        data={"type": TYPE, "csrf": csrf.group(1)})
+    assert posted.status_code == 303, posted.text
 
 
 # -- a client without the token ------------------------------------------------------------
