@@ -40,3 +40,20 @@ def test_a_message_quoting_a_secret_is_printed_without_it(
     err = capsys.readouterr().err
     assert "password=***" in err, err
     assert "canary" not in err, err
+
+
+@pytest.mark.parametrize(("flag", "value", "says"), [
+    ("--job-id", "orders/42", "A --job-id cannot contain '/'"),
+    ("--job-id", "abc\nCRITICAL forged", "A --job-id cannot contain the control character"),
+    ("--key", "k\x1b[2J", "A --key cannot contain the control character U+001B"),
+])
+def test_enqueue_refuses_an_id_or_key_before_connecting(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        flag: str, value: str, says: str) -> None:
+    monkeypatch.setenv("COLUMNS", "300")
+    monkeypatch.setenv("STREAM_JOBS_KAFKA_BOOTSTRAP", "127.0.0.1:1")  # never dialled
+    with pytest.raises(SystemExit) as exited:
+        main(["enqueue", "any.type", "{}", flag, value])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert says in err, err
