@@ -33,7 +33,7 @@ MAX_JOB_ID_BYTES = 4 * MAX_JOB_ID_CHARS
 # What a log line, a page or a terminal would read as something other than a character:
 # C0 (U+0000-U+001F), DEL, C1 (U+0080-U+009F, with NEL U+0085), and the Unicode line and
 # paragraph separators, which str.splitlines() and some viewers break lines at.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 _UUID7 = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", re.IGNORECASE
@@ -120,8 +120,8 @@ def job_id_time_ms(job_id: str) -> int | None:
 
 
 def control_character(text: str) -> str | None:
-    """The first control character in `text` (see `_CONTROL`), or None."""
-    found = _CONTROL.search(text)
+    """The first control character in `text` (`CONTROL_CHARACTERS`), or None."""
+    found = CONTROL_CHARACTERS.search(text)
     return None if found is None else found.group()
 
 
