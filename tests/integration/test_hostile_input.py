@@ -115,6 +115,16 @@ async def test_payloads_never_reach_logs_or_error_headers(
             assert (line["job_type"], line["attempt"]) == (JOB_TYPE, 1)
 
 
+async def _send_raw(settings: Settings, job_type: str, *job_ids: str) -> None:
+    """Records with these IDs, as another producer (bypassing the client's checks) sends."""
+    async with JobProducer(settings) as producer:
+        for job_id in job_ids:
+            record = JobRecord(job_id=job_id, job_type=job_type, payload=b'{"to": "a@b.c"}',
+                               key=b"k", enqueued_at_ms=int(time.time() * 1000))
+            await producer.send_raw(lane_topic(settings.topic_prefix, job_type), record.key,
+                                    record.payload, record.headers())
+
+
 @pytest.mark.parametrize("length", [65, 100, 256])
 async def test_a_job_id_the_dedup_table_cannot_hold_is_dead_lettered_at_once(
     settings: Settings, declare: Declare, app: App, length: int,
@@ -133,11 +143,7 @@ async def test_a_job_id_the_dedup_table_cannot_hold_is_dead_lettered_at_once(
             pass
 
     long_id = "x" * length
-    record = JobRecord(job_id=long_id, job_type=job_type, payload=b'{"to": "a@b.c"}',
-                       key=b"k", enqueued_at_ms=int(time.time() * 1000))
-    async with JobProducer(settings) as producer:
-        await producer.send_raw(lane_topic(settings.topic_prefix, job_type), record.key,
-                                record.payload, record.headers())
+    await _send_raw(settings, job_type, long_id)
 
     worker = app.worker(job_type)
     await worker.run(until_idle=True)
@@ -167,12 +173,7 @@ async def test_a_job_id_with_a_control_character_is_dead_lettered_and_a_slash_ru
         ran.append(ctx.job_id)
 
     forged, slashed = "abc\nCRITICAL forged", "orders/42"
-    async with JobProducer(settings) as producer:
-        for job_id in (forged, slashed):
-            record = JobRecord(job_id=job_id, job_type=job_type, payload=b'{"to": "a@b.c"}',
-                               key=b"k", enqueued_at_ms=int(time.time() * 1000))
-            await producer.send_raw(lane_topic(settings.topic_prefix, job_type), record.key,
-                                    record.payload, record.headers())
+    await _send_raw(settings, job_type, forged, slashed)
 
     worker = app.worker(job_type)
     await worker.run(until_idle=True)

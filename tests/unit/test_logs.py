@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from collections.abc import Callable
 
 import orjson
 import pytest
@@ -73,18 +74,26 @@ def test_text_lines_append_the_fields() -> None:
     assert TextFormatter().format(line("plain")).endswith("stream_jobs.worker plain")
 
 
-def test_configure_writes_the_chosen_format() -> None:
+def written(log_format: logs.LogFormat, emit: Callable[[], None]) -> list[str]:
+    """The lines `emit()` writes once `configure(log_format=..., level="info")` ran."""
     root = logging.getLogger()
     saved = root.handlers[:], root.level
     out = io.StringIO()
     try:
-        logs.configure(log_format="json", level="info", stream=out)
-        logging.getLogger("stream_jobs.test").info("hello", extra={"job_id": "j-9"})
-        logging.getLogger("stream_jobs.test").debug("below the level")
+        logs.configure(log_format=log_format, level="info", stream=out)
+        emit()
     finally:
         root.handlers[:], _ = saved[0], root.setLevel(saved[1])
-    [written] = out.getvalue().splitlines()
-    assert orjson.loads(written)["job_id"] == "j-9"
+    return out.getvalue().splitlines()
+
+
+def test_configure_writes_the_chosen_format() -> None:
+    def emit() -> None:
+        logging.getLogger("stream_jobs.test").info("hello", extra={"job_id": "j-9"})
+        logging.getLogger("stream_jobs.test").debug("below the level")
+
+    [line] = written("json", emit)
+    assert orjson.loads(line)["job_id"] == "j-9"
 
 
 def configured(**options: object) -> list[str]:
@@ -172,16 +181,9 @@ def test_a_json_line_stays_one_line_whatever_its_strings_hold() -> None:
 
 
 def test_other_loggers_go_through_the_same_formatter() -> None:
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level
-    out = io.StringIO()
-    try:
-        logs.configure(log_format="text", level="info", stream=out)
-        logging.getLogger("some.app").warning("user said %s", FORGED)
-    finally:
-        root.handlers[:], _ = saved[0], root.setLevel(saved[1])
-    [written] = out.getvalue().splitlines()
-    assert "some.app user said abc\\n2030" in written
+    [line] = written("text", lambda: logging.getLogger("some.app").warning("user said %s",
+                                                                           FORGED))
+    assert "some.app user said abc\\n2030" in line
 
 
 _ANY = st.text(max_size=40)
