@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -177,16 +176,6 @@ class Settings(BaseSettings):
     @property
     def bootstrap_servers(self) -> list[str]:
         return self.kafka_bootstrap.split(",")
-
-
-def redact_url(url: str) -> str:
-    """`url` with its password replaced, so it can be shown in errors, logs and tables."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    userinfo, _, hostinfo = parts.netloc.rpartition("@")
-    user = userinfo.split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostinfo}"))
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -34,6 +34,7 @@ from stream_jobs.gateway.sessions import FAILURE_WINDOW_S, Session
 from stream_jobs.gateway.state import SESSION_COOKIE, Gateway, gateway_of
 from stream_jobs.job_types import get_job_type
 from stream_jobs.lookup import JobLocation, locate_job
+from stream_jobs.redaction import redact_text
 from stream_jobs.schedules.listing import ScheduleView, read_schedules
 from stream_jobs.tools.cancel import cancel_job
 from stream_jobs.workflows.progress import Progress, open_workflows
@@ -164,7 +165,8 @@ async def _schedules(gateway: Gateway) -> tuple[list[ScheduleView], str | None]:
                                       SCHEDULES_WAIT_S), None
     except (StreamJobsError, TimeoutError) as exc:
         declared = any(p.schedules for p in gateway.types.values())
-        problem = str(exc) or f"Postgres did not answer within {SCHEDULES_WAIT_S:g} s"
+        problem = (redact_text(str(exc), gateway.settings)
+                   or f"Postgres did not answer within {SCHEDULES_WAIT_S:g} s")
         return [], problem if declared else None
 
 
