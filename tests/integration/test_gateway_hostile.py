@@ -20,12 +20,10 @@ import contextlib
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -42,6 +40,7 @@ from stream_jobs.settings import Settings
 from stream_jobs.testing.stack import drop_schema, fresh_prefix, run_async, settings_for
 
 from ..conftest import Stack
+from .served_gateway import serve_env, serving
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "hostile-gw-token-71e0"
@@ -51,13 +50,6 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
-POLL_S = 0.1
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -92,34 +84,9 @@ class Gateway:
 
 @contextlib.contextmanager
 def _serve(settings: Settings, topics_dir: Path, log: Path, *flags: str) -> Iterator[Gateway]:
-    port = _free_port()
-    env = {**os.environ, "STREAM_JOBS_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-           "STREAM_JOBS_DATABASE_URL": settings.database_url,
-           "STREAM_JOBS_DATABASE_SCHEMA": settings.database_schema,
-           "STREAM_JOBS_TOPIC_PREFIX": settings.topic_prefix,
-           "STREAM_JOBS_TOPICS_DIR": str(topics_dir), "STREAM_JOBS_GATEWAY_TOKEN": TOKEN}
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [str(Path(sys.executable).with_name("stream-jobs")), "serve", "--host",
-             "127.0.0.1", "--port", str(port), "--log-level", "warning", *flags],
-            env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while not _answers(f"http://127.0.0.1:{port}/healthz"):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"`stream-jobs serve` did not start:\n{log.read_text()}")
-            time.sleep(POLL_S)  # a poll interval, not a wait for an outcome
+    env = serve_env(settings, topics_dir, STREAM_JOBS_GATEWAY_TOKEN=TOKEN)
+    with serving(env, log, *flags) as (port, process):
         yield Gateway(settings, port, process.pid)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=5).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 @dataclass(frozen=True)
