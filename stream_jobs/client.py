@@ -37,7 +37,7 @@ from stream_jobs import clock
 from stream_jobs.cancels import Cancellation
 from stream_jobs.client_stores import ClientStores, PostgresStores
 from stream_jobs.errors import ConfigError, PayloadError, PayloadTooLarge
-from stream_jobs.job_ids import MAX_JOB_ID_CHARS, new_job_id
+from stream_jobs.job_ids import MAX_JOB_ID_CHARS, checked_job_id, checked_key, new_job_id
 from stream_jobs.job_types import JobTypePolicy, get_job_type
 from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients, Producer
 from stream_jobs.lookup import JobLocation
@@ -284,10 +284,9 @@ class JobClient(WorkflowCalls):
             not_before = int(run_at.timestamp() * 1000)
         expires_s = (_seconds(job.expires_in, "expires_in") if job.expires_in is not None
                      else policy.expires_in_s)
-        job_id = job.job_id or new_job_id()
-        if not job_id or len(job_id) > MAX_JOB_ID_CHARS:
-            raise ConfigError(f"A job_id must be 1 to {MAX_JOB_ID_CHARS} characters.")
-        key = job.key.encode() if isinstance(job.key, str) else job.key
+        # Only an ID given by the caller is checked: a new one is a UUIDv7.
+        job_id = checked_job_id(job.job_id) if job.job_id else new_job_id()
+        key = checked_key(job.key).encode() if isinstance(job.key, str) else job.key
         record = JobRecord(
             job_id=job_id,
             job_type=job.job_type,

@@ -9,6 +9,12 @@ partition (a rebalance, a commit) carries the ones it has. `STREAM_JOBS_LOG_FORM
 keys; the default text format appends them as `key=value`. No line carries payload
 bytes or a setting's secret: fields are identities and positions only.
 
+Neither format lets what it writes forge or break a line, whoever wrote the message or
+chose the job ID: a text line's first physical line holds no control character (message,
+logger and field values escaped: a newline as `\\n`, others as `\\xNN` or `\\uNNNN`), and
+each further line of it (a traceback, the exception's message included) starts with
+whitespace; a JSON line is one object on one line, whatever its strings hold.
+
 Why stdlib logging and not structlog: stream-jobs runs inside applications that already
 configure `logging`; records with `extra` fields work with their handlers unchanged, and
 the JSON formatter is this module, not a dependency.
@@ -16,7 +22,9 @@ the JSON formatter is this module, not a dependency.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -24,6 +32,7 @@ from typing import Any, Literal
 
 import orjson
 
+from stream_jobs.job_ids import CONTROL_CHARACTERS
 from stream_jobs.record import JobRecord, Record
 
 LogFormat = Literal["text", "json"]
@@ -70,7 +79,15 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             line["error"] = record.exc_info[0].__name__ if record.exc_info[0] else None
             line["traceback"] = self.formatException(record.exc_info)
-        return orjson.dumps(line, default=str).decode()
+        if record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        try:
+            written = orjson.dumps(line, default=str).decode()
+        except TypeError:  # a lone surrogate, which orjson refuses: the standard library's
+            written = json.dumps(line, default=str, ensure_ascii=True)
+        # JSON leaves these raw inside strings; str.splitlines() and some viewers break
+        # lines at them.
+        return _JSON_BREAKS.sub(lambda found: f"\\u{ord(found.group()):04x}", written)
 
 
 class TextFormatter(logging.Formatter):
@@ -80,8 +97,22 @@ class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
 
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record, self.datefmt)
+        text = self.formatMessage(record)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        more = [part for part in (record.exc_text,
+                                  record.stack_info and self.formatStack(record.stack_info))
+                if part]
+        # Indented, so no line of a traceback (the exception's message is its last) can
+        # pass for a line of its own; split as str.splitlines() splits, so no break is left.
+        return text + "".join(f"\n    {escape(line)}" for part in more
+                              for line in part.splitlines())
+
     def formatMessage(self, record: logging.LogRecord) -> str:
-        text = super().formatMessage(record)
+        text = escape(super().formatMessage(record))
         fields = _fields_of(record)
         if record.processName and record.processName != "MainProcess":
             # A child of `worker --processes N` names itself (worker-2) first.
@@ -91,9 +122,28 @@ class TextFormatter(logging.Formatter):
         return text + " " + " ".join(f"{k}={_text(v)}" for k, v in fields.items())
 
 
+def escape(text: str) -> str:
+    """`text` with every control character (`stream_jobs.job_ids.CONTROL_CHARACTERS`)
+    written as an escape: `\\n`, `\\r`, `\\t`, `\\xNN`, `\\uNNNN`."""
+    return CONTROL_CHARACTERS.sub(_escaped, text)
+
+
+def _escaped(found: re.Match[str]) -> str:
+    char = found.group()
+    return _SHORT.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100
+                                else f"\\u{ord(char):04x}")
+
+
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_JSON_BREAKS = re.compile("[\x85\u2028\u2029]")
+
+
 def _text(value: object) -> str:
     shown = ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
-    return shown if shown and " " not in shown and '"' not in shown else f'"{shown}"'
+    shown = escape(shown)
+    if shown and " " not in shown and '"' not in shown:
+        return shown
+    return '"' + shown.replace('"', '\\"') + '"'  # a quote inside cannot end the value
 
 
 def formatter(log_format: LogFormat) -> logging.Formatter:
@@ -140,4 +190,4 @@ def fields(record: logging.LogRecord) -> Mapping[str, Any]:
 
 
 __all__ = ["FIELDS", "JOB_FIELDS", "KAFKA_LEVEL", "KAFKA_LOGGER", "JsonFormatter", "LogFormat",
-           "TextFormatter", "configure", "fields", "formatter", "job_fields"]
+           "TextFormatter", "configure", "escape", "fields", "formatter", "job_fields"]

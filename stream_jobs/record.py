@@ -22,7 +22,12 @@ from typing_extensions import dataclass_transform
 
 from stream_jobs.errors import BadRecord
 from stream_jobs.failures import FailureInfo, parse_failure
-from stream_jobs.job_ids import MAX_JOB_ID_BYTES, MAX_JOB_ID_CHARS, new_job_id
+from stream_jobs.job_ids import (
+    MAX_JOB_ID_BYTES,
+    MAX_JOB_ID_CHARS,
+    control_character,
+    new_job_id,
+)
 from stream_jobs.naming import DEFAULT_LANE, LANES
 from stream_jobs.outcomes import Reason
 
@@ -270,6 +275,12 @@ def _job_id(found: dict[str, bytes | None]) -> str:
         # The dedup row could not hold it: every attempt's ctx.once() would fail.
         raise BadRecord(Reason.BAD_HEADER, f"The {HEADER_JOB_ID!r} header is {len(job_id)} "
                                            f"characters, over the limit of {MAX_JOB_ID_CHARS}.")
+    char = control_character(job_id)
+    if char is not None:
+        # It would forge or break the log lines, pages and commands that show the ID. A
+        # '/' is let through: only the gateway's routes cannot name such a job.
+        raise BadRecord(Reason.BAD_HEADER, f"The {HEADER_JOB_ID!r} header holds the control "
+                                           f"character U+{ord(char):04X}.")
     return job_id
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -98,6 +97,12 @@ class Settings(BaseSettings):
     gateway_enqueue_timeout_s: float = Field(default=10.0, gt=0)
     gateway_retry_after_s: int = Field(default=5, gt=0)
     gateway_sample_interval_s: float = Field(default=5.0, gt=0)
+    # The names the gateway answers to in the Host header, comma-separated ("*": any);
+    # empty: the address it listens on, localhost, 127.0.0.1 and ::1 (gateway/origins.py).
+    gateway_allowed_hosts: str = ""
+    # The proxies (addresses, comma-separated, "*": any) whose X-Forwarded-Proto and
+    # X-Forwarded-For the gateway believes; empty: none.
+    gateway_trusted_proxies: str = ""
     # Prometheus metrics of a worker on this port (`worker --metrics-port`); 0: off.
     metrics_port: int = Field(default=0, ge=0, lt=65536)
     metrics_host: str = "127.0.0.1"
@@ -171,16 +176,6 @@ class Settings(BaseSettings):
     @property
     def bootstrap_servers(self) -> list[str]:
         return self.kafka_bootstrap.split(",")
-
-
-def redact_url(url: str) -> str:
-    """`url` with its password replaced, so it can be shown in errors, logs and tables."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    userinfo, _, hostinfo = parts.netloc.rpartition("@")
-    user = userinfo.split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostinfo}"))
 
 
 def load_settings(**overrides: object) -> Settings:

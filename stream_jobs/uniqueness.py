@@ -25,6 +25,7 @@ from typing import Literal
 
 from stream_jobs.durations import parse_duration
 from stream_jobs.errors import ConfigError
+from stream_jobs.job_ids import checked_key
 
 # A key is a primary-key column; longer keys are a mistake (hash them yourself).
 MAX_KEY_CHARS = 255
@@ -92,9 +93,7 @@ def _checked_key(value: object, what: str) -> str:
     if len(value) > MAX_KEY_CHARS:
         raise ConfigError(f"{what} is {len(value)} characters, over the limit of "
                           f"{MAX_KEY_CHARS}: hash a longer key into one.")
-    if "\x00" in value:
-        raise ConfigError(f"{what} cannot contain NUL.")
-    return value
+    return checked_key(value, what)
 
 
 def key_claim(*, unique_key: str | None, unique_for: Window | None, debounce: Window | None,

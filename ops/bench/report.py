@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any, TypedDict
 
 from ops.bench import control as control_bench
+from ops.bench import gateway as gateway_bench
 from ops.bench import outbox as outbox_bench
 from ops.bench import results as results_bench
 from ops.bench import tester as tester_bench
@@ -154,6 +155,7 @@ def _feature_goals(spec: list[tuple[str, str, str | None, str, float, str]]) -> 
 OUTBOX_GOALS = _feature_goals(outbox_bench.GOALS)
 RESULTS_GOALS = _feature_goals(results_bench.GOALS)
 CONTROL_GOALS = _feature_goals(control_bench.GOALS)
+GATEWAY_GOALS = _feature_goals(gateway_bench.GOALS)
 TESTER_GOALS = _feature_goals(tester_bench.GOALS)
 
 # `stream-jobs worker --processes 2` on this 2-core box (ops/bench/processes.py): the second
@@ -405,6 +407,7 @@ def render(data: dict[str, Any]) -> str:
     out += feature_section(figures, outbox_bench, OUTBOX_GOALS)
     out += feature_section(figures, results_bench, RESULTS_GOALS, results_bench.RATIOS)
     out += feature_section(figures, control_bench, CONTROL_GOALS, control_bench.RATIOS)
+    out += feature_section(figures, gateway_bench, GATEWAY_GOALS, gateway_bench.RATIOS)
     out += feature_section(figures, tester_bench, TESTER_GOALS)
     out += ["## Machine and versions", ""]
     rows = [[k, str(v)] for k, v in machine.items()]
@@ -709,6 +712,7 @@ PROCESSES_HEADING = "Worker processes"
 OWN_HEADINGS: dict[str, str] = {"scaling": SCALING_HEADING, "processes": PROCESSES_HEADING,
                                "outbox": outbox_bench.HEADING, "tester": tester_bench.HEADING,
                                "control": control_bench.HEADING,
+                               "gateway": gateway_bench.HEADING,
                                "results": results_bench.HEADING}
 
 

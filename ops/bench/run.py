@@ -43,6 +43,7 @@ import asyncpg
 from ops.bench import (
     control,
     fencing,
+    gateway,
     kafka_tools,
     memory,
     ours,
@@ -244,6 +245,7 @@ def _sections() -> list[Section]:
         ("tester", tester.tester),
         ("results", results_section.results),
         ("control", control.control),
+        ("gateway", gateway.gateway),
     ]
 
 

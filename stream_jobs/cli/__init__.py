@@ -28,7 +28,9 @@ from stream_jobs.cli.outbox import outbox_app
 from stream_jobs.cli.replay import offsets_app, replay_command
 from stream_jobs.cli.stats import job, stats
 from stream_jobs.cli.topics import topics_app
-from stream_jobs.errors import StreamJobsError
+from stream_jobs.errors import ConfigError, StreamJobsError
+from stream_jobs.redaction import redact_text
+from stream_jobs.settings import Settings, load_settings
 
 app.add_typer(dev_app, name="dev")
 app.add_typer(topics_app, name="topics")
@@ -54,6 +56,15 @@ def _quiet_driver_logs() -> None:
     driver.propagate = False
 
 
+def _settings_or_none() -> Settings | None:
+    """The environment's settings, whose secrets an error must not show; None when the
+    environment is what the error is about."""
+    try:
+        return load_settings()
+    except ConfigError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script."""
     _quiet_driver_logs()
@@ -63,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=argv, standalone_mode=False)
     except StreamJobsError as exc:
         # escape: a message may quote TOML ("[[schedules]]"), which is not markup
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False,
+        shown = redact_text(str(exc), _settings_or_none())
+        err_console.print(f"[bold red]error:[/] {escape(shown)}", highlight=False,
                           soft_wrap=True)
         sys.exit(1)
     except typer.Abort:

@@ -13,7 +13,7 @@ from stream_jobs.cli.db import migrated
 from stream_jobs.dedup.store import migrate
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.plurals import counted
-from stream_jobs.settings import redact_url
+from stream_jobs.redaction import redact_url
 from stream_jobs.stack import KafkaCluster, PostgresServer, ServiceStatus
 from stream_jobs.tools.probe import probe_stack
 

@@ -12,6 +12,7 @@ from stream_jobs.cli.common import app, settings_of
 from stream_jobs.client import Job, JobClient
 from stream_jobs.durations import parse_duration
 from stream_jobs.errors import PayloadError
+from stream_jobs.job_ids import checked_job_id, checked_key
 from stream_jobs.job_types import load_job_types
 from stream_jobs.uniqueness import Enqueued, key_claim
 
@@ -39,6 +40,11 @@ def enqueue(
     """Enqueue one job and print its ID once the broker has it (with --unique-key or
     --debounce: once the key and the job are committed to the outbox)."""
     settings = settings_of(ctx)
+    # The client's rules, applied before anything connects.
+    if job_id is not None:
+        checked_job_id(job_id, "--job-id")
+    if key is not None:
+        checked_key(key, "--key")
     try:
         body = orjson.loads(payload)
     except orjson.JSONDecodeError as exc:

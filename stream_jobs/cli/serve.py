@@ -35,7 +35,11 @@ def serve(
         help="Log lines from this level up (any case), uvicorn's access lines among them."),
 ) -> None:
     """Serve the gateway: POST /jobs/{type}, job lookup, stats, the DLQ, /metrics and the
-    dashboard at /. Write and operator routes need STREAM_JOBS_GATEWAY_TOKEN."""
+    dashboard at /. Write and operator routes need STREAM_JOBS_GATEWAY_TOKEN.
+
+    It answers only to the Host names in STREAM_JOBS_GATEWAY_ALLOWED_HOSTS (default: the
+    --host address, localhost, 127.0.0.1 and ::1) and believes X-Forwarded-Proto only
+    from STREAM_JOBS_GATEWAY_TRUSTED_PROXIES (see docs/security.md)."""
     import uvicorn
 
     from stream_jobs.gateway import create_app
@@ -51,7 +55,7 @@ def serve(
         models = job_app.models()
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    gateway = create_app(settings, models=models, require_token=not no_auth)
+    gateway = create_app(settings, models=models, require_token=not no_auth, host=host)
     console.print(f"gateway on http://{host}:{port}/ (dashboard), /docs (API), /metrics; "
                   f"Kafka {settings.kafka_bootstrap}")
     # Access logs name method, path and status; never a header, so never the token.

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncpg
 
 from stream_jobs.errors import ConfigError, DatabaseUnavailable, StreamJobsError
-from stream_jobs.settings import Settings, redact_url
+from stream_jobs.redaction import redact_text, redact_url
+from stream_jobs.settings import Settings
 
 # Opening a connection failed: Postgres is down, refusing, or still starting.
 UNREACHABLE = (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
@@ -58,14 +59,18 @@ def not_connected(settings: Settings, exc: BaseException) -> DatabaseUnavailable
     if isinstance(exc, REFUSED):
         return DatabaseUnavailable(
             f"The Postgres server at {shown} (STREAM_JOBS_DATABASE_URL) refused us "
-            f"({_first_line(exc)}): fix the user, password or database in the setting.")
+            f"({_first_line(exc, settings)}): fix the user, password or database in the "
+            "setting.")
     return DatabaseUnavailable(
-        f"Postgres did not answer at {shown} (STREAM_JOBS_DATABASE_URL): {_first_line(exc)}; "
-        "start it (`stream-jobs dev up` starts the local one) or fix the setting.")
+        f"Postgres did not answer at {shown} (STREAM_JOBS_DATABASE_URL): "
+        f"{_first_line(exc, settings)}; start it (`stream-jobs dev up` starts the local one) "
+        "or fix the setting.")
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
+def _first_line(exc: BaseException, settings: Settings) -> str:
+    """The driver's message, which may quote the URL, with its secrets masked."""
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
+    return redact_text(line, settings)
 
 
 def database_error(exc: BaseException, pool: LazyPool, what: str) -> StreamJobsError:
@@ -79,7 +84,7 @@ def database_error(exc: BaseException, pool: LazyPool, what: str) -> StreamJobsE
             "STREAM_JOBS_DATABASE_SCHEMA at the schema that has them).")
     if isinstance(exc, UNREACHABLE + REFUSED):
         return pool.unavailable(exc)
-    return DatabaseUnavailable(f"Postgres failed to {what}: {_first_line(exc)}.")
+    return DatabaseUnavailable(f"Postgres failed to {what}: {_first_line(exc, pool.settings)}.")
 
 
 # The driver's errors, for `except` clauses at this boundary.

@@ -16,6 +16,7 @@ import asyncpg
 
 from stream_jobs.dedup.pool import not_connected
 from stream_jobs.errors import ConfigError, DatabaseUnavailable
+from stream_jobs.redaction import redact_text
 from stream_jobs.settings import Settings
 
 CONNECT_TIMEOUT_S = 3.0
@@ -37,7 +38,8 @@ async def ask(settings: Settings, query: Callable[[asyncpg.Connection], Awaitabl
         raise ConfigError(f"{missing} in schema {settings.database_schema!r}: "
                           "run `stream-jobs db migrate`.") from exc
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise DatabaseUnavailable(f"Postgres failed a question about {about}: {exc}") from exc
+        raise DatabaseUnavailable(redact_text(f"Postgres failed a question about {about}: "
+                                              f"{exc}", settings)) from exc
     finally:
         await conn.close()
 

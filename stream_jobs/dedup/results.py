@@ -25,8 +25,9 @@ from typing import Any
 import asyncpg
 
 from stream_jobs.errors import ConfigError, DatabaseUnavailable
+from stream_jobs.redaction import redact_text, redact_url
 from stream_jobs.results import StoredResult
-from stream_jobs.settings import Settings, redact_url
+from stream_jobs.settings import Settings
 
 TABLE = "stream_jobs_results"
 _CHANNEL_MAX = 63  # Postgres keeps 63 bytes of an identifier; a channel is one
@@ -184,9 +185,9 @@ class ResultReader:
                 woken.set()
 
     def _unavailable(self, exc: BaseException) -> DatabaseUnavailable:
-        return DatabaseUnavailable(
+        return DatabaseUnavailable(redact_text(
             f"Postgres did not answer at {redact_url(self._settings.database_url)} "
-            f"(STREAM_JOBS_DATABASE_URL) for a job's result: {exc}")
+            f"(STREAM_JOBS_DATABASE_URL) for a job's result: {exc}", self._settings))
 
 
 async def prune_expired(conn: Any, schema: str, batch: int) -> int:

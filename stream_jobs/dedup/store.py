@@ -35,6 +35,7 @@ from stream_jobs.dedup.pool import REFUSED, not_connected
 from stream_jobs.dedup.results import prune_expired, results_table, select_result_sql, stored
 from stream_jobs.dedup.sync_once import done_table, once_in
 from stream_jobs.errors import AlreadyDone, ConfigError, DatabaseUnavailable, StreamJobsError
+from stream_jobs.redaction import redact_text
 from stream_jobs.results import StoredResult
 from stream_jobs.settings import Settings
 
@@ -129,7 +130,8 @@ class DedupStore:
                 "`stream-jobs db migrate` (or point STREAM_JOBS_DATABASE_SCHEMA at the schema "
                 "that has it).")
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
-        return DatabaseUnavailable(f"Postgres failed to {what}: {detail}.")
+        return DatabaseUnavailable(redact_text(f"Postgres failed to {what}: {detail}.",
+                                               self._settings))
 
     async def close(self) -> None:
         if self._held_pool is not None:

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from stream_jobs.client import Job
 from stream_jobs.clock import now_ms
@@ -26,6 +26,7 @@ from stream_jobs.dlq.requeue import SelectAll, SelectIds, Selection, SelectReaso
 from stream_jobs.errors import PayloadTooLarge, PublishError
 from stream_jobs.gateway.auth import Authorized
 from stream_jobs.gateway.state import Gateway, gateway_of
+from stream_jobs.job_ids import MAX_JOB_ID_CHARS, id_problem, key_problem
 from stream_jobs.job_types import get_job_type
 from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, locate_job
 from stream_jobs.tools.cancel import cancel_job
@@ -43,6 +44,20 @@ class Problem(BaseModel):
     detail: str
 
 
+def _given_job_id(value: str | None) -> str | None:
+    problem = None if value is None else id_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+def _text_key(value: str | None) -> str | None:
+    problem = None if value is None else key_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
 class JobIn(BaseModel):
     """One job. `payload` is the handler's input; the rest mean what `enqueue`'s
     arguments mean."""
@@ -50,12 +65,14 @@ class JobIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     payload: dict[str, Any]
-    key: str | None = Field(default=None, max_length=1024,
-                             description="Partition key (default: the job ID); same key, "
-                             "same partition, in order.")
-    job_id: str | None = Field(default=None, min_length=1, max_length=64,
-                                description="Give one to make a retried request safe: "
-                                "ctx.once() dedups by it.")
+    key: Annotated[str | None, AfterValidator(_text_key)] = Field(
+        default=None, max_length=1024,
+        description="Partition key (default: the job ID); same key, same partition, in "
+        "order. No control characters.")
+    job_id: Annotated[str | None, AfterValidator(_given_job_id)] = Field(
+        default=None, min_length=1, max_length=MAX_JOB_ID_CHARS,
+        description="Give one to make a retried request safe: ctx.once() dedups by it. "
+        "No control characters and no '/'.")
     priority: str = Field("default", max_length=16, description="A lane the type declares.")
     delay_s: float | None = Field(default=None, ge=0, le=MAX_DELAY_S, allow_inf_nan=False)
     expires_in_s: float | None = Field(default=None, gt=0, le=MAX_DELAY_S, allow_inf_nan=False)

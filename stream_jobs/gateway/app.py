@@ -42,6 +42,8 @@ from stream_jobs.errors import (
 )
 from stream_jobs.gateway import api, dashboard
 from stream_jobs.gateway.api_docs import mount_api_docs
+from stream_jobs.gateway.guard import Guard, nothing_to_read
+from stream_jobs.gateway.origins import AllowedHosts
 from stream_jobs.gateway.sampler import StatsSampler
 from stream_jobs.gateway.state import Enqueuer, Gateway
 from stream_jobs.job_types import load_job_types
@@ -70,8 +72,9 @@ class BodyLimit:
         status = 500
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await JSONResponse({"detail": _too_large(limit)}, status_code=413)(
-                scope, _no_receive, send)
+            await JSONResponse({"detail": _too_large(limit)}, status_code=413,
+                               headers={"Connection": "close"})(
+                scope, nothing_to_read, send)
             self._count(scope, 413)
             return
         seen = 0
@@ -107,10 +110,6 @@ def _too_large(limit: int) -> str:
     return (f"The request body is over {limit} bytes (STREAM_JOBS_GATEWAY_MAX_BODY_BYTES): "
             "send fewer jobs per request, or store large data elsewhere and enqueue a "
             "reference.")
-
-
-async def _no_receive() -> Message:
-    return {"type": "http.disconnect"}
 
 
 def _printable(value: object) -> str | int:
@@ -165,18 +164,22 @@ def _handlers(gateway: Gateway) -> dict[Any, Handler]:
 
 
 def create_app(settings: Settings, *, models: Mapping[str, type[BaseModel]] | None = None,
-               require_token: bool = True, sample: bool = True) -> FastAPI:
+               require_token: bool = True, sample: bool = True,
+               host: str | None = None) -> FastAPI:
     """The gateway for the types declared in `settings.topics_dir` (read once, at start).
 
     `models` (job type -> pydantic model, e.g. `App.models()`) makes enqueue check payloads
     the way the handlers will. `require_token=False` opens every route (only for a
     gateway that nobody else can reach). `sample=False` skips the background stats.
+    `host` is the address it listens on: with STREAM_JOBS_GATEWAY_ALLOWED_HOSTS empty,
+    it answers to that, localhost, 127.0.0.1 and ::1 (any IP address for 0.0.0.0 / ::).
     """
     types = load_job_types(settings.topics_dir)
     gateway = Gateway(settings, types, Enqueuer(settings, types, models or {}),
                       StatsSampler(settings, types,
                                    interval_s=settings.gateway_sample_interval_s),
-                      require_token=require_token)
+                      require_token=require_token,
+                      allowed_hosts=AllowedHosts.of(settings.gateway_allowed_hosts, host))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -208,7 +211,15 @@ def create_app(settings: Settings, *, models: Mapping[str, type[BaseModel]] | No
     async def metrics() -> Response:
         return Response(generate_latest(gateway.registry), media_type=CONTENT_TYPE)
 
+    # Outermost last: a trusted proxy's headers first, then the limits, then the guard.
+    # The guard reads the token routes off the API's own router (included without a prefix).
+    app.add_middleware(Guard, gateway=gateway, routes=api.router.routes)
     app.add_middleware(BodyLimit, gateway=gateway)
+    proxies = [p.strip() for p in settings.gateway_trusted_proxies.split(",") if p.strip()]
+    if proxies:
+        from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=proxies)
     return app
 
 

@@ -7,18 +7,20 @@ the schedules (next fire, last firing, paused, leader) and the open batches and 
 browses the DLQ (reason histogram, recent letters, a letter's details) and requeues,
 always through a confirmation page that shows what a dry run found. `/ui/jobs/{id}` shows
 what happened to one job, with a button that cancels it (through a confirmation page)
-while it has not finished. DLQ and job pages need the
-session that `/login` sets from the gateway's token.
+while it has not finished. DLQ and job pages need the session `/login` starts with the
+gateway's token (`sessions.py`); every form that changes something carries the session's
+CSRF token, and a post without it changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote, urlencode
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 
@@ -28,9 +30,11 @@ from stream_jobs.dlq.requeue import requeue
 from stream_jobs.errors import ConfigError, LetterNotFound, StreamJobsError
 from stream_jobs.gateway.api import RequeueIn, run_requeue
 from stream_jobs.gateway.charts import bar_chart, line_chart
+from stream_jobs.gateway.sessions import FAILURE_WINDOW_S, Session
 from stream_jobs.gateway.state import SESSION_COOKIE, Gateway, gateway_of
 from stream_jobs.job_types import get_job_type
 from stream_jobs.lookup import JobLocation, locate_job
+from stream_jobs.redaction import redact_text
 from stream_jobs.schedules.listing import ScheduleView, read_schedules
 from stream_jobs.tools.cancel import cancel_job
 from stream_jobs.workflows.progress import Progress, open_workflows
@@ -65,12 +69,22 @@ templates.filters["ago"] = _ago
 templates.filters["when"] = _when
 
 
-def _page(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
-    return HTMLResponse(templates.get_template(name).render(**context), status_code=status_code)
+def _page(name: str, status_code: int = 200, headers: dict[str, str] | None = None,
+          session: Session | None = None, **context: Any) -> HTMLResponse:
+    """A page; with `session`, its forms carry the session's CSRF token (`csrf`)."""
+    return HTMLResponse(templates.get_template(name).render(
+        csrf=session.csrf if session is not None else "", **context),
+        status_code=status_code, headers=headers)
 
 
-def _signed_in(request: Request, gateway: Gateway) -> bool:
-    return gateway.session_matches(request.cookies.get(SESSION_COOKIE))
+def _session(request: Request, gateway: Gateway) -> Session | None:
+    return gateway.session_of(request.cookies.get(SESSION_COOKIE))
+
+
+def _stale_form() -> HTMLResponse:
+    return _page("problem.html", status_code=403, title="Nothing was changed",
+                 problem="This form is not from your current session (it is from an old "
+                 "page, another sign-in, or another site): open the page again and repeat.")
 
 
 def _to_login(request: Request) -> RedirectResponse:
@@ -86,11 +100,20 @@ def _safe_next(target: str | None) -> str:
 
 
 async def _form(request: Request) -> dict[str, str]:
-    body = await request.body()
-    if len(body) > _FORM_LIMIT:
-        raise ConfigError("The form is too large.")
+    """The posted form's fields, read no further than _FORM_LIMIT bytes."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > _FORM_LIMIT:
+            raise HTTPException(413, f"A form of this dashboard is under {_FORM_LIMIT} bytes.")
     fields = parse_qs(body.decode(errors="replace"), keep_blank_values=True)
     return {name: values[-1] for name, values in fields.items()}
+
+
+async def _checked_form(request: Request, session: Session) -> dict[str, str] | None:
+    """The form, when it carries `session`'s CSRF token; None when it does not."""
+    form = await _form(request)
+    return form if session.csrf_matches(form.get("csrf")) else None
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -142,7 +165,8 @@ async def _schedules(gateway: Gateway) -> tuple[list[ScheduleView], str | None]:
                                       SCHEDULES_WAIT_S), None
     except (StreamJobsError, TimeoutError) as exc:
         declared = any(p.schedules for p in gateway.types.values())
-        problem = str(exc) or f"Postgres did not answer within {SCHEDULES_WAIT_S:g} s"
+        problem = (redact_text(str(exc), gateway.settings)
+                   or f"Postgres did not answer within {SCHEDULES_WAIT_S:g} s")
         return [], problem if declared else None
 
 
@@ -153,67 +177,89 @@ async def login_form(next: str | None = None) -> HTMLResponse:
 
 @router.post("/login")
 async def login(request: Request, gateway: GatewayDep) -> Response:
+    client = request.client.host if request.client is not None else "?"
+    now_s = time.monotonic()
+    wait_s = gateway.throttle.wait_s(client, now_s)
     form = await _form(request)
     target = _safe_next(form.get("next"))
-    value = gateway.session_value()
-    if value is None or not gateway.token_matches(form.get("token", "")):
-        problem = ("This gateway has no token configured (STREAM_JOBS_GATEWAY_TOKEN)."
-                   if value is None else "That is not the gateway's token.")
+    if wait_s > 0:
+        return _page("login.html", status_code=429, next=target,
+                     problem=f"Too many wrong tokens: try again in {wait_s:.0f} s.",
+                     headers={"Retry-After": str(max(1, round(wait_s)))})
+    if gateway.settings.gateway_token is None or not gateway.token_matches(
+            form.get("token", "")):
+        if gateway.settings.gateway_token is None:
+            problem = "This gateway has no token configured (STREAM_JOBS_GATEWAY_TOKEN)."
+        else:
+            gateway.throttle.failed(client, now_s)
+            problem = (f"That is not the gateway's token (after several wrong ones within "
+                       f"{FAILURE_WINDOW_S:.0f} s, sign-in pauses).")
         return _page("login.html", status_code=401, next=target, problem=problem)
+    gateway.throttle.succeeded(client)
+    gateway.sessions.end(request.cookies.get(SESSION_COOKIE))
+    session = gateway.sign_in()
+    assert session is not None  # a token is configured
     response = RedirectResponse(target, status_code=303)
-    response.set_cookie(SESSION_COOKIE, value, httponly=True, samesite="strict",
-                        secure=request.url.scheme == "https", max_age=12 * 3600)
+    response.set_cookie(SESSION_COOKIE, session.id, httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https", max_age=12 * 3600, path="/")
     return response
 
 
 @router.post("/logout")
-async def logout() -> Response:
+async def logout(request: Request, gateway: GatewayDep) -> Response:
+    session = _session(request, gateway)
+    if session is not None and gateway.require_token:
+        if await _checked_form(request, session) is None:
+            return _stale_form()
+        gateway.sessions.end(session.id)
     response = RedirectResponse("/", status_code=303)
-    response.delete_cookie(SESSION_COOKIE)
+    response.delete_cookie(SESSION_COOKIE, path="/")
     return response
 
 
 @router.get("/ui/dlq/{job_type}", response_class=HTMLResponse)
 async def dlq_page(request: Request, job_type: str, gateway: GatewayDep,
                    reason: str | None = None, done: str | None = None) -> Response:
-    if not _signed_in(request, gateway):
+    if (session := _session(request, gateway)) is None:
         return _to_login(request)
     get_job_type(gateway.types, job_type)
     listing = await list_letters(gateway.settings, job_type, reason=reason or None, limit=50)
     histogram = bar_chart(list(listing.reasons.items()), title="letters by reason")
     return _page("dlq.html", listing=listing, histogram=histogram, reason=reason or "",
-                 done=done, rows=list(reversed(listing.rows)), quote=quote)
+                 done=done, rows=list(reversed(listing.rows)), quote=quote,
+                 session=session)
 
 
 @router.get("/ui/dlq/{job_type}/letters/{job_id}", response_class=HTMLResponse)
 async def letter_page(request: Request, job_type: str, job_id: str,
                       gateway: GatewayDep) -> Response:
-    if not _signed_in(request, gateway):
+    if (session := _session(request, gateway)) is None:
         return _to_login(request)
     get_job_type(gateway.types, job_type)
     letter = await show_letter(gateway.settings, job_type, job_id)
-    return _page("letter.html", letter=letter, quote=quote)
+    return _page("letter.html", letter=letter, quote=quote, session=session)
 
 
 @router.get("/ui/dlq/{job_type}/requeue", response_class=HTMLResponse)
 async def confirm_requeue(request: Request, job_type: str, gateway: GatewayDep,
                           id: str | None = None, reason: str | None = None) -> Response:
     """What a requeue would do (a dry run), with the button that does it."""
-    if not _signed_in(request, gateway):
+    if (session := _session(request, gateway)) is None:
         return _to_login(request)
     get_job_type(gateway.types, job_type)
     body = _selection(id, reason)
     result = await requeue(gateway.settings, job_type, select=body.selection(), dry_run=True)
     return _page("confirm.html", job_type=job_type, job_id=id or "", reason=reason or "",
-                 plan=result.plan)
+                 plan=result.plan, session=session)
 
 
 @router.post("/ui/dlq/{job_type}/requeue")
 async def do_requeue(request: Request, job_type: str, gateway: GatewayDep) -> Response:
-    if not _signed_in(request, gateway):
+    if (session := _session(request, gateway)) is None:
         return _to_login(request)
     get_job_type(gateway.types, job_type)
-    form = await _form(request)
+    if (form := await _checked_form(request, session)) is None:
+        return _stale_form()
     body = _selection(form.get("id") or None, form.get("reason") or None)
     try:
         result = await run_requeue(gateway, job_type, body)
@@ -246,28 +292,29 @@ async def find_job(id: str | None = None) -> Response:
 @router.get("/ui/jobs/{job_id}", response_class=HTMLResponse)
 async def job_page(request: Request, job_id: str, gateway: GatewayDep,
                    type: str | None = None, done: str | None = None) -> Response:
-    if not _signed_in(request, gateway):
+    if (session := _session(request, gateway)) is None:
         return _to_login(request)
     found = await _located(gateway, job_id, type)
     return _page("job.html", found=found, done=done, quote=quote,
-                 cancellable=found.status in _CANCELLABLE)
+                 cancellable=found.status in _CANCELLABLE, session=session)
 
 
 @router.get("/ui/jobs/{job_id}/cancel", response_class=HTMLResponse)
 async def confirm_cancel(request: Request, job_id: str, gateway: GatewayDep,
                          type: str | None = None) -> Response:
     """What the job is doing now, with the button that cancels it."""
-    if not _signed_in(request, gateway):
+    if (session := _session(request, gateway)) is None:
         return _to_login(request)
     found = await _located(gateway, job_id, type)
-    return _page("cancel.html", found=found, quote=quote)
+    return _page("cancel.html", found=found, quote=quote, session=session)
 
 
 @router.post("/ui/jobs/{job_id}/cancel")
 async def do_cancel(request: Request, job_id: str, gateway: GatewayDep) -> Response:
-    if not _signed_in(request, gateway):
+    if (session := _session(request, gateway)) is None:
         return _to_login(request)
-    form = await _form(request)
+    if (form := await _checked_form(request, session)) is None:
+        return _stale_form()
     job_type = form.get("type") or None
     if job_type:
         get_job_type(gateway.types, job_type)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.job_types import JobTypePolicy
+from stream_jobs.redaction import redact_text
 from stream_jobs.settings import Settings
 from stream_jobs.tools.stats import collect
 from stream_jobs.tools.type_stats import StatsSnapshot, TypeStats
@@ -76,12 +77,14 @@ class StatsSampler:
             snapshot = await collect(self.settings, self.types, per_partition=True,
                                      window_s=self.window_s)
         except StreamJobsError as exc:
-            self.problem = str(exc)
-            log.warning("stats not sampled: %s", exc)
+            self.problem = redact_text(str(exc), self.settings)
+            log.warning("stats not sampled: %s", self.problem)
             return None
         except Exception as exc:  # a driver error we do not wrap must not end the sampling
-            self.problem = f"{type(exc).__name__}: {exc}"
-            log.exception("stats not sampled")
+            # Shown on the overview page and in /healthz: a driver's message may quote the
+            # database URL, so the traceback (whose last line is that message) is not logged.
+            self.problem = redact_text(f"{type(exc).__name__}: {exc}", self.settings)
+            log.error("stats not sampled: %s", self.problem)
             return None
         finally:
             self.sampled.set()

@@ -1,11 +1,12 @@
 """What the gateway holds for its lifetime: settings, the declared types, one warm
-client, the stats sampler and the metrics registry."""
+client, the stats sampler, the metrics registry, the hosts it answers to and the
+dashboard's sessions."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -15,13 +16,14 @@ from pydantic import BaseModel
 
 from stream_jobs.client import JobClient
 from stream_jobs.gateway.metrics import StatsCollector
+from stream_jobs.gateway.origins import AllowedHosts
 from stream_jobs.gateway.sampler import StatsSampler
+from stream_jobs.gateway.sessions import LoginThrottle, Session, Sessions, fingerprint
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.settings import Settings
 
-# The dashboard's session cookie holds a MAC of the token, never the token itself.
+# The dashboard's session cookie: a random key into the gateway's sessions (sessions.py).
 SESSION_COOKIE = "sj_session"
-_SESSION_CONTEXT = b"stream-jobs dashboard session v1"
 
 
 class Enqueuer:
@@ -61,8 +63,11 @@ class Gateway:
     enqueuer: Enqueuer
     sampler: StatsSampler
     require_token: bool = True
+    allowed_hosts: AllowedHosts = field(default_factory=AllowedHosts.anything)
     registry: CollectorRegistry = field(
         default_factory=lambda: CollectorRegistry(auto_describe=False))
+    sessions: Sessions = field(default_factory=Sessions)
+    throttle: LoginThrottle = field(default_factory=LoginThrottle)
 
     def __post_init__(self) -> None:
         self.registry.register(StatsCollector(lambda: self.sampler.latest))
@@ -79,20 +84,23 @@ class Gateway:
             return False
         return hmac.compare_digest(given.encode(), token.get_secret_value().encode())
 
-    def session_value(self) -> str | None:
+    def _token_fingerprint(self) -> str | None:
         token = self.settings.gateway_token
-        if token is None:
-            return None
-        return hmac.new(token.get_secret_value().encode(), _SESSION_CONTEXT,
-                        hashlib.sha256).hexdigest()
+        return None if token is None else fingerprint(token.get_secret_value())
 
-    def session_matches(self, given: str | None) -> bool:
-        expected = self.session_value()
+    def sign_in(self) -> Session | None:
+        """A new session for the configured token (None without one)."""
+        current = self._token_fingerprint()
+        if current is None:
+            return None
+        return self.sessions.start(current, time.monotonic())
+
+    def session_of(self, session_id: str | None) -> Session | None:
+        """The session a request's cookie names, or None when it is not signed in; with
+        --no-auth, the process's anonymous session (it carries the forms' CSRF token)."""
         if not self.require_token:
-            return True
-        if expected is None or given is None:
-            return False
-        return hmac.compare_digest(given.encode(), expected.encode())
+            return self.sessions.anonymous
+        return self.sessions.find(session_id, self._token_fingerprint(), time.monotonic())
 
 
 async def gateway_of(request: Request) -> Gateway:

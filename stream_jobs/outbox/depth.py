@@ -21,7 +21,8 @@ from stream_jobs.dedup.questions import CONNECT_TIMEOUT_S, ask
 from stream_jobs.errors import DatabaseUnavailable
 from stream_jobs.outbox.rows import decode_headers, table
 from stream_jobs.record import HEADER_JOB_ID
-from stream_jobs.settings import Settings, redact_url
+from stream_jobs.redaction import redact_text, redact_url
+from stream_jobs.settings import Settings
 
 # What `ask` says when the tables are missing or Postgres fails.
 _ABOUT = {"missing": "There is no outbox table", "about": "the outbox"}
@@ -112,9 +113,9 @@ class OutboxWaiting:
             return 0  # never migrated: nothing was ever written to it
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             await self.close()
-            raise DatabaseUnavailable(
+            raise DatabaseUnavailable(redact_text(
                 f"Postgres did not answer about the outbox at "
-                f"{redact_url(self.settings.database_url)}: {exc}") from exc
+                f"{redact_url(self.settings.database_url)}: {exc}", self.settings)) from exc
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None

@@ -34,7 +34,8 @@ from stream_jobs.kafka.clients import Producer
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.outbox import rows as sql
 from stream_jobs.outbox.rows import OutboxRow, decode_headers, retry_delay_s, sendable
-from stream_jobs.settings import Settings, redact_url
+from stream_jobs.redaction import redact_text, redact_url
+from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.outbox")
 
@@ -266,8 +267,9 @@ def _ours(relay: OutboxRelay, exc: BaseException) -> StreamJobsError:
         return OutboxWriteError(
             f"There is no outbox table in schema {relay.schema!r}: run `stream-jobs db "
             "migrate` (STREAM_JOBS_DATABASE_SCHEMA); the relay waits for it.")
-    return DatabaseUnavailable(f"The outbox relay cannot use Postgres at "
-                               f"{redact_url(relay.settings.database_url)}: {exc}")
+    return DatabaseUnavailable(redact_text(f"The outbox relay cannot use Postgres at "
+                                           f"{redact_url(relay.settings.database_url)}: {exc}",
+                                           relay.settings))
 
 
 def _row(record: Any) -> OutboxRow:

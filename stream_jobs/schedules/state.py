@@ -25,9 +25,10 @@ import asyncpg
 
 from stream_jobs.errors import ConfigError, DatabaseUnavailable
 from stream_jobs.periodic import ScheduleSpec
+from stream_jobs.redaction import redact_text, redact_url
 from stream_jobs.schedules.firings import Due
 from stream_jobs.schedules.timing import next_fire_ms
-from stream_jobs.settings import Settings, redact_url
+from stream_jobs.settings import Settings
 
 # Postgres went away under us: down, restarting, our session ended (by a timeout of its
 # own, see `leader`), or the network between.
@@ -59,9 +60,9 @@ class ScheduleState:
 
 
 def unavailable(settings: Settings, exc: BaseException) -> DatabaseUnavailable:
-    return DatabaseUnavailable(
+    return DatabaseUnavailable(redact_text(
         f"Postgres did not answer at {redact_url(settings.database_url)} "
-        f"(STREAM_JOBS_DATABASE_URL): {type(exc).__name__}: {exc}")
+        f"(STREAM_JOBS_DATABASE_URL): {type(exc).__name__}: {exc}", settings))
 
 
 def no_table(settings: Settings) -> ConfigError:

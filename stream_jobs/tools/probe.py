@@ -19,7 +19,8 @@ import asyncpg
 from stream_jobs.errors import BrokerUnavailable, DatabaseUnavailable, StreamJobsError
 from stream_jobs.kafka.admin import open_admin
 from stream_jobs.kafka.connection import security_problem
-from stream_jobs.settings import Settings, redact_url
+from stream_jobs.redaction import redact_text, redact_url
+from stream_jobs.settings import Settings
 
 PROBE_TIMEOUT_S = 5.0
 
@@ -72,7 +73,8 @@ async def probe_postgres(settings: Settings, timeout_s: float = PROBE_TIMEOUT_S)
             "`stream-jobs dev up` or fix the setting."
         ) from exc
     except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0].rstrip(".")
+        reason = redact_text((str(exc).splitlines() or [type(exc).__name__])[0].rstrip("."),
+                             settings)
         raise DatabaseUnavailable(
             f"The Postgres server at {shown} (STREAM_JOBS_DATABASE_URL) refused us ({reason}): "
             "fix the user, password or database in the setting."

@@ -27,7 +27,8 @@ from stream_jobs.errors import ConfigError, DatabaseUnavailable, OutboxWriteErro
 from stream_jobs.outbox.rows import insert_args, insert_sql
 from stream_jobs.payloads import encode_payload
 from stream_jobs.record import JobRecord
-from stream_jobs.settings import Settings, redact_url
+from stream_jobs.redaction import redact_text, redact_url
+from stream_jobs.settings import Settings
 from stream_jobs.workflows.members import (
     CALLBACK_SLOTS,
     JobTemplate,
@@ -171,14 +172,15 @@ async def write_plan_alone(settings: Settings, plan: Plan) -> None:
     try:
         conn = await asyncpg.connect(settings.database_url, timeout=10)
     except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        raise DatabaseUnavailable(f"Postgres did not answer at "
-                                  f"{redact_url(settings.database_url)}: {exc}") from exc
+        raise DatabaseUnavailable(redact_text(f"Postgres did not answer at "
+                                              f"{redact_url(settings.database_url)}: {exc}",
+                                              settings)) from exc
     try:
         async with conn.transaction():
             await write_plan(conn, plan)
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise DatabaseUnavailable(f"The batch or chain {plan.workflow_id} was not committed: "
-                                  f"{exc}") from exc
+        raise DatabaseUnavailable(redact_text(f"The batch or chain {plan.workflow_id} was not "
+                                              f"committed: {exc}", settings)) from exc
     finally:
         await conn.close()
 

@@ -6,6 +6,7 @@ page with its Cancel button, all on the real stack.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -70,7 +71,7 @@ async def test_the_cli_cancels_a_waiting_job_and_refuses_an_unknown_one(
 @asynccontextmanager
 async def _served(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gateway") as http:
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost") as http:
         yield http
 
 
@@ -99,15 +100,20 @@ async def test_the_gateway_and_the_dashboard_cancel_a_waiting_job(app: App,
 
         # The dashboard: signed in, the job's page offers the button; the form cancels.
         assert (await http.get(f"/ui/jobs/{by_page}")).status_code == 303  # to /login
-        http.cookies.set(SESSION_COOKIE, gateway.state.gateway.session_value())
+        signed_in = await http.post("/login", data={"token": TOKEN, "next": "/"})
+        assert signed_in.status_code == 303
+        assert SESSION_COOKIE in signed_in.cookies
         page = await http.get(f"/ui/jobs/{by_page}")
         assert page.status_code == 200
         assert 'data-figure="status">pending<' in page.text
         assert f'href="/ui/jobs/{by_page}/cancel?type=cancel.gw"' in page.text
         confirm = await http.get(f"/ui/jobs/{by_page}/cancel?type=cancel.gw")
         assert "Yes, cancel" in confirm.text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', confirm.text)
+        assert csrf is not None
         posted = await http.post(f"/ui/jobs/{by_page}/cancel",
-                                 data={"type": "cancel.gw", "reason": "from the page"})
+                                 data={"type": "cancel.gw", "reason": "from the page",
+                                       "csrf": csrf.group(1)})
         assert posted.status_code == 303
         after = await http.get(posted.headers["location"])
         assert 'data-figure="status">cancelled<' in after.text

@@ -45,7 +45,7 @@ class Task(BaseModel):
 @asynccontextmanager
 async def served(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gateway") as http:
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost") as http:
         yield http
 
 

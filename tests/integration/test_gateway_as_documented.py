@@ -14,10 +14,7 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +32,7 @@ from stream_jobs.settings import Settings
 from stream_jobs.testing.stack import drop_schema, fresh_prefix, run_async, settings_for
 
 from ..conftest import Stack
+from .served_gateway import serve_env, serving
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "documented-gw-token-3c9d"
@@ -48,7 +46,6 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 # The browser reaches the gateway by a name, as on a private network: Swagger UI treats
 # a spec on `localhost` or `127.0.0.1` differently (no online validator badge).
 GATEWAY_NAME = "gateway.test"
-POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -60,11 +57,6 @@ class Served:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -78,36 +70,15 @@ def served(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     settings = settings_for(stack, fresh_prefix(), topics_dir)
     run_async(lambda: apply(settings, load_job_types(topics_dir)))
     run_async(lambda: prepare_schema(settings))
-    port = _free_port()
-    env = {**os.environ, "STREAM_JOBS_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-           "STREAM_JOBS_DATABASE_URL": settings.database_url,
-           "STREAM_JOBS_DATABASE_SCHEMA": settings.database_schema,
-           "STREAM_JOBS_TOPIC_PREFIX": settings.topic_prefix,
-           "STREAM_JOBS_TOPICS_DIR": str(topics_dir), "STREAM_JOBS_GATEWAY_TOKEN": TOKEN}
-    log = folder / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [str(Path(sys.executable).with_name("stream-jobs")), "serve", "--host",
-             "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-            env=env, stdout=out, stderr=subprocess.STDOUT)
+    env = serve_env(settings, topics_dir, STREAM_JOBS_GATEWAY_TOKEN=TOKEN,
+                    # The browser's name for it; a name not listed is refused (security.md).
+                    STREAM_JOBS_GATEWAY_ALLOWED_HOSTS=f"127.0.0.1,localhost,{GATEWAY_NAME}")
     try:
-        deadline = time.monotonic() + 60
-        while not _answers(f"http://127.0.0.1:{port}/healthz"):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"`stream-jobs serve` did not start:\n{log.read_text()}")
-            time.sleep(POLL_S)  # a poll interval, not a wait for an outcome
-        yield Served(settings, port)
+        with serving(env, folder / "serve.log") as (port, _):
+            yield Served(settings, port)
     finally:
-        process.terminate()
-        process.wait(timeout=30)
         run_async(lambda: drop_schema(settings))
 
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=5).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def _enqueue(served: Served, job_id: str) -> None:

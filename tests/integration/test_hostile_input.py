@@ -115,6 +115,16 @@ async def test_payloads_never_reach_logs_or_error_headers(
             assert (line["job_type"], line["attempt"]) == (JOB_TYPE, 1)
 
 
+async def _send_raw(settings: Settings, job_type: str, *job_ids: str) -> None:
+    """Records with these IDs, as another producer (bypassing the client's checks) sends."""
+    async with JobProducer(settings) as producer:
+        for job_id in job_ids:
+            record = JobRecord(job_id=job_id, job_type=job_type, payload=b'{"to": "a@b.c"}',
+                               key=b"k", enqueued_at_ms=int(time.time() * 1000))
+            await producer.send_raw(lane_topic(settings.topic_prefix, job_type), record.key,
+                                    record.payload, record.headers())
+
+
 @pytest.mark.parametrize("length", [65, 100, 256])
 async def test_a_job_id_the_dedup_table_cannot_hold_is_dead_lettered_at_once(
     settings: Settings, declare: Declare, app: App, length: int,
@@ -133,11 +143,7 @@ async def test_a_job_id_the_dedup_table_cannot_hold_is_dead_lettered_at_once(
             pass
 
     long_id = "x" * length
-    record = JobRecord(job_id=long_id, job_type=job_type, payload=b'{"to": "a@b.c"}',
-                       key=b"k", enqueued_at_ms=int(time.time() * 1000))
-    async with JobProducer(settings) as producer:
-        await producer.send_raw(lane_topic(settings.topic_prefix, job_type), record.key,
-                                record.payload, record.headers())
+    await _send_raw(settings, job_type, long_id)
 
     worker = app.worker(job_type)
     await worker.run(until_idle=True)
@@ -149,3 +155,35 @@ async def test_a_job_id_the_dedup_table_cannot_hold_is_dead_lettered_at_once(
     assert error["reason"] == "bad-header"
     assert "64" in error["message"]
     assert dict(letter.headers)["sj-job-id"] == long_id.encode()  # the letter is the record
+
+
+async def test_a_job_id_with_a_control_character_is_dead_lettered_and_a_slash_runs(
+    settings: Settings, declare: Declare, app: App, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Our client refuses both at enqueue; another producer's record reaches the worker. A
+    # control character would forge log lines ("abc\nCRITICAL forged"): bad-header. A '/'
+    # only keeps the gateway's routes from naming the job: it runs.
+    caplog.set_level(logging.INFO)
+    job_type = "mail.forged-id"
+    await declare(job_type, partitions=1, retry_tiers=["1s"], max_attempts=1)
+    ran: list[str] = []
+
+    @app.job(job_type)
+    async def send(job: dict[str, str], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    forged, slashed = "abc\nCRITICAL forged", "orders/42"
+    await _send_raw(settings, job_type, forged, slashed)
+
+    worker = app.worker(job_type)
+    await worker.run(until_idle=True)
+
+    assert ran == [slashed]
+    assert worker.outcomes == {"dead_lettered": 1, "succeeded": 1}
+    [letter] = await read_topic(settings, dlq_topic(settings.topic_prefix, job_type))
+    assert dict(letter.headers)["sj-job-id"] == forged.encode()  # the letter is the record
+    error = orjson.loads(dict(letter.headers)[HEADER_ERROR])
+    assert error["reason"] == "bad-header"
+    assert "U+000A" in error["message"]
+    written = "\n".join(TextFormatter().format(r) for r in caplog.records)
+    assert not any(line.startswith("CRITICAL") for line in written.splitlines())

@@ -49,7 +49,7 @@ async def cli_job(settings: Settings, job_id: str) -> dict[str, object]:
 async def gateway_job(settings: Settings, job_id: str) -> dict[str, object]:
     app = create_app(settings.model_copy(update={"gateway_token": SecretStr(TOKEN)}))
     async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gateway") as http:
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost") as http:
         answer = await http.get(f"/jobs/{job_id}", params={"type": TYPE},
                                 headers={"Authorization": f"Bearer {TOKEN}"})
     assert answer.status_code == 200, answer.text

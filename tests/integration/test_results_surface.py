@@ -68,7 +68,7 @@ async def test_results_and_batches_where_users_look(app: App, declare: Declare,
     gateway = create_app(settings.model_copy(update={"gateway_token": SecretStr(TOKEN)}),
                          sample=False)
     async with gateway.router.lifespan_context(gateway), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=gateway), base_url="http://gateway") as http:
+            transport=httpx.ASGITransport(app=gateway), base_url="http://localhost") as http:
         job = (await http.get(f"/jobs/{job_id}", headers=AUTH)).json()
         assert job["status"] == "done"
         assert job["result"]["result"] == {"pages": 42}

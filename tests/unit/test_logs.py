@@ -4,13 +4,18 @@ also sets the Kafka driver's level (`STREAM_JOBS_KAFKA_LOG_LEVEL`)."""
 from __future__ import annotations
 
 import io
+import json
 import logging
+from collections.abc import Callable
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from stream_jobs import logs
 from stream_jobs.errors import ConfigError
+from stream_jobs.job_ids import control_character
 from stream_jobs.logs import JsonFormatter, TextFormatter, job_fields
 from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings, load_settings
@@ -69,18 +74,26 @@ def test_text_lines_append_the_fields() -> None:
     assert TextFormatter().format(line("plain")).endswith("stream_jobs.worker plain")
 
 
-def test_configure_writes_the_chosen_format() -> None:
+def written(log_format: logs.LogFormat, emit: Callable[[], None]) -> list[str]:
+    """The lines `emit()` writes once `configure(log_format=..., level="info")` ran."""
     root = logging.getLogger()
     saved = root.handlers[:], root.level
     out = io.StringIO()
     try:
-        logs.configure(log_format="json", level="info", stream=out)
-        logging.getLogger("stream_jobs.test").info("hello", extra={"job_id": "j-9"})
-        logging.getLogger("stream_jobs.test").debug("below the level")
+        logs.configure(log_format=log_format, level="info", stream=out)
+        emit()
     finally:
         root.handlers[:], _ = saved[0], root.setLevel(saved[1])
-    [written] = out.getvalue().splitlines()
-    assert orjson.loads(written)["job_id"] == "j-9"
+    return out.getvalue().splitlines()
+
+
+def test_configure_writes_the_chosen_format() -> None:
+    def emit() -> None:
+        logging.getLogger("stream_jobs.test").info("hello", extra={"job_id": "j-9"})
+        logging.getLogger("stream_jobs.test").debug("below the level")
+
+    [line] = written("json", emit)
+    assert orjson.loads(line)["job_id"] == "j-9"
 
 
 def configured(**options: object) -> list[str]:
@@ -117,3 +130,88 @@ def test_the_kafka_log_level_is_a_setting_in_any_case(monkeypatch: pytest.Monkey
     monkeypatch.setenv("STREAM_JOBS_KAFKA_LOG_LEVEL", "chatty")
     with pytest.raises(ConfigError, match="STREAM_JOBS_KAFKA_LOG_LEVEL: Input should be"):
         load_settings()
+
+
+# -- lines that cannot be forged ---------------------------------------------------------
+
+FORGED = "abc\n2030-01-01 00:00:00,000 CRITICAL stream_jobs.worker forged"
+
+
+def _raised(message: str) -> BaseException:
+    try:
+        raise RuntimeError(message)
+    except RuntimeError as exc:
+        return exc
+
+
+def test_a_job_id_with_a_newline_stays_on_its_line() -> None:
+    record = line("job %s failed", FORGED, job_id=FORGED, reason="a\rb\x1b[2Kc\u2028d")
+    text = TextFormatter().format(record)
+    assert text.splitlines() == [text]
+    assert "job abc\\n2030-01-01" in text
+    assert 'reason=a\\rb\\x1b[2Kc\\u2028d' in text
+    assert text.count("job_id=") == 1
+
+
+def test_a_traceback_is_indented_down_to_the_exceptions_message() -> None:
+    exc = _raised(f"boom\n{FORGED}")
+    record = line("failed")
+    record.exc_info = (type(exc), exc, exc.__traceback__)
+    first, *rest = TextFormatter().format(record).splitlines()
+    assert first.endswith("stream_jobs.worker failed")
+    assert rest[0] == "    Traceback (most recent call last):"
+    assert rest[-3:] == ["    RuntimeError: boom", "    abc",
+                         "    2030-01-01 00:00:00,000 CRITICAL stream_jobs.worker forged"]
+    assert all(line.startswith("    ") for line in rest)
+
+
+def test_a_quote_in_a_field_value_cannot_end_it() -> None:
+    text = TextFormatter().format(line("x", job_id='a" reason="forged'))
+    assert text.endswith('job_id="a\\" reason=\\"forged"')
+
+
+def test_a_json_line_stays_one_line_whatever_its_strings_hold() -> None:
+    record = line("m\u2028n\x85o\ud800", job_id=FORGED, exc=_raised("p\u2029q\nr"))
+    written = JsonFormatter().format(record)
+    assert written.splitlines() == [written]
+    parsed = json.loads(written)  # a lone surrogate: orjson refuses it, json escapes it
+    assert parsed["message"] == "m\u2028n\x85o\ud800"
+    assert parsed["job_id"] == FORGED
+    assert parsed["traceback"].endswith("RuntimeError: p\u2029q\nr")
+
+
+def test_other_loggers_go_through_the_same_formatter() -> None:
+    [line] = written("text", lambda: logging.getLogger("some.app").warning("user said %s",
+                                                                           FORGED))
+    assert "some.app user said abc\\n2030" in line
+
+
+_ANY = st.text(max_size=40)
+_FIELD_VALUES = st.one_of(_ANY, st.integers(), st.lists(_ANY, max_size=3))
+
+
+@given(message=_ANY, values=st.dictionaries(st.sampled_from(logs.FIELDS), _FIELD_VALUES,
+                                            max_size=4),
+       error=st.none() | _ANY, logger=_ANY.filter(bool))
+def test_no_text_line_can_start_a_record_of_its_own(message: str, values: dict[str, object],
+                                                    error: str | None, logger: str) -> None:
+    record = line("%s", message, exc=None if error is None else _raised(error), **values)
+    record.name = logger
+    first, *rest = TextFormatter().format(record).splitlines()
+    assert control_character(first) is None
+    assert all(line[:1].isspace() for line in rest), rest
+
+
+@given(message=_ANY, values=st.dictionaries(st.sampled_from(logs.FIELDS), _FIELD_VALUES,
+                                            max_size=4),
+       error=st.none() | _ANY)
+def test_a_json_line_is_one_line_that_reads_back(message: str, values: dict[str, object],
+                                                error: str | None) -> None:
+    record = line("%s", message, exc=None if error is None else _raised(error), **values)
+    written = JsonFormatter().format(record)
+    assert written.splitlines() == [written]
+    parsed = json.loads(written)
+    assert parsed["message"] == message
+    if error is not None:
+        assert parsed["error"] == "RuntimeError"
+        assert error.rstrip("\n") in parsed["traceback"]

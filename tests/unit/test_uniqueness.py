@@ -57,7 +57,8 @@ def test_debounce_is_on_the_unique_key_else_the_partition_key() -> None:
     ({"unique_key": "k", "unique_for": True}, "duration such as"),
     ({"unique_key": ""}, "non-empty string"),
     ({"unique_key": "x" * (MAX_KEY_CHARS + 1)}, "over the limit"),
-    ({"unique_key": "a\x00b"}, "NUL"),
+    ({"unique_key": "a\x00b"}, "unique_key cannot contain the control character U\\+0000"),
+    ({"key": "line\nforged", "debounce": "1s"}, "key cannot contain the control character"),
     ({"key": b"\xff", "debounce": "1s"}, "UTF-8"),
 ])
 def test_what_cannot_mean_anything_is_refused_in_one_sentence(given: dict[str, Any],

@@ -1,0 +1,122 @@
+"""Secrets out of what is shown: URLs, error messages, pages, log lines, CLI output. Pure.
+
+`redact_url(url)` is a URL with every password it can carry replaced by `***`: the
+userinfo's (`postgresql://user:pass@host/db`) and the query's `password=` and
+`sslpassword=` (any case, the name percent-encoded or not: asyncpg reads both
+parameters). `redact_text(text, settings)` does that to every URL inside `text` (an error
+message quoting the DSN) and also replaces, wherever it appears, each secret the
+settings hold: the database URL's passwords, the gateway token, the Kafka SASL password,
+the Kafka TLS key's password, and `PGPASSWORD` from the environment (asyncpg's fallback).
+
+Redaction is for text a person sees; it never decides anything and never raises.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from urllib.parse import unquote, unquote_plus
+
+from stream_jobs.settings import Settings
+
+MASK = "***"
+# The query parameters that carry a password, compared decoded and in lower case.
+PASSWORD_PARAMETERS = frozenset({"password", "sslpassword"})
+# asyncpg's fallback for a URL without a password.
+PASSWORD_ENV = "PGPASSWORD"
+
+# A URL: a scheme, `//`, and everything up to the next whitespace. Its authority runs to
+# the first `/`, `?` or `#`; the userinfo ends at the authority's last `@` (urllib's
+# reading; asyncpg's, the first `@`, ends inside it, so both are masked).
+_URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://\S*")
+_USERINFO = re.compile(r"(?P<scheme>^[^:]*://)(?P<user>[^/?#:@]*):(?P<password>[^/?#]*)@")
+# `name=value` of a query, or of a keyword connection string (`host=h password=p`) in a
+# message: the value runs to the next `&`, `#` or whitespace.
+_PARAMETER = re.compile(r"(?P<name>[\w%+.-]+)=(?P<value>'(?:[^'\\]|\\.)*'?|[^\s&#]*)")
+
+
+def redact_url(url: str) -> str:
+    """`url` with its passwords replaced by `***`, for errors, logs, tables and pages."""
+    return _redact_forms(url)
+
+
+def redact_text(text: str, settings: Settings | None = None,
+                environ: Mapping[str, str] | None = None) -> str:
+    """`text` with the passwords of every URL in it, and every secret of `settings` and
+    of `environ` (default: the process's) wherever it appears, replaced by `***`."""
+    shown = _redact_forms(text)
+    # Longest first: a secret that contains another is replaced whole.
+    for secret in sorted(secrets_of(settings, environ), key=len, reverse=True):
+        shown = _replace(shown, secret)
+    return shown
+
+
+def secrets_of(settings: Settings | None, environ: Mapping[str, str] | None = None
+               ) -> set[str]:
+    """The secret values `settings` and `environ` hold, as written and as decoded."""
+    env = os.environ if environ is None else environ
+    found = {env.get(PASSWORD_ENV, "")}
+    if settings is not None:
+        found |= url_passwords(settings.database_url)
+        for secret in (settings.gateway_token, settings.kafka_sasl_password,
+                       settings.kafka_ssl_key_password):
+            if secret is not None:
+                found.add(secret.get_secret_value())
+    found.discard("")
+    return found
+
+
+def url_passwords(url: str) -> set[str]:
+    """Every password `url` carries, as written and decoded, read both as urllib and as
+    asyncpg read a URL."""
+    found: set[str] = set()
+    netloc = url.partition("://")[2]
+    for end in "/?#":
+        netloc = netloc.split(end, 1)[0]
+    for userinfo in (netloc.rpartition("@")[0], netloc.partition("@")[0] if "@" in netloc
+                     else ""):
+        _, colon, password = userinfo.partition(":")
+        if colon:
+            found |= {password, unquote(password)}
+    query = url.partition("?")[2].split("#", 1)[0]
+    for name, value in _parameters(query):
+        if unquote_plus(name).strip().lower() in PASSWORD_PARAMETERS:
+            found |= {value, unquote_plus(value), unquote(value)}
+    found.discard("")
+    return found
+
+
+def _parameters(query: str) -> Iterable[tuple[str, str]]:
+    for part in re.split(r"[&;]", query):
+        name, sep, value = part.partition("=")
+        if sep:
+            yield name, value
+
+
+def _redact_forms(text: str) -> str:
+    """Every URL's userinfo password, then every password parameter, masked."""
+    text = _URL.sub(lambda url: _USERINFO.sub(
+        lambda m: f"{m['scheme']}{m['user']}:{MASK}@", url.group(), count=1), text)
+    return _redact_parameters(text)
+
+
+def _redact_parameters(text: str) -> str:
+    def masked(found: re.Match[str]) -> str:
+        if unquote_plus(found["name"]).strip().lower() not in PASSWORD_PARAMETERS:
+            return found.group()
+        return f"{found['name']}={MASK}"
+
+    return _PARAMETER.sub(masked, text)
+
+
+def _replace(text: str, secret: str) -> str:
+    if secret in MASK:  # "*": the mask itself; replacing it could never finish
+        return text
+    while secret in text:  # a replacement can join the text around it into the secret
+        text = text.replace(secret, MASK)
+    return text
+
+
+__all__ = ["MASK", "PASSWORD_ENV", "PASSWORD_PARAMETERS", "redact_text", "redact_url",
+           "secrets_of", "url_passwords"]

@@ -1,0 +1,127 @@
+"""Every form a URL carries a password in, and every secret the settings hold, masked in
+what a person sees (stream_jobs/redaction.py). The gateway's page is tested for real in
+tests/integration/test_gateway_secrets.py."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from pydantic import SecretStr
+
+from stream_jobs.redaction import MASK, redact_text, redact_url, secrets_of
+from stream_jobs.settings import Settings
+
+CANARY = "hunter2-canary"
+HOST = "127.0.0.1:54320/stream_jobs"
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    (f"postgresql://alice:{CANARY}@{HOST}", f"postgresql://alice:***@{HOST}"),
+    (f"postgresql://alice@{HOST}?password={CANARY}", f"postgresql://alice@{HOST}?password=***"),
+    (f"postgresql://alice@{HOST}?sslmode=require&sslpassword={CANARY}&x=1",
+     f"postgresql://alice@{HOST}?sslmode=require&sslpassword=***&x=1"),
+    (f"postgresql://alice@{HOST}?PassWord={CANARY}", f"postgresql://alice@{HOST}?PassWord=***"),
+    (f"postgresql://alice@{HOST}?SSLPASSWORD={CANARY}",
+     f"postgresql://alice@{HOST}?SSLPASSWORD=***"),
+    # asyncpg decodes the names of query parameters: this one is its password too.
+    (f"postgresql://alice@{HOST}?pass%77ord={CANARY}", f"postgresql://alice@{HOST}?pass%77ord=***"),
+    (f"postgresql://alice:{CANARY}@{HOST}?password={CANARY}",
+     f"postgresql://alice:***@{HOST}?password=***"),
+    # An '@' left unencoded in the password: urllib ends the userinfo at the last '@'.
+    (f"postgresql://alice:p@ss{CANARY}@{HOST}", f"postgresql://alice:***@{HOST}"),
+    (f"postgresql://alice@{HOST}", f"postgresql://alice@{HOST}"),
+    (f"postgresql://{HOST}?sslmode=require", f"postgresql://{HOST}?sslmode=require"),
+])
+def test_every_password_a_url_carries_is_masked(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_a_percent_encoded_password_is_masked_as_written_and_as_decoded() -> None:
+    password = "p@ss w/rd:1%"
+    url = f"postgresql://alice:{quote(password, safe='')}@{HOST}"
+    assert redact_url(url) == f"postgresql://alice:***@{HOST}"
+    settings = Settings(database_url=url)
+    assert password in secrets_of(settings, {})
+    # A driver that quotes the decoded password in its message.
+    said = f"could not log in as alice with password {password}"
+    assert password not in redact_text(said, settings, {})
+
+
+def test_a_url_inside_a_longer_message_is_masked() -> None:
+    message = (f"Postgres did not answer at postgresql://alice@{HOST}?password={CANARY} "
+               f"(STREAM_JOBS_DATABASE_URL): [Errno 111] Connect call failed; also tried "
+               f"'postgres://bob:{CANARY}@other/db'.")
+    shown = redact_text(message)
+    assert CANARY not in shown
+    assert shown == (f"Postgres did not answer at postgresql://alice@{HOST}?password=*** "
+                     "(STREAM_JOBS_DATABASE_URL): [Errno 111] Connect call failed; also tried "
+                     "'postgres://bob:***@other/db'.")
+
+
+def test_a_keyword_connection_string_in_a_message_is_masked() -> None:
+    shown = redact_text(f"host=db password='{CANARY} x' sslpassword={CANARY} port=5")
+    assert shown == "host=db password=*** sslpassword=*** port=5"
+
+
+def test_the_settings_secrets_are_masked_wherever_they_appear() -> None:
+    settings = Settings(database_url=f"postgresql://alice@{HOST}?password=db-secret",
+                        gateway_token=SecretStr("token-secret"),
+                        kafka_sasl_password=SecretStr("sasl-secret"),
+                        kafka_ssl_key_password=SecretStr("key-secret"))
+    text = "db-secret, token-secret; sasl-secret/key-secret"
+    assert redact_text(text, settings, {}) == "***, ***; ***/***"
+
+
+def test_the_pgpassword_environment_variable_is_masked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PGPASSWORD", CANARY)
+    assert redact_text(f"password authentication failed ({CANARY})") == \
+        "password authentication failed (***)"
+    assert redact_text(CANARY, None, {}) == CANARY  # an environment given is the one read
+
+
+def test_a_url_that_urllib_cannot_read_is_still_masked() -> None:
+    assert redact_url(f"postgresql://alice:{CANARY}@[::1/db") == "postgresql://alice:***@[::1/db"
+
+
+_SECRET = st.text(st.characters(blacklist_characters="*", blacklist_categories=("Cs",)),
+                  min_size=1, max_size=20)
+
+
+@given(secret=_SECRET, before=st.text(max_size=30), after=st.text(max_size=30))
+def test_a_settings_secret_never_survives(secret: str, before: str, after: str) -> None:
+    settings = Settings(gateway_token=SecretStr(secret))
+    assert secret not in redact_text(before + secret + after, settings, {})
+
+
+_PASSWORD = st.text(st.characters(blacklist_characters="*", blacklist_categories=("Cs",)),
+                    min_size=1, max_size=20)
+
+
+@given(password=_PASSWORD, before=st.text(max_size=30), after=st.text(max_size=30),
+       name=st.sampled_from(["password", "sslpassword", "PASSWORD", "SslPassword"]),
+       userinfo=st.booleans())
+def test_a_database_password_never_survives(password: str, before: str, after: str, name: str,
+                                            userinfo: bool) -> None:
+    encoded = quote(password, safe="")
+    url = (f"postgresql://alice:{encoded}@{HOST}" if userinfo
+           else f"postgresql://alice@{HOST}?{name}={encoded}")
+    settings = Settings(database_url=url)
+    for text in (url, f"{before} {url} {after}", f"{before}{password}{after}"):
+        shown = redact_text(text, settings, {})
+        assert password not in shown
+        assert encoded not in shown
+
+
+@given(password=st.from_regex(r"[A-Za-z0-9._~-]{4,20}", fullmatch=True),
+       name=st.sampled_from(["password", "sslpassword", "Password"]), text=st.text(max_size=40))
+def test_a_url_in_any_text_loses_its_password_without_settings(password: str, name: str,
+                                                                 text: str) -> None:
+    assume(password not in f"postgresql://alice@{HOST}?{name}=")
+    for url in (f"postgresql://alice:{password}@{HOST}",
+                f"postgresql://alice@{HOST}?{name}={password}"):
+        shown = redact_text(f"{text} {url} {text}")
+        assert f"{MASK}@" in shown or f"={MASK}" in shown
+        assert password not in shown.replace(text, "")
