@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import sys
+from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
@@ -62,19 +65,62 @@ def stats(
             else:
                 console.print(render_stats(shot, settings, partitions))
             return
+        stop = _stop_on_ctrl_c()
         if as_json:
-            while True:
-                _print_json((await snapshot()).to_dict(per_partition=partitions), indent=False)
-                await asyncio.sleep(interval_s)  # the refresh period, not a wait for a state
+            while (latest := await _unless_stopped(snapshot(), stop)) is not None:
+                _print_json(latest.to_dict(per_partition=partitions), indent=False)
+                await _pause(interval_s, stop)
+            return
         with Live(console=console, auto_refresh=False) as live:
-            while True:
-                live.update(render_stats(await snapshot(), settings, partitions), refresh=True)
-                await asyncio.sleep(interval_s)
+            while (latest := await _unless_stopped(snapshot(), stop)) is not None:
+                live.update(render_stats(latest, settings, partitions), refresh=True)
+                await _pause(interval_s, stop)
 
     try:
         asyncio.run(run())
     except KeyboardInterrupt:
-        return  # Ctrl-C ends --watch; nothing is left half done
+        return  # a second Ctrl-C ends --watch at once; nothing is left half done
+
+
+# --watch stops on an event that SIGINT (Ctrl-C) or SIGTERM sets, as the worker, the relay
+# and the scheduler do. It relied on Python's KeyboardInterrupt, which Python does not
+# install when the command starts with SIGINT ignored (a background job of a script's
+# shell): `kill -INT` then left the refresh loop running.
+def _stop_on_ctrl_c() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def ctrl_c() -> None:
+        if stop.is_set():  # the second: do not wait for the reading in flight
+            loop.remove_signal_handler(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+        stop.set()
+
+    loop.add_signal_handler(signal.SIGINT, ctrl_c)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    return stop
+
+
+async def _unless_stopped(reading: Coroutine[Any, Any, StatsSnapshot], stop: asyncio.Event
+                          ) -> StatsSnapshot | None:
+    """The reading, or None once `stop` is set (the reading in flight is then dropped)."""
+    if stop.is_set():
+        reading.close()
+        return None
+    task = asyncio.ensure_future(reading)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if task.done() and not stop.is_set():
+        return task.result()
+    task.cancel()
+    return None
+
+
+async def _pause(seconds: float, stop: asyncio.Event) -> None:
+    """The refresh period, cut short by Ctrl-C."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
 
 
 def job(

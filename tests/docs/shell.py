@@ -298,7 +298,7 @@ class Shell:
             process = subprocess.Popen(["bash", "-c", self.script(step.command)],
                                        cwd=self.page.cwd, env=self.environment(),
                                        stdout=out, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+                                       start_new_session=True, preexec_fn=_terminal_sigint)
         self.background.append(Background(f"{where}: `{step.command}`", process, log,
                                           step.shown))
         self.until_ready(process, log, ready_line(step.command))
@@ -370,6 +370,12 @@ class Shell:
         self.background.clear()
         if failures:
             raise AssertionError("\n".join(failures))
+
+
+def _terminal_sigint() -> None:
+    # As in a terminal: a test run started in the background of a script's shell ignores
+    # SIGINT, and a command would inherit that and never meet the page's Ctrl-C.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def shell_output(page: Page, command: str) -> str:
