@@ -90,19 +90,17 @@ CREATE TRIGGER slow_delete BEFORE DELETE ON stream_jobs_outbox
 """
 
 
-async def relay_at(settings: Settings, phase: str) -> bool:
+async def relay_at(watch: asyncpg.Connection, phase: str) -> bool:
     """The relay process is mid-batch: "sending" (claimed rows, waiting on Kafka: its
     claim connection idle in a transaction after the ordering check) or "deleting"
-    (Kafka acknowledged; the delete runs, uncommitted)."""
+    (Kafka acknowledged; the delete runs, uncommitted). Asked on one open connection
+    (`watch`): the sending window is a few milliseconds, and a poll that first connects
+    to Postgres missed it for 30 s on a loaded machine."""
     state, query = (("idle in transaction", "SELECT topic, key, min(id)%") if phase == "sending"
                     else ("active", "DELETE FROM%"))
-    conn = await asyncpg.connect(settings.database_url)
-    try:
-        return bool(await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
-            "AND state = $2 AND query LIKE $3", APPLICATION_NAME, state, query))
-    finally:
-        await conn.close()
+    return bool(await watch.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
+        "AND state = $2 AND query LIKE $3", APPLICATION_NAME, state, query))
 
 
 async def _moved_since(settings: Settings, depth: int) -> bool:
@@ -131,15 +129,17 @@ async def test_a_relay_killed_mid_batch_loses_nothing_and_doubles_no_effect(
     # A set: a row left behind by one kill may still be waiting at the next one, and is
     # one more send (one duplicate) however often it is seen.
     caught: set[str] = set()
+    watch = await asyncpg.connect(settings.database_url)
     for phase in ("sending", "deleting", "deleting"):
         relay = start(["outbox", "relay", "--batch", "40"], settings, log)
         try:
-            await until(lambda phase=phase: relay_at(settings, phase),  # type: ignore[misc]
+            await until(lambda phase=phase: relay_at(watch, phase),  # type: ignore[misc]
                         f"the relay is {phase} a batch", within_s=30)
         finally:
             relay.send_signal(signal.SIGKILL)
             relay.wait()
         caught |= await sent_but_not_deleted(settings)
+    await watch.close()
     await conn.execute("DROP TRIGGER slow_delete ON stream_jobs_outbox")
     await conn.close()
     assert caught, "no kill landed between the broker's ack and the relay's commit"
