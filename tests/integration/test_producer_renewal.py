@@ -11,7 +11,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from stream_jobs.errors import PublishError
 from stream_jobs.job_ids import new_job_id
-from stream_jobs.kafka.admin import admin_client
+from stream_jobs.kafka.admin import admin_client, until_led
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
@@ -33,6 +33,8 @@ async def test_writes_go_through_again_after_the_broker_refused_one(
     topic = f"{settings.topic_prefix}.renew"
     async with admin_client(settings) as admin:
         await admin.create_topics([NewTopic(topic, 1, 1)])
+        # Created is not yet led: a write right away met "does not exist" in a loaded run.
+        await until_led(admin, topic, 30)
     async with JobProducer(settings) as producer:
         await producer.send(topic, _job())  # the partition has a sequence already
         await _set_max_message_bytes(settings, topic, "16")
