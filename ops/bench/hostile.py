@@ -3,11 +3,15 @@ client that times its enqueues: the probes of the gateway section and of
 tests/integration/test_gateway_hostile.py.
 
 `python -m ops.bench.hostile PORT` sends the body in a loop until killed (one sender of
-the section's three).
+the section's three). `python -m ops.bench.hostile --stand-in PORT` is a server that is
+not the gateway: it answers every request 401 from its headers and closes, so senders
+aimed at it take the machine's CPU as they do against the gateway, and the gateway does
+no work for them (the section's control).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import sys
@@ -62,7 +66,25 @@ def enqueue_latencies(url: str, token: str, count: int) -> list[float]:
     return times
 
 
+async def _stand_in(port: int) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError,
+                                 asyncio.LimitOverrunError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n"
+                         b"Connection: close\r\n\r\n")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
 def main() -> None:
+    if sys.argv[1] == "--stand-in":
+        asyncio.run(_stand_in(int(sys.argv[2])))
+        return
     port = int(sys.argv[1])
     body = big_body()
     head = _head(port, body)
