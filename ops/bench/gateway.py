@@ -97,6 +97,7 @@ def gateway(b: Bench) -> None:
                                  str(stand_in_port)], env=b.env())
     refused: list[float] = []
     grew: list[float] = []
+    loads: list[float] = []
     process = _serve(b, port)
     try:
         enqueue_latencies(url, TOKEN, 50)  # warm: the producer, the connection
@@ -112,16 +113,18 @@ def gateway(b: Bench) -> None:
                 raise BenchError(f"a body without the token was answered {line!r}")
             refused.append(took * 1000)
             grew.append(_rss_mib(process.pid) - before)
+            loads.append(os.getloadavg()[0])
             print(f"[bench] gateway run {run + 1}: enqueue p99 idle {idle[-1]:.1f} ms, "
                   f"under {SENDERS} senders {loaded[-1]:.1f} ms (at the stand-in "
                   f"{control[-1]:.1f} ms); 401 after {refused[-1]:.1f} ms; load "
-                  f"{os.getloadavg()[0]:.1f}", flush=True)
+                  f"{loads[-1]:.1f}", flush=True)
     finally:
         for server in (process, stand_in):
             server.terminate()
             server.wait(timeout=30)
     r = b.results
-    note = f"{n:,} awaited single-job POSTs on one keep-alive connection"
+    note = (f"{n:,} awaited single-job POSTs on one keep-alive connection; 1-min load "
+            f"{min(loads):.1f} - {max(loads):.1f} on {os.cpu_count()} cores")
     r.add("gateway.idle_p99", "enqueue through the gateway, idle: p99", "ms", idle, note)
     r.add("gateway.loaded_p99", f"the same, {SENDERS} clients without the token sending "
           "16 MB bodies meanwhile: p99", "ms", loaded, note)
