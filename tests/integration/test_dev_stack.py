@@ -236,6 +236,16 @@ async def test_three_brokers_form_one_cluster_and_replicate_a_topic(stack_root: 
             await apoll(fully_replicated, 60, "three in-sync replicas per partition")
             # The topic sets nothing itself: it inherits the cluster's minimum.
             resource = ConfigResource(ConfigResourceType.TOPIC, topic)
+
+            async def every_broker_knows_it() -> bool:
+                # A describe goes to any broker, and one whose metadata is a moment behind
+                # answers UNKNOWN_TOPIC_OR_PARTITION (seen in a loaded CI run).
+                for response in await admin.describe_configs([resource]):
+                    if any(r["error_code"] for r in response.to_object()["resources"]):
+                        return False
+                return True
+
+            await apoll(every_broker_knows_it, 60, "the topic's configs answered")
             assert await config_values(admin, [resource], "min.insync.replicas") == ["2"]
         finally:
             await admin.close()
