@@ -168,8 +168,14 @@ class App:
                                       f"does not fit {model.__name__}: "
                                       f"{validation_summary(exc)}.") from exc
         payloads = {name: func for name, (_, func) in self.periodic_jobs.get(job_type, {}).items()}
-        options.setdefault("kafka", self.kafka)
-        return Scheduler(self.settings, policy, specs, payloads=payloads, models=models,
+        kafka = options.pop("kafka", self.kafka)
+
+        def client() -> JobClient:
+            from stream_jobs.client import JobClient
+
+            return JobClient(self.settings, {job_type: policy}, models=models, kafka=kafka)
+
+        return Scheduler(self.settings, policy, specs, client=client, payloads=payloads,
                          **options)
 
     def handler(self, job_type: str) -> JobHandler:

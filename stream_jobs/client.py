@@ -13,8 +13,8 @@ Kafka connection is needed: such a client need not be entered.
 With `unique_key=` or `debounce=` the job always goes through the outbox: its key and its
 outbox row commit in one transaction (the caller's, or one of the client's own), and the
 answer is an `Enqueued` (a `str`) saying whether this call sent it
-(`stream_jobs.uniqueness`). `cancel(job_id)` stops a job that has not finished
-(`stream_jobs.cancels`).
+(`stream_jobs.unique.rules`). `cancel(job_id)` stops a job that has not finished
+(`stream_jobs.cancels.rules`).
 
 `result` waits for a kept result (docs/results.md), `status` says where a job is, and
 `chain` / `batch` make workflows whose next steps and callbacks are written exactly once
@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar, overload
@@ -34,46 +33,32 @@ from typing import Any, TypeVar, overload
 from pydantic import BaseModel, ValidationError
 
 from stream_jobs import clock
-from stream_jobs.cancels import Cancellation
+from stream_jobs.cancels.rules import Cancellation
 from stream_jobs.client_stores import ClientStores, PostgresStores
 from stream_jobs.errors import ConfigError, PayloadError, PayloadTooLarge
 from stream_jobs.job_ids import MAX_JOB_ID_CHARS, checked_job_id, checked_key, new_job_id
 from stream_jobs.job_types import JobTypePolicy, get_job_type
+from stream_jobs.jobs import Job as Job
+from stream_jobs.jobs import Seconds as Seconds
 from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients, Producer
 from stream_jobs.lookup import JobLocation
 from stream_jobs.naming import lane_topic, tier_topic
-from stream_jobs.outbox.unique import (
+from stream_jobs.outbox.writer import write_async, write_sync
+from stream_jobs.payloads import encode_payload, validation_summary
+from stream_jobs.record import JobRecord
+from stream_jobs.results.calls import ResultCalls, SyncResultCalls
+from stream_jobs.retry import tier_for_delay
+from stream_jobs.settings import Settings
+from stream_jobs.unique.claim import (
     Build,
     KeyAnswer,
     enqueue_keyed_async,
     enqueue_keyed_sync,
 )
-from stream_jobs.outbox.writer import write_async, write_sync
-from stream_jobs.payloads import encode_payload, validation_summary
-from stream_jobs.record import JobRecord
-from stream_jobs.retry import tier_for_delay
-from stream_jobs.settings import Settings
-from stream_jobs.uniqueness import Enqueued, KeyClaim, Window, key_claim
+from stream_jobs.unique.rules import Enqueued, KeyClaim, Window, key_claim
 from stream_jobs.workflows.calls import SyncWorkflowCalls, WorkflowCalls
 
 T = TypeVar("T")
-Seconds = float | int | timedelta
-
-
-@dataclass(frozen=True)
-class Job:
-    """One job for `enqueue_many`; the fields mean what `enqueue`'s arguments mean."""
-
-    job_type: str
-    payload: BaseModel | Mapping[str, Any]
-    key: str | bytes | None = None
-    job_id: str | None = None
-    priority: str = "default"
-    delay: Seconds | None = None
-    run_at: datetime | None = None
-    expires_in: Seconds | None = None
-
-
 def _seconds(value: Seconds, what: str) -> float:
     seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
     if seconds < 0:
@@ -81,7 +66,7 @@ def _seconds(value: Seconds, what: str) -> float:
     return seconds
 
 
-class JobClient(WorkflowCalls):
+class JobClient(WorkflowCalls, ResultCalls):
     """Async enqueueing; use as `async with app.client() as client:`."""
 
     def __init__(self, settings: Settings, job_types: Mapping[str, JobTypePolicy], *,
@@ -320,7 +305,7 @@ class JobClient(WorkflowCalls):
         return value
 
 
-class SyncJobClient(SyncWorkflowCalls):
+class SyncJobClient(SyncWorkflowCalls, SyncResultCalls):
     """Blocking enqueueing for sync code (Django/Flask views, scripts).
 
     Runs a `JobClient` on an event loop in a background thread; safe to share between

@@ -2,7 +2,7 @@
 keys, kept results, batches and chains, and what a job's status reads.
 
 `JobClient` reaches them through one `ClientStores`: `PostgresStores` (the tables of
-`stream_jobs.dedup`, `stream_jobs.outbox.unique` and `stream_jobs.workflows`, each opened
+`stream_jobs.dedup`, `stream_jobs.unique.claim` and `stream_jobs.workflows`, each opened
 on first use, so a client that uses none never connects), or the in-memory one of
 `stream_jobs.testing` while a `JobTester` runs. A caller's own connection (`conn=`) is
 not a store: what is written through it goes into the caller's transaction either way.
@@ -16,17 +16,17 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from stream_jobs.cancels import Cancellation
-from stream_jobs.dedup.cancels import CancelStore
-from stream_jobs.dedup.pool import LazyPool
-from stream_jobs.dedup.results import ResultReader
+from stream_jobs.cancels.rules import Cancellation
+from stream_jobs.cancels.store import CancelStore
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.lookup import JobLocation, keeps_result, locate_job, not_in_time, result_error
-from stream_jobs.outbox.unique import Build, KeyAnswer, enqueue_keyed_own
-from stream_jobs.results import StoredResult
+from stream_jobs.postgres.pool import LazyPool
+from stream_jobs.results.rules import StoredResult
+from stream_jobs.results.store import ResultReader
 from stream_jobs.settings import Settings
-from stream_jobs.uniqueness import KeyClaim
+from stream_jobs.unique.claim import Build, KeyAnswer, enqueue_keyed_own
+from stream_jobs.unique.rules import KeyClaim
 from stream_jobs.workflows.calls import WorkflowStores
 from stream_jobs.workflows.create import Plan, write_plan_alone
 from stream_jobs.workflows.progress import Progress, read_progress

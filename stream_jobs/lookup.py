@@ -30,9 +30,7 @@ from typing import Any, Literal
 
 import asyncpg
 
-from stream_jobs.dedup.cancels import CancelStore
-from stream_jobs.dedup.keys import KeyStore
-from stream_jobs.dedup.results import ResultReader
+from stream_jobs.cancels.store import CancelStore
 from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import (
     ConfigError,
@@ -60,8 +58,10 @@ from stream_jobs.record import (
     HEADER_WORKFLOW,
     Record,
 )
-from stream_jobs.results import StoredResult
+from stream_jobs.results.rules import StoredResult
+from stream_jobs.results.store import ResultReader
 from stream_jobs.settings import Settings
+from stream_jobs.unique.release import KeyStore
 
 Status = Literal["done", "dead_lettered", "retrying", "scheduled", "pending", "finished",
                  "not_seen", "cancelled", "superseded"]

@@ -43,7 +43,7 @@ HEADER_ERROR = "sj-error"
 HEADER_REQUEUES = "sj-requeues"
 HEADER_RERUN_OF = "sj-rerun-of"
 HEADER_TRACEPARENT = "traceparent"
-# Unique jobs and debounce (stream_jobs/uniqueness.py): the key a job holds, so the worker
+# Unique jobs and debounce (stream_jobs/unique/rules.py): the key a job holds, so the worker
 # releases it (or checks for a newer job of it) only for jobs that carry one.
 HEADER_UNIQUE = "sj-unique"
 HEADER_DEBOUNCE = "sj-debounce"

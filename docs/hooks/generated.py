@@ -29,6 +29,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "settings": settings_page.settings_reference,
     "cli": cli_page.cli_reference,
     "code-layout": lambda: layout_page.code_layout(REPO / "pyproject.toml"),
+    "feature-folders": lambda: layout_page.feature_folders(REPO),
 }
 
 # Site page -> (file in the repository, what the page is).

@@ -21,8 +21,8 @@ import asyncpg
 from ops.bench.common import Bench, BenchError, Tally, fill, rewind_worker_group, rotated, run_async
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
-from stream_jobs.dedup.fencing import FENCING_SEQUENCE
 from stream_jobs.dedup.store import DedupStore
+from stream_jobs.postgres.names import FENCING_SEQUENCE
 from stream_jobs.settings import Settings
 
 JOB_TYPE = "bench.fence"

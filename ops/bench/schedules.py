@@ -22,6 +22,7 @@ import contextlib
 import itertools
 import subprocess
 import time
+from functools import partial
 from pathlib import Path
 
 from ops.bench.common import Bench, BenchError, percentile, rotated, run_async
@@ -35,6 +36,7 @@ from ops.bench.peers import (
     redis_command,
 )
 from stream_jobs.app import App
+from stream_jobs.client import JobClient
 from stream_jobs.context import JobContext
 from stream_jobs.job_ids import job_id_time_ms
 from stream_jobs.job_types import JobTypePolicy
@@ -73,8 +75,9 @@ async def ours_run(settings: Settings, job_type: str, window_s: float) -> dict[s
             all_ran.set()
 
     worker = Worker(settings, policy, app.handler(job_type), scheduler=None)
-    schedulers = [Scheduler(settings, policy, policy.schedules, holder=f"bench scheduler {x}")
-                  for x in "ab"]
+    firings = partial(JobClient, settings, {policy.job_type: policy})
+    schedulers = [Scheduler(settings, policy, policy.schedules, client=firings,
+                            holder=f"bench scheduler {x}") for x in "ab"]
     working = asyncio.create_task(worker.run())
     scheduling = [asyncio.create_task(s.run()) for s in schedulers]
     await asyncio.sleep(window_s)  # the measurement window

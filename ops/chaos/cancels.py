@@ -37,7 +37,7 @@ from ops.chaos import collect
 from ops.chaos.app import EFFECTS_TABLE, JOB_TYPE
 from ops.chaos.observe import group_stable
 from ops.chaos.workers import WorkerGroup
-from stream_jobs.cancels import CancelAnswer
+from stream_jobs.cancels.rules import CancelAnswer
 from stream_jobs.client import Job, JobClient
 from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.job_types import load_job_types

@@ -1,7 +1,7 @@
 """`stream-jobs db migrate` and `stream-jobs db prune`: the database's schema, and old rows.
 
 `db migrate` creates the schema STREAM_JOBS_DATABASE_SCHEMA names if it is missing, then
-in it every table and sequence of `stream_jobs.dedup.schema` that is missing.
+in it every table and sequence of `stream_jobs.postgres.schema` that is missing.
 
 `db prune --older-than 7d` deletes old dedup rows, in batches; with them kept results
 past their `keep_result` and batches and chains finished before the cutoff.
@@ -27,13 +27,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from typer.core import TyperCommand
 
+from stream_jobs.cancels.store import CancelStore
 from stream_jobs.cli.common import settings_of
-from stream_jobs.dedup.cancels import CancelStore
 from stream_jobs.dedup.store import DedupStore, Migration, migrate
 from stream_jobs.durations import format_duration, parse_duration
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.plurals import counted
+from stream_jobs.results.store import prune_results
 from stream_jobs.workflows.progress import prune_finished
 
 console = Console(stderr=True)
@@ -43,12 +44,12 @@ db_app = typer.Typer(help="The database: create its schema and tables, prune old
 
 class _MigrateCommand(TyperCommand):
     """`db migrate`, whose help ends with the tables and sequence it creates, read from
-    `stream_jobs.dedup.schema` when the help is shown (so that starting the CLI does not
+    `stream_jobs.postgres.schema` when the help is shown (so that starting the CLI does not
     import SQLAlchemy, and the list cannot drift from what is created)."""
 
     @property
     def help(self) -> str:
-        from stream_jobs.dedup.schema import SCHEMA_OBJECTS
+        from stream_jobs.postgres.schema import SCHEMA_OBJECTS
 
         return f"{self._help}\n\nIt creates {', '.join(SCHEMA_OBJECTS)}."
 
@@ -144,7 +145,7 @@ def prune(
             finally:
                 if progress.live.is_started:
                     progress.stop()
-            results = await store.prune_results(batch=batch, dry_run=dry_run)
+            results = await prune_results(store, batch=batch, dry_run=dry_run)
             workflows = await prune_finished(settings, older_than_s, batch=batch,
                                              dry_run=dry_run)
             if not dry_run:

@@ -14,7 +14,7 @@ from stream_jobs.durations import parse_duration
 from stream_jobs.errors import PayloadError
 from stream_jobs.job_ids import checked_job_id, checked_key
 from stream_jobs.job_types import load_job_types
-from stream_jobs.uniqueness import Enqueued, key_claim
+from stream_jobs.unique.rules import Enqueued, key_claim
 
 console = Console()
 err_console = Console(stderr=True)

@@ -1,3 +1,4 @@
-"""The dedup store: the table that makes effects happen once per job ID, its group
-commit and deferred writes, and its schema.
+"""The `ctx.once()` family: the dedup table that makes effects happen once per job ID
+(`store`), its group commit and deferred writes, the held transaction, the sync handlers'
+once, and fencing tokens.
 """

@@ -24,8 +24,6 @@ import asyncio
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any
 
-FENCING_SEQUENCE = "stream_jobs_fencing_tokens"
-
 # `fetch(n)`: n values of the sequence, each taken during the call, in any order.
 FetchTokens = Callable[[int], Awaitable[Sequence[int]]]
 

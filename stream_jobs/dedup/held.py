@@ -2,7 +2,7 @@
 
 `ctx.once()` normally commits at the end of its block (with other jobs', by group
 commit). A job whose finish must join that transaction (a type with `keep_result`, a
-batch member, a chain step: `stream_jobs.workflows.finish`) gets a transaction of its
+batch member, a chain step: `stream_jobs.results.finish`) gets a transaction of its
 own instead, on a connection of a pool kept for them: the claim is made when the block
 opens, the block's writes go through it, and it stays open past the block until the
 handler has returned and the worker has written the job's result and counters in it. So

@@ -7,7 +7,7 @@ A conflict means an earlier run committed: the body does not run (`AlreadyDone`)
 Two runs racing on one job ID serialise on the primary key: the second waits for the
 first's transaction and then sees the conflict, or proceeds if the first rolled back.
 
-SQLAlchemy owns the schema (`stream_jobs.dedup.schema`); the hot path talks to asyncpg.
+SQLAlchemy owns the schema (`stream_jobs.postgres.schema`); the hot path talks to asyncpg.
 """
 
 from __future__ import annotations
@@ -28,15 +28,14 @@ from typing import Any, Protocol, TypeVar
 import asyncpg
 
 from stream_jobs.dedup.deferred import DeferredBlock, Statement, WriteBatcher
-from stream_jobs.dedup.fencing import FENCING_SEQUENCE, TokenIssuer
+from stream_jobs.dedup.fencing import TokenIssuer
 from stream_jobs.dedup.group_commit import INSERT_DONE, GroupCommitter
 from stream_jobs.dedup.held import DRIVER_ERRORS, HeldTransaction, ours
-from stream_jobs.dedup.pool import REFUSED, not_connected
-from stream_jobs.dedup.results import prune_expired, results_table, select_result_sql, stored
 from stream_jobs.dedup.sync_once import done_table, once_in
 from stream_jobs.errors import AlreadyDone, ConfigError, DatabaseUnavailable, StreamJobsError
+from stream_jobs.postgres.names import FENCING_SEQUENCE
+from stream_jobs.postgres.pool import REFUSED, not_connected
 from stream_jobs.redaction import redact_text
-from stream_jobs.results import StoredResult
 from stream_jobs.settings import Settings
 
 # Opening a connection failed: Postgres is down, refusing, or still starting.
@@ -73,7 +72,7 @@ class Dedup(Protocol):
 @dataclass(frozen=True)
 class Migration:
     """What a migration did: the schema it readied, whether it created it, and the
-    tables and sequences of `stream_jobs.dedup.schema` it created or found there."""
+    tables and sequences of `stream_jobs.postgres.schema` it created or found there."""
 
     schema: str
     schema_created: bool
@@ -99,6 +98,19 @@ class DedupStore:
     def table(self) -> str:
         """The dedup table's schema-qualified name, for SQL on connections not ours."""
         return done_table(self._settings.database_schema)
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    async def pool(self) -> asyncpg.Pool:
+        """The store's pool, opened on first use (`DatabaseUnavailable` if it cannot be),
+        for the features' statements that ride on the dedup database's connections."""
+        return await self._get_pool()
+
+    def failed(self, exc: BaseException, what: str) -> StreamJobsError:
+        """Our error for a driver error met while doing `what` ("count the dedup rows")."""
+        return self._failed(exc, what)
 
     async def _get_pool(self) -> asyncpg.Pool:
         if self._pool is None:
@@ -149,14 +161,14 @@ class DedupStore:
 
     async def migrate(self) -> Migration:
         """Create the settings' schema if it is missing, then in it every table, index
-        and sequence of `stream_jobs.dedup.schema` that is missing (idempotent). All of
+        and sequence of `stream_jobs.postgres.schema` that is missing (idempotent). All of
         it in one transaction, one migration of a schema at a time.
 
         Raises `ConfigError` when the user may not create the schema or its tables (with
         the statement that would grant it), `DatabaseUnavailable` when Postgres does not
         answer or refuses the URL or a statement.
         """
-        from stream_jobs.dedup.schema import SCHEMA_OBJECTS, schema_ddl  # SQLAlchemy: only here
+        from stream_jobs.postgres.schema import SCHEMA_OBJECTS, schema_ddl  # SQLAlchemy: only here
 
         schema = self._settings.database_schema
         try:
@@ -295,15 +307,6 @@ class DedupStore:
         except DRIVER_ERRORS as exc:
             raise ours(exc, "a job's result row") from exc
 
-    async def result_of(self, job_id: str) -> StoredResult | None:
-        """The job's row of `stream_jobs_results` (a chain step's parent result), or None."""
-        try:
-            pool = await self._get_pool()
-            row = await pool.fetchrow(select_result_sql(self._settings.database_schema), job_id)
-        except DRIVER_ERRORS as exc:
-            raise ours(exc, f"the result of job {job_id} was read") from exc
-        return None if row is None else stored(row)
-
     def fencing_token(self) -> asyncio.Future[int]:
         """A fencing token taken after this call: above every token handed out before it
         (stream_jobs.dedup.fencing). Concurrent requests share one round trip."""
@@ -382,27 +385,6 @@ class DedupStore:
         except DRIVER_ERRORS as exc:
             raise self._failed(exc, "delete old dedup rows") from exc
         return int(status.rsplit(" ", 1)[-1])
-
-    async def prune_results(self, *, batch: int = 10_000, dry_run: bool = False) -> int:
-        """Delete kept results past their expiry (`keep_result`), `batch` rows per
-        transaction; how many (with `dry_run`: how many would be)."""
-        pool = await self._get_pool()
-        schema = self._settings.database_schema
-        try:
-            if dry_run:
-                return int(await pool.fetchval(
-                    f"SELECT count(*) FROM {results_table(schema)} WHERE expires_at <= now()"))
-            deleted = 0
-            while True:
-                async with pool.acquire() as conn:
-                    n = await prune_expired(conn, schema, batch)
-                deleted += n
-                if n < batch:
-                    return deleted
-        except asyncpg.UndefinedTableError:
-            return 0  # migrated before results existed: nothing kept, nothing to prune
-        except DRIVER_ERRORS as exc:
-            raise self._failed(exc, "delete expired results") from exc
 
     async def count(self, job_type: str | None = None) -> int:
         """Dedup rows, of every type or of `job_type`."""

@@ -17,9 +17,9 @@ from typing import Any
 
 import asyncpg
 
-from stream_jobs.dedup.questions import CONNECT_TIMEOUT_S, ask
 from stream_jobs.errors import DatabaseUnavailable
 from stream_jobs.outbox.rows import decode_headers, table
+from stream_jobs.postgres.questions import CONNECT_TIMEOUT_S, ask
 from stream_jobs.record import HEADER_JOB_ID
 from stream_jobs.redaction import redact_text, redact_url
 from stream_jobs.settings import Settings

@@ -26,11 +26,10 @@ from collections.abc import Hashable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from stream_jobs.cancels.watch import CancelFeed
 from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
 from stream_jobs.context import JobContext
-from stream_jobs.dedup.cancel_watch import CancelFeed
-from stream_jobs.dedup.keys import Keys
 from stream_jobs.dedup.store import Dedup, DedupStore
 from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError
 from stream_jobs.failures import FailureInfo
@@ -54,9 +53,11 @@ from stream_jobs.record import (
     dead_letter_origin,
     decode_record,
 )
+from stream_jobs.results.finish import Finish, Finisher, record_ending
 from stream_jobs.retry import DeadLetter, RetryPolicy, decide
 from stream_jobs.runtime.admission import Admission, holds_key
 from stream_jobs.runtime.calls import handler_call
+from stream_jobs.runtime.delay_relay import Relay
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.flow_control import FlowControlled, header_expires_at_ms
 from stream_jobs.runtime.gc_tuning import worker_collector
@@ -64,13 +65,12 @@ from stream_jobs.runtime.heartbeats import is_heartbeat
 from stream_jobs.runtime.heartbeats import report_interval_s as heartbeat_report_interval_s
 from stream_jobs.runtime.idle import IdleWatch, run_until_idle
 from stream_jobs.runtime.member import GroupMember
-from stream_jobs.runtime.relay import Relay
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
 from stream_jobs.runtime.stalls import LoopWatch
 from stream_jobs.runtime.throttle import ControlFollower
 from stream_jobs.schedules import Scheduler
 from stream_jobs.settings import Settings
-from stream_jobs.workflows.finish import Finish, Finisher, record_ending
+from stream_jobs.unique.release import Keys
 
 log = logging.getLogger("stream_jobs.worker")
 
@@ -381,7 +381,7 @@ class Worker(FlowControlled):
 
     async def _call_finished(self, finish: Finish, runner: Runner, payload: Any,
                              ctx: JobContext) -> Exception | None:
-        """The handler of a job with a finish transaction (stream_jobs.workflows.finish):
+        """The handler of a job with a finish transaction (stream_jobs.results.finish):
         its result, dedup row, effects and counters commit when it returns."""
         error: Exception | None = await finish.before()
         if error is None:

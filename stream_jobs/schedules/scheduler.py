@@ -22,14 +22,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
 from stream_jobs import clock
-from stream_jobs.client import Job, JobClient
 from stream_jobs.errors import (
     DatabaseUnavailable,
     LeadershipLost,
@@ -38,7 +37,7 @@ from stream_jobs.errors import (
     StreamJobsError,
 )
 from stream_jobs.job_types import JobTypePolicy
-from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients
+from stream_jobs.jobs import Job
 from stream_jobs.periodic import ScheduleSpec
 from stream_jobs.schedules import state
 from stream_jobs.schedules.firings import Due, due_firings, firing_job_id
@@ -53,6 +52,19 @@ Payload = BaseModel | Mapping[str, Any]
 # clock); returns the payload, or an awaitable of it.
 PayloadFunc = Callable[[datetime], Payload | Awaitable[Payload]]
 
+
+
+class FiringClient(Protocol):
+    """What a scheduler sends its firings with: the app's `JobClient` for the type (made by
+    `App.scheduler`), entered once per `run`."""
+
+    async def __aenter__(self) -> FiringClient: ...
+
+    async def __aexit__(self, *exc_info: Any) -> None: ...
+
+    async def enqueue_many(self, jobs: Iterable[Job], *, conn: Any = None) -> list[str]: ...
+
+
 # Seconds between attempts to reach Kafka or Postgres again after they failed.
 RETRY_S = 1.0
 
@@ -61,13 +73,11 @@ class Scheduler:
     """The schedules of one type; `run()` until `request_stop()` or cancellation."""
 
     def __init__(self, settings: Settings, policy: JobTypePolicy,
-                 specs: Sequence[ScheduleSpec], *,
+                 specs: Sequence[ScheduleSpec], *, client: Callable[[], FiringClient],
                  payloads: Mapping[str, PayloadFunc] | None = None,
-                 models: Mapping[str, type[BaseModel]] | None = None,
-                 lease_s: float | None = None, holder: str | None = None,
-                 kafka: KafkaClients = AIOKAFKA) -> None:
+                 lease_s: float | None = None, holder: str | None = None) -> None:
         self.settings = settings
-        self.kafka = kafka
+        self.make_client = client
         self.policy = policy
         self.job_type = policy.job_type
         self.specs = tuple(specs)
@@ -76,7 +86,6 @@ class Scheduler:
         if missing:
             raise ValueError(f"schedules {missing} compute their payload in code, but no "
                              "function was given for them")
-        self.models = dict(models or {})
         self.lease_s = lease_s or settings.scheduler_lease_s
         self.leadership = Leadership(settings, self.job_type, lease_s=self.lease_s,
                                      holder=holder)
@@ -119,10 +128,9 @@ class Scheduler:
         finally:
             await client.__aexit__(None, None, None)
 
-    async def _client(self) -> JobClient | None:
+    async def _client(self) -> FiringClient | None:
         while not self._stopping.is_set():
-            client = JobClient(self.settings, {self.job_type: self.policy}, models=self.models,
-                               kafka=self.kafka)
+            client = self.make_client()
             try:
                 return await client.__aenter__()
             except StreamJobsError as exc:
@@ -130,7 +138,7 @@ class Scheduler:
                 await self._wait(RETRY_S)
         return None
 
-    async def _lead(self, client: JobClient) -> None:
+    async def _lead(self, client: FiringClient) -> None:
         if not await self._acquire():
             return
         self.is_leader = True
@@ -185,7 +193,7 @@ class Scheduler:
         soonest = min([*self._recheck_ms.values(), self._later_ms()])
         return max(0.0, (soonest - clock.now_ms()) / 1000)
 
-    async def _fire(self, conn: Any, client: JobClient, spec: ScheduleSpec) -> None:
+    async def _fire(self, conn: Any, client: FiringClient, spec: ScheduleSpec) -> None:
         try:
             async with state.guarded(self.settings):
                 due, ids = await self._fire_in(conn, client, spec)
@@ -200,7 +208,7 @@ class Scheduler:
         if due is not None:
             self._fired(spec, due, ids)
 
-    async def _fire_in(self, conn: Any, client: JobClient,
+    async def _fire_in(self, conn: Any, client: FiringClient,
                        spec: ScheduleSpec) -> tuple[Due | None, list[str]]:
         """One schedule's pass: (what was due and enqueued, their job IDs), or (None, [])
         when it was paused or gone."""
@@ -243,7 +251,7 @@ class Scheduler:
             log.debug("%s schedule %r fired for %s as job %s", self.job_type, spec.name,
                       local_time(spec, fire).isoformat(), job_id)
 
-    async def _enqueue(self, client: JobClient, jobs: list[Job]) -> None:
+    async def _enqueue(self, client: FiringClient, jobs: list[Job]) -> None:
         # The row stays locked meanwhile and the session is idle in its transaction, which
         # Postgres ends after the lease: give up well before, and try again later.
         try:

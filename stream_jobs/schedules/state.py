@@ -10,7 +10,7 @@ the next leader enqueues those firings again under the same job IDs, and the ded
 runs them once.
 
 Times in the table are Unix ms of the schedulers' clocks; `resume` uses the database's.
-SQLAlchemy owns the table (`stream_jobs.dedup.schema`, created by `stream-jobs db migrate`).
+SQLAlchemy owns the table (`stream_jobs.postgres.schema`, created by `stream-jobs db migrate`).
 """
 
 from __future__ import annotations

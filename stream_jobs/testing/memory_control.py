@@ -3,10 +3,10 @@
 Three in-memory stand-ins over one `MemoryTables`, each behind the seam the runtime has
 for it, so what runs is the runtime's own code:
 
-- `MemoryCancels`, a worker's `CancelFeed` (`stream_jobs.dedup.cancel_watch`): the set of
+- `MemoryCancels`, a worker's `CancelFeed` (`stream_jobs.cancels.watch`): the set of
   its type's cancelled IDs, told of each cancel as it commits and of each interrupt a
   cancel asks for (it waits on a run's open `ctx.once()`), as the LISTEN connection is;
-- `MemoryKeys`, a worker's `Keys` (`stream_jobs.dedup.keys`): unique keys given back and
+- `MemoryKeys`, a worker's `Keys` (`stream_jobs.unique.release`): unique keys given back and
   debounced jobs asked after;
 - `MemoryStores`, the clients' `ClientStores` (`stream_jobs.client_stores`): `cancel`,
   unique and debounced `enqueue`, `result`, `chain`, `batch`, `progress` and `status`.
@@ -27,15 +27,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from stream_jobs.cancels import (
+from stream_jobs.cancels.rules import (
     CLAIM_WAIT_S,
     INTERRUPT_WAIT_S,
     MARKER_ATTEMPT,
     Cancellation,
     concerns,
 )
+from stream_jobs.cancels.watch import OnCancel
 from stream_jobs.client_stores import await_result
-from stream_jobs.dedup.cancel_watch import OnCancel
 from stream_jobs.errors import CancelPending, UnknownWorkflow
 from stream_jobs.job_types import JobTypePolicy, get_job_type
 from stream_jobs.kafka import TopicPartition
@@ -48,13 +48,13 @@ from stream_jobs.lookup import (
     superseded_location,
     topics_of,
 )
-from stream_jobs.outbox.unique import Build, KeyAnswer
-from stream_jobs.results import StoredResult
+from stream_jobs.results.rules import StoredResult
 from stream_jobs.settings import Settings
 from stream_jobs.testing.broker import MemoryBroker
 from stream_jobs.testing.memory_dedup import Publish
 from stream_jobs.testing.memory_tables import MemoryTables, at
-from stream_jobs.uniqueness import KeyClaim
+from stream_jobs.unique.claim import Build, KeyAnswer
+from stream_jobs.unique.rules import KeyClaim
 from stream_jobs.workflows.create import Plan
 from stream_jobs.workflows.members import CALLBACK_SLOTS
 from stream_jobs.workflows.progress import Progress

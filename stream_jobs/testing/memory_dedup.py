@@ -15,7 +15,7 @@ e.g. on SQLite) with the block.
 The rows live in a `MemoryTables` (`memory_tables`), which also carries out the runtime's
 own statements among what a transaction ran: a batch or chain made inside the block, and
 the finish of a job that keeps its result or belongs to a workflow (`hold`,
-`apply_deferred`, `execute`: the `FinishStore` of `stream_jobs.workflows.finish`).
+`apply_deferred`, `execute`: the `FinishStore` of `stream_jobs.results.finish`).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from stream_jobs.dedup.deferred import DeferredBlock
 from stream_jobs.dedup.deferred import Statement as DeferredStatement
 from stream_jobs.dedup.sync_once import done_table, transaction_of
 from stream_jobs.errors import AlreadyDone, ConfigError
-from stream_jobs.outbox.unique import KeyAnswer
-from stream_jobs.results import StoredResult
+from stream_jobs.results.rules import StoredResult
 from stream_jobs.testing.memory_tables import DoneRow, MemoryTables, RawRecord
-from stream_jobs.uniqueness import KeyClaim
+from stream_jobs.unique.claim import KeyAnswer
+from stream_jobs.unique.rules import KeyClaim
 
 S = TypeVar("S")
 Publish = Callable[[Sequence[RawRecord]], None]
@@ -274,7 +274,7 @@ class MemoryDedup:
         if written:
             self._publish(written)
 
-    # -- the finish of a job (stream_jobs.workflows.finish.FinishStore) ----------------------
+    # -- the finish of a job (stream_jobs.results.finish.FinishStore) ----------------------
 
     async def hold(self, job_id: str, job_type: str, attempt: int) -> MemoryHeld:
         held = MemoryHeld(self, job_id, job_type, attempt, self._turn(job_id))

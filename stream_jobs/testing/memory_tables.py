@@ -1,7 +1,7 @@
 """The Postgres rows of cancels, unique keys, debounce, results and workflows, in memory.
 
 On Postgres these live in tables the runtime writes with its own statements: a cancel's
-transaction (`stream_jobs.dedup.cancels`), a key's claim (`stream_jobs.outbox.unique`),
+transaction (`stream_jobs.cancels.store`), a key's claim (`stream_jobs.unique.claim`),
 the finish statements (`stream_jobs.workflows.sql`) and a workflow's plan
 (`stream_jobs.workflows.create`). `MemoryTables` keeps the same rows and gives the same
 answers, so the real worker, relay, finish and client code run on it unchanged: the
@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from stream_jobs import clock
-from stream_jobs.cancels import (
+from stream_jobs.cancels.rules import (
     MARKER_ATTEMPT,
     CancelAnswer,
     Cancellation,
@@ -35,10 +35,10 @@ from stream_jobs.cancels import (
 )
 from stream_jobs.errors import AlreadyDone, ConfigError
 from stream_jobs.outbox.rows import decode_headers, insert_sql
-from stream_jobs.outbox.unique import KeyAnswer
 from stream_jobs.record import HEADER_ENQUEUED_AT, HEADER_EXPIRES_AT
-from stream_jobs.results import StoredResult
-from stream_jobs.uniqueness import KeyClaim
+from stream_jobs.results.rules import StoredResult
+from stream_jobs.unique.claim import KeyAnswer
+from stream_jobs.unique.rules import KeyClaim
 from stream_jobs.workflows.members import SUMMARY_KEY
 from stream_jobs.workflows.sql import Statements, insert_templates_sql, insert_workflow_sql
 
@@ -332,7 +332,7 @@ class MemoryTables:
 
     def take_key(self, claim: KeyClaim, job_type: str, job_id: str,
                  undo: list[Callable[[], None]] | None = None) -> KeyAnswer:
-        """`stream_jobs.outbox.unique`'s statement: hold the key, or join its window.
+        """`stream_jobs.unique.claim`'s statement: hold the key, or join its window.
         With `undo`, what puts the rows back as they were is added to it (a rollback)."""
         now = clock.now_ms()
         window = None if claim.window_s is None else round(claim.window_s * 1000)

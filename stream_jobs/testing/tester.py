@@ -39,7 +39,7 @@ from pydantic import BaseModel
 
 from stream_jobs import clock
 from stream_jobs.app import App
-from stream_jobs.cancels import Cancellation
+from stream_jobs.cancels.rules import Cancellation
 from stream_jobs.client import Job, JobClient
 from stream_jobs.client_stores import ClientStores
 from stream_jobs.dedup.store import Dedup, DedupStore, prepare_schema

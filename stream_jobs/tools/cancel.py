@@ -5,15 +5,15 @@ first (`stream_jobs.lookup`): an ID that is in none of the type's topics and has
 dedup row is refused (`JobNotFound`); a job that reached its outcome, including one that
 finished without `ctx.once()` (the dedup table cannot know it ran), is left alone and the
 answer says so; only a job still waiting or running gets the cancel, which then decides
-in one transaction (`stream_jobs.dedup.cancels`).
+in one transaction (`stream_jobs.cancels.store`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from stream_jobs.cancels import Cancellation, verdict_of
-from stream_jobs.dedup.cancels import CancelStore
+from stream_jobs.cancels.rules import Cancellation, verdict_of
+from stream_jobs.cancels.store import CancelStore
 from stream_jobs.errors import JobNotFound
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, locate_job

@@ -1,21 +1,21 @@
-"""The client's calls for results, chains and batches: `JobClient` and `SyncJobClient`
-take them from here (their own module keeps the client's to enqueueing and cancels).
+"""The client's calls for chains and batches: `JobClient` and `SyncJobClient` take them
+from here (their own module keeps the client's to enqueueing and cancels, and
+`stream_jobs.results.calls` the wait for a result).
 
-`result` waits for a kept result (docs/results.md); `chain` and `batch` make workflows
-whose next steps and callbacks are written exactly once, and `progress` says where one
-stands (docs/workflows.md).
+`chain` and `batch` make workflows whose next steps and callbacks are written exactly
+once, and `progress` says where one stands (docs/workflows.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from stream_jobs.job_ids import new_job_id
-from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.record import JobRecord
+from stream_jobs.results.calls import ResultStores
 from stream_jobs.settings import Settings
 from stream_jobs.workflows.create import JobSpec, Plan, batch_plan, chain_plan, write_plan
 from stream_jobs.workflows.progress import Progress
@@ -27,15 +27,9 @@ M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
 
-class WorkflowStores(Protocol):
-    """Where results are read and workflows written without a connection of the caller's:
-    Postgres (`stream_jobs.client_stores`), or a `JobTester`'s memory."""
-
-    async def result(self, job_id: str, timeout_s: float, *, model: type[BaseModel] | None,
-                     kept: Mapping[str, float | None],
-                     types: Mapping[str, JobTypePolicy]) -> Any:
-        """`WorkflowCalls.result`; `kept` as `JobClient` has it, `types` to look in."""
-        ...
+class WorkflowStores(ResultStores, Protocol):
+    """Where workflows are written and read without a connection of the caller's (and
+    results read): Postgres (`stream_jobs.client_stores`), or a `JobTester`'s memory."""
 
     async def write_plan(self, plan: Plan) -> None:
         """Run `plan` in a transaction of its own."""
@@ -45,27 +39,11 @@ class WorkflowStores(Protocol):
 
 
 class WorkflowCalls:
-    """What `JobClient` has of results and workflows (it sets the attributes below)."""
+    """What `JobClient` has of workflows (it sets the attributes below)."""
 
     settings: Settings
-    _types: Mapping[str, JobTypePolicy]
-    # The types this app has handlers for: seconds each keeps its results (None: none).
-    _kept: Mapping[str, float | None]
     _stores: WorkflowStores
     prepare: Callable[[Any], tuple[str, JobRecord]]
-
-    # `timeout` is the contract's name (DESIGN.md): a wait bounded by the call itself.
-    async def result(self, job_id: str, *, timeout: float = 30.0,  # noqa: ASYNC109
-                     model: type[M] | None = None) -> Any:
-        """The job's kept result, waiting up to `timeout` seconds (woken by the worker's
-        commit, not by polling), validated by `model` if given. Raises `JobFailed`
-        (dead-lettered), `JobCancelled` or `JobExpired` with the reason; `ResultNotKept`
-        when the job finished and no result of it is kept, or, not finished, when none
-        will be (its type's handler in this app has no `keep_result`); `ResultTimeout`,
-        saying where the job is, when it has not finished in time. A job without a row
-        is looked for as `stream-jobs job` does (docs/results.md says when)."""
-        return await self._stores.result(job_id, timeout, model=model, kept=self._kept,
-                                         types=self._types)
 
     async def chain(self, *jobs: Job, chain_id: str | None = None, conn: Any = None) -> str:
         """Run `jobs` one after another: each is enqueued when the one before succeeded,
@@ -106,11 +84,6 @@ class SyncWorkflowCalls:
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         raise NotImplementedError
-
-    def result(self, job_id: str, *, timeout: float = 30.0,
-               model: type[M] | None = None) -> Any:
-        """As `JobClient.result`, blocking until the result is there (or the timeout)."""
-        return self._call(self._client.result(job_id, timeout=timeout, model=model))
 
     def chain(self, *jobs: Job, chain_id: str | None = None) -> str:
         return self._call(self._client.chain(*jobs, chain_id=chain_id))

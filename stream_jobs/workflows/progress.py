@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from stream_jobs.dedup.questions import ask
 from stream_jobs.errors import ConfigError, UnknownWorkflow
 from stream_jobs.plurals import counted
+from stream_jobs.postgres.questions import ask
 from stream_jobs.settings import Settings
 from stream_jobs.workflows.members import step_job_id
 from stream_jobs.workflows.sql import workflow_jobs_table, workflows_table

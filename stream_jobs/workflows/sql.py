@@ -31,10 +31,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stream_jobs.cancels import MARKER_ATTEMPT
+from stream_jobs.cancels.rules import MARKER_ATTEMPT
 from stream_jobs.dedup.deferred import ColumnStatement
-from stream_jobs.dedup.results import results_table
 from stream_jobs.outbox.rows import table as outbox_table
+from stream_jobs.results.store import results_table
 
 
 def _t(schema: str, name: str) -> str:
@@ -77,7 +77,7 @@ def _insert_terminal(schema: str) -> str:
         "ON CONFLICT (job_id) DO NOTHING RETURNING true AS fresh)")
 
 
-# $6 is the channel of the job's bucket (stream_jobs.dedup.results): equal notifications
+# $6 is the channel of the job's bucket (stream_jobs.results.store): equal notifications
 # of one transaction fold into one.
 _NOTIFY_WAITERS = "CASE WHEN CAST($6 AS text) IS NOT NULL THEN pg_notify($6, '') END"
 

@@ -18,7 +18,7 @@ import sys
 import orjson
 
 from stream_jobs.app import App
-from stream_jobs.uniqueness import Enqueued
+from stream_jobs.unique.rules import Enqueued
 
 CONCURRENCY = 8
 

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from stream_jobs.app import App
-from stream_jobs.cancels import CancelAnswer
+from stream_jobs.cancels.rules import CancelAnswer
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext
 from stream_jobs.errors import JobNotFound

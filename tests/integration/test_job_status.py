@@ -19,7 +19,7 @@ import orjson
 from pydantic import SecretStr
 
 from stream_jobs.app import App
-from stream_jobs.cancels import CancelAnswer
+from stream_jobs.cancels.rules import CancelAnswer
 from stream_jobs.context import JobContext
 from stream_jobs.gateway import create_app
 from stream_jobs.job_types import load_job_types

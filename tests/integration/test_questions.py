@@ -1,4 +1,4 @@
-"""The tools' short questions to Postgres (`stream_jobs.dedup.questions`): an unmigrated
+"""The tools' short questions to Postgres (`stream_jobs.postgres.questions`): an unmigrated
 schema and a Postgres that does not answer are each one clear error, naming the fix."""
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
@@ -19,6 +20,7 @@ import pytest
 
 from ops.chaos.collect import read_topic
 from stream_jobs.app import App
+from stream_jobs.client import JobClient
 from stream_jobs.context import JobContext
 from stream_jobs.job_ids import job_id_time_ms
 from stream_jobs.job_types import JobTypePolicy, load_job_types
@@ -37,6 +39,11 @@ from .test_operator_cli import CLI, ROOT
 TICK = "tick.beat"
 EVERY_SECOND = '[[schedules]]\nname = "beat"\nevery = "1s"\npayload = {source = "toml"}\n'
 EFFECTS = "CREATE TABLE tick_effects (job_id text NOT NULL, at timestamptz DEFAULT now())"
+
+
+def _firings(settings: Settings, policy: JobTypePolicy) -> partial[JobClient]:
+    """The client a scheduler sends its firings with, as `App.scheduler` makes it."""
+    return partial(JobClient, settings, {policy.job_type: policy})
 
 
 async def declare(settings: Settings, toml: str = EVERY_SECOND,
@@ -126,8 +133,10 @@ async def stopped(runner: Scheduler, task: asyncio.Task[None]) -> None:
 async def test_two_schedulers_fire_each_firing_once_and_the_other_takes_over(
         settings: Settings, app: App, running: Start) -> None:
     policy = await declare(settings)
-    a = Scheduler(settings, policy, policy.schedules, holder="test scheduler a")
-    b = Scheduler(settings, policy, policy.schedules, holder="test scheduler b")
+    a = Scheduler(settings, policy, policy.schedules, client=_firings(settings, policy),
+                       holder="test scheduler a")
+    b = Scheduler(settings, policy, policy.schedules, client=_firings(settings, policy),
+                       holder="test scheduler b")
     tasks = {a: running(a), b: running(b)}
     await until(lambda: a.fired + b.fired >= 3, "three firings", within_s=30)
     assert a.is_leader != b.is_leader, "one leader, not two, not none"
@@ -206,8 +215,10 @@ async def test_a_payload_computed_at_fire_time_carries_the_fire_time(
 async def test_a_killed_lock_session_hands_the_lead_to_the_other(
         settings: Settings, app: App, running: Start) -> None:
     policy = await declare(settings)
-    a = Scheduler(settings, policy, policy.schedules, holder="test scheduler a", lease_s=2)
-    b = Scheduler(settings, policy, policy.schedules, holder="test scheduler b", lease_s=2)
+    a = Scheduler(settings, policy, policy.schedules, client=_firings(settings, policy),
+                       holder="test scheduler a", lease_s=2)
+    b = Scheduler(settings, policy, policy.schedules, client=_firings(settings, policy),
+                       holder="test scheduler b", lease_s=2)
     tasks = [running(a), running(b)]
     await until(lambda: a.fired + b.fired >= 2, "two firings", within_s=30)
     leader = a if a.is_leader else b
@@ -232,7 +243,8 @@ async def test_a_killed_lock_session_hands_the_lead_to_the_other(
 async def test_pause_resume_trigger_and_list_from_the_cli(
         settings: Settings, app: App, running: Start) -> None:
     policy = await declare(settings)
-    runner = Scheduler(settings, policy, policy.schedules, holder="test scheduler")
+    runner = Scheduler(settings, policy, policy.schedules, client=_firings(settings, policy),
+                       holder="test scheduler")
     task = running(runner)
     await until(lambda: runner.fired >= 1, "a firing", within_s=30)
 
@@ -291,7 +303,8 @@ async def test_the_dashboard_shows_the_schedules(settings: Settings, app: App,
     from .test_gateway import served
 
     policy = await declare(settings)
-    runner = Scheduler(settings, policy, policy.schedules, holder="dashboard scheduler")
+    runner = Scheduler(settings, policy, policy.schedules, client=_firings(settings, policy),
+                       holder="dashboard scheduler")
     running(runner)
     await until(lambda: runner.fired >= 1, "a firing", within_s=30)
     async with served(create_app(settings)) as http:

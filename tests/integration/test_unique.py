@@ -20,14 +20,14 @@ import asyncpg
 import orjson
 
 from stream_jobs.app import App
-from stream_jobs.cancels import CancelAnswer
+from stream_jobs.cancels.rules import CancelAnswer
 from stream_jobs.context import JobContext
 from stream_jobs.errors import PermanentError
 from stream_jobs.outbox.relay import OutboxRelay
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
 from stream_jobs.testing import JobTester
-from stream_jobs.uniqueness import Enqueued
+from stream_jobs.unique.rules import Enqueued
 from tests.integration.cli_env import settings_env
 from tests.integration.database import fetch_rows
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream_jobs.cancels import (
+from stream_jobs.cancels.rules import (
     CancelAnswer,
     Cancellation,
     Notice,

@@ -8,8 +8,8 @@ import typer
 
 from stream_jobs.cli import app
 from stream_jobs.cli.db import migrated
-from stream_jobs.dedup.schema import SCHEMA_OBJECTS, schema_ddl
 from stream_jobs.dedup.store import Migration
+from stream_jobs.postgres.schema import SCHEMA_OBJECTS, schema_ddl
 
 
 def test_the_objects_listed_are_the_ones_the_ddl_creates() -> None:

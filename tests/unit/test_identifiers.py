@@ -20,7 +20,7 @@ from stream_jobs.gateway.api import JobIn
 from stream_jobs.job_ids import MAX_JOB_ID_CHARS, control_character, id_problem, key_problem
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.settings import Settings
-from stream_jobs.uniqueness import key_claim
+from stream_jobs.unique.rules import key_claim
 
 CONTROL = [*map(chr, range(0x20)), "\x7f", *map(chr, range(0x80, 0xA0)), "\u2028", "\u2029"]
 

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from stream_jobs.client import Job, JobClient
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.record import JobRecord, decode_record
+from stream_jobs.results.finish import Finisher, record_ending
 from stream_jobs.settings import Settings
 from stream_jobs.testing.memory_dedup import MemoryDedup
 from stream_jobs.testing.memory_tables import MemoryTables, RawRecord
-from stream_jobs.uniqueness import KeyClaim
+from stream_jobs.unique.rules import KeyClaim
 from stream_jobs.workflows.create import batch_plan
-from stream_jobs.workflows.finish import Finisher, record_ending
 
 SCHEMA = "tables_test"
 TYPES = {name: JobTypePolicy.from_toml({"partitions": 1}, job_type=name)

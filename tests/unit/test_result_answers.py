@@ -29,7 +29,7 @@ from stream_jobs.lookup import (
     not_in_time,
     result_error,
 )
-from stream_jobs.results import StoredResult
+from stream_jobs.results.rules import StoredResult
 
 AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 KEPT: dict[str, float | None] = {"report.build": 3600.0, "mail.send": None}

@@ -16,7 +16,7 @@ from stream_jobs.errors import (
     ResultError,
     ResultTooLarge,
 )
-from stream_jobs.results import StoredResult, encode_result
+from stream_jobs.results.rules import StoredResult, encode_result
 
 WHEN = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
 from stream_jobs import App, JobContext
-from stream_jobs.cancels import CancelAnswer
+from stream_jobs.cancels.rules import CancelAnswer
 from stream_jobs.errors import ConfigError
 from stream_jobs.testing import JobTester
 from stream_jobs.testing.plugin import StartTester

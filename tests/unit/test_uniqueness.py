@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stream_jobs.errors import ConfigError
-from stream_jobs.uniqueness import MAX_KEY_CHARS, Enqueued, KeyClaim, key_claim
+from stream_jobs.unique.rules import MAX_KEY_CHARS, Enqueued, KeyClaim, key_claim
 
 
 def claim(**given: Any) -> KeyClaim | None:

@@ -14,8 +14,8 @@ from typing import TypeVar
 
 import asyncpg
 
-from stream_jobs.dedup.pool import not_connected
 from stream_jobs.errors import ConfigError, DatabaseUnavailable
+from stream_jobs.postgres.pool import not_connected
 from stream_jobs.redaction import redact_text
 from stream_jobs.settings import Settings
 

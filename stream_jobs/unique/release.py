@@ -19,8 +19,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
-from stream_jobs.dedup.pool import DRIVER_ERRORS, LazyPool, database_error
 from stream_jobs.errors import Abandoned, DatabaseUnavailable, StreamJobsError
+from stream_jobs.postgres.pool import DRIVER_ERRORS, LazyPool, database_error
 from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.keys")

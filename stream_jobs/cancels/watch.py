@@ -23,13 +23,13 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from stream_jobs.cancels import NoticeKind, channel, concerns, parse_notice
-from stream_jobs.dedup.cancels import CancelStore
-from stream_jobs.dedup.pool import DRIVER_ERRORS
+from stream_jobs.cancels.rules import NoticeKind, channel, concerns, parse_notice
+from stream_jobs.cancels.store import CancelStore
 from stream_jobs.errors import StreamJobsError
+from stream_jobs.postgres.pool import DRIVER_ERRORS
 from stream_jobs.settings import Settings
 
-log = logging.getLogger("stream_jobs.cancels")
+log = logging.getLogger("stream_jobs.cancels.rules")
 
 APPLICATION_NAME = "stream-jobs cancel watch"
 FIRST_LOAD_TIMEOUT_S = 5.0

@@ -31,8 +31,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import CreateIndex, CreateSequence, CreateTable
 
-from stream_jobs.dedup.fencing import FENCING_SEQUENCE
 from stream_jobs.job_ids import MAX_JOB_ID_CHARS
+from stream_jobs.postgres.names import FENCING_SEQUENCE
 
 metadata = MetaData()
 
@@ -95,7 +95,7 @@ schedules_table = Table(
 )
 
 
-# How each job that needs one ended (stream_jobs/results.py): kept results of types with
+# How each job that needs one ended (stream_jobs/results/rules.py): kept results of types with
 # `keep_result`, and the state of every batch member and chain step, which is what makes
 # their batch's counters exact (a member counts once; a dead letter requeued that then
 # succeeds moves from failed to succeeded). Written in the job's dedup transaction; `db
@@ -157,7 +157,7 @@ workflow_jobs_table = Table(
 )
 
 
-# Cancel, unique jobs and debounce (stream_jobs/cancels.py, stream_jobs/uniqueness.py).
+# Cancel, unique jobs and debounce (stream_jobs/cancels/rules.py, stream_jobs/unique/rules.py).
 # A cancel's row; the same transaction writes the job's dedup row (attempt 0), the
 # arbiter. Workers load their type's IDs (job_type "" when the canceller named none).
 cancels_table = Table(

@@ -4,8 +4,8 @@
 key is pending (enqueued, not finished) or within `unique_for` of its enqueue, another
 enqueue with the key sends nothing and is told the holder's job ID. The key is taken in
 the same Postgres transaction as the job's outbox row, so two producers racing on it
-cannot both send (`stream_jobs.outbox.unique`); the worker gives it back when the job
-finishes, whatever the outcome (`stream_jobs.dedup.keys`).
+cannot both send (`stream_jobs.unique.claim`); the worker gives it back when the job
+finishes, whatever the outcome (`stream_jobs.unique.release`).
 
 `enqueue(..., key=doc_id, debounce="30s")`: the first job of a key opens a window of that
 length; every job of the key enqueued inside it waits until the window ends, and only the

@@ -10,8 +10,9 @@ sends at most 64 (a NOTIFY per job cost a third of a kept result's write, measur
 a commit wakes only the waiters of its buckets, who look again. A lost listening
 connection wakes every waiter, which looks again and listens anew.
 
-The statements that write rows are the finish transaction's (`stream_jobs.workflows.sql`);
-`db prune` removes rows past their `expires_at` (`prune_expired`).
+The statements that write rows are the finish transaction's (`stream_jobs.workflows.sql`),
+run through `FinishRows` (the dedup store's transactions, and the parent result a chain
+step reads); `db prune` removes rows past their `expires_at` (`prune_results`).
 """
 
 from __future__ import annotations
@@ -20,13 +21,18 @@ import asyncio
 import contextlib
 import hashlib
 import zlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import asyncpg
 
+from stream_jobs.dedup.deferred import Statement
+from stream_jobs.dedup.held import DRIVER_ERRORS, HeldTransaction, ours
+from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import ConfigError, DatabaseUnavailable
 from stream_jobs.redaction import redact_text, redact_url
-from stream_jobs.results import StoredResult
+from stream_jobs.results.rules import StoredResult
 from stream_jobs.settings import Settings
 
 TABLE = "stream_jobs_results"
@@ -200,3 +206,58 @@ async def prune_expired(conn: Any, schema: str, batch: int) -> int:
 
 __all__ = ["ResultReader", "prune_expired", "results_channel", "results_table",
            "select_result_sql", "stored"]
+
+
+class FinishRows:
+    """The finish transaction's store on Postgres (`stream_jobs.results.finish.FinishStore`):
+    the dedup store's held and deferred transactions and single statements, and the kept
+    result a chain step reads."""
+
+    def __init__(self, dedup: DedupStore) -> None:
+        self.dedup = dedup
+
+    async def hold(self, job_id: str, job_type: str, attempt: int) -> HeldTransaction:
+        return await self.dedup.hold(job_id, job_type, attempt)
+
+    async def apply_deferred(self, job_id: str, job_type: str, attempt: int,
+                             statements: list[Statement],
+                             while_waiting: Callable[[], AbstractContextManager[None]] | None
+                             = None) -> bool:
+        return await self.dedup.apply_deferred(job_id, job_type, attempt, statements,
+                                               while_waiting)
+
+    async def execute(self, sql: str, *args: Any) -> None:
+        await self.dedup.execute(sql, *args)
+
+    async def result_of(self, job_id: str) -> StoredResult | None:
+        """The job's row of `stream_jobs_results` (a chain step's parent result), or None."""
+        try:
+            pool = await self.dedup.pool()
+            row = await pool.fetchrow(
+                select_result_sql(self.dedup.settings.database_schema), job_id)
+        except DRIVER_ERRORS as exc:
+            raise ours(exc, f"the result of job {job_id} was read") from exc
+        return None if row is None else stored(row)
+
+
+async def prune_results(dedup: DedupStore, *, batch: int = 10_000,
+                        dry_run: bool = False) -> int:
+    """Delete kept results past their expiry (`keep_result`), `batch` rows per
+    transaction; how many (with `dry_run`: how many would be)."""
+    pool = await dedup.pool()
+    schema = dedup.settings.database_schema
+    try:
+        if dry_run:
+            return int(await pool.fetchval(
+                f"SELECT count(*) FROM {results_table(schema)} WHERE expires_at <= now()"))
+        deleted = 0
+        while True:
+            async with pool.acquire() as conn:
+                n = await prune_expired(conn, schema, batch)
+            deleted += n
+            if n < batch:
+                return deleted
+    except asyncpg.UndefinedTableError:
+        return 0  # migrated before results existed: nothing kept, nothing to prune
+    except DRIVER_ERRORS as exc:
+        raise dedup.failed(exc, "delete expired results") from exc

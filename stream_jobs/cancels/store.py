@@ -1,6 +1,6 @@
 """Cancels in Postgres: the transaction that cancels a job, and what workers read back.
 
-`cancel()` is one transaction (the rule is `stream_jobs.cancels`'): insert the job's dedup
+`cancel()` is one transaction (the rule is `stream_jobs.cancels.rules`'): insert the job's dedup
 row with attempt 0 (`ON CONFLICT DO NOTHING`); if it was there, the job finished (or was
 cancelled) before, and nothing is written; else add the `stream_jobs_cancels` row, give
 back the unique key the job held, and NOTIFY the workers. The commit makes all of it
@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from stream_jobs.cancels import (
+from stream_jobs.cancels.rules import (
     CLAIM_WAIT_S,
     INTERRUPT_WAIT_S,
     MARKER_ATTEMPT,
@@ -32,8 +32,8 @@ from stream_jobs.cancels import (
     checked_reason,
     notice,
 )
-from stream_jobs.dedup.pool import DRIVER_ERRORS, LazyPool, database_error
 from stream_jobs.errors import CancelPending
+from stream_jobs.postgres.pool import DRIVER_ERRORS, LazyPool, database_error
 from stream_jobs.settings import Settings
 
 _CLAIM = ("INSERT INTO stream_jobs_done (job_id, job_type, attempt) VALUES ($1, $2, $3) "

@@ -23,11 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from stream_jobs.dedup.pool import DRIVER_ERRORS, LazyPool, database_error
 from stream_jobs.outbox.rows import Placeholders, spell
 from stream_jobs.outbox.writer import run_async, run_sync, write_async, write_sync
+from stream_jobs.postgres.pool import DRIVER_ERRORS, LazyPool, database_error
 from stream_jobs.record import JobRecord
-from stream_jobs.uniqueness import Enqueued, KeyClaim
+from stream_jobs.unique.rules import Enqueued, KeyClaim
 
 _NAMES = ("job_type", "claim_key", "job_id", "window_s")
 

@@ -2,7 +2,7 @@
 
 A type declared with `@app.job(..., keep_result="1d")` keeps what its handler returns in
 `stream_jobs_results`, written in the same transaction as the job's dedup row (see
-`stream_jobs.workflows.finish`). A job that ends without succeeding (dead-lettered,
+`stream_jobs.results.finish`). A job that ends without succeeding (dead-lettered,
 expired, cancelled) gets a row too, with its state and the reason, so a caller waiting
 in `client.result` hears why instead of waiting out its timeout. Pure: no database here.
 """
