@@ -28,8 +28,6 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import asyncpg
-
 from stream_jobs.cancels.store import CancelStore
 from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import (
@@ -49,6 +47,7 @@ from stream_jobs.kafka.admin import open_admin
 from stream_jobs.kafka.consumer import open_reader
 from stream_jobs.naming import TopicRole, relay_group, worker_group
 from stream_jobs.plurals import counted
+from stream_jobs.postgres.pool import DRIVER_ERRORS, MISSING_TABLE
 from stream_jobs.record import (
     HEADER_ATTEMPT,
     HEADER_ERROR,
@@ -453,15 +452,20 @@ async def _stopped(settings: Settings, job_id: str, notes: list[str]) -> JobLoca
     return None
 
 
+# The dedup table could not be read: told in a note, the lookup goes on without it.
+_NOT_CHECKED: tuple[type[BaseException], ...] = (DatabaseUnavailable, TimeoutError,
+                                                 *DRIVER_ERRORS)
+
+
 async def _dedup_row(settings: Settings, job_id: str, notes: list[str]
                      ) -> tuple[str, int, datetime] | None:
     store = DedupStore(settings)
     try:
         return await asyncio.wait_for(store.finished(job_id), 15)
-    except asyncpg.UndefinedTableError:
+    except MISSING_TABLE:
         notes.append(f"There is no dedup table in schema {settings.database_schema!r} "
                      "(`stream-jobs db migrate` creates it), so done jobs cannot be told.")
-    except (DatabaseUnavailable, asyncpg.PostgresError, OSError, TimeoutError) as exc:
+    except _NOT_CHECKED as exc:
         notes.append(f"The dedup table was not checked ({exc}); a done job shows as "
                      "finished or not seen.")
     finally:

@@ -19,7 +19,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import typer
 from rich.console import Console
 from rich.live import Live
@@ -36,6 +35,7 @@ from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import lane_topic
+from stream_jobs.postgres.pool import connect
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster, PostgresServer
@@ -180,8 +180,7 @@ def _progress(workers: dict[str, Worker], expected: dict[str, Any],
 
 async def _check(settings: Settings, tables: dict[str, str], workers: dict[str, Worker],
                  expected: dict[str, Any], malformed: dict[str, int]) -> bool:
-    conn = await asyncpg.connect(settings.database_url,
-                                 server_settings={"search_path": settings.database_schema})
+    conn = await connect(settings)
     result = Table(title=f"demo outcomes ({settings.topic_prefix})")
     for column in ("type", "enqueued", "succeeded", "retried", "dead-lettered", "effects",
                    "distinct job IDs", "exactly once"):

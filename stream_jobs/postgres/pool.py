@@ -8,6 +8,8 @@ jobs carry no unique key, never connects.
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 
 from stream_jobs.errors import ConfigError, DatabaseUnavailable, StreamJobsError
@@ -90,6 +92,22 @@ def database_error(exc: BaseException, pool: LazyPool, what: str) -> StreamJobsE
 # The driver's errors, for `except` clauses at this boundary.
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+# The schema or a table of ours is not there: `stream-jobs db migrate` has not run on it.
+MISSING_TABLE: tuple[type[BaseException], ...] = (
+    asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError)
 
 
-__all__ = ["DRIVER_ERRORS", "REFUSED", "UNREACHABLE", "LazyPool", "database_error", "not_connected"]
+async def connect(settings: Settings, *, timeout_s: float = 10, in_schema: bool = True,
+                  application_name: str | None = None) -> Any:
+    """One connection of its own to the settings' database (the caller closes it), with
+    the settings' schema as its search_path unless `in_schema` is False; driver errors
+    as the driver raises them, for callers that tell them apart."""
+    server_settings = {"search_path": settings.database_schema} if in_schema else {}
+    if application_name is not None:
+        server_settings["application_name"] = application_name
+    return await asyncpg.connect(settings.database_url, timeout=timeout_s,
+                                 server_settings=server_settings or None)
+
+
+__all__ = ["DRIVER_ERRORS", "MISSING_TABLE", "REFUSED", "UNREACHABLE", "LazyPool", "connect",
+           "database_error", "not_connected"]

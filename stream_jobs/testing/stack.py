@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeVar
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka.topics import apply
+from stream_jobs.postgres.pool import connect
 from stream_jobs.settings import Settings
 
 BACKEND_ENV = "STREAM_JOBS_TEST_BACKEND"
@@ -139,9 +140,7 @@ async def declare_type(settings: Settings, job_type: str, **keys: object) -> Job
 
 
 async def create_schema(settings: Settings) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(settings.database_url)
+    conn = await connect(settings, in_schema=False)
     try:
         await conn.execute(f'CREATE SCHEMA "{settings.database_schema}"')
     finally:
@@ -149,9 +148,7 @@ async def create_schema(settings: Settings) -> None:
 
 
 async def drop_schema(settings: Settings) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(settings.database_url)
+    conn = await connect(settings, in_schema=False)
     try:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{settings.database_schema}" CASCADE')
     finally:

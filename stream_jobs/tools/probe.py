@@ -14,11 +14,10 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import asyncpg
-
 from stream_jobs.errors import BrokerUnavailable, DatabaseUnavailable, StreamJobsError
 from stream_jobs.kafka.admin import open_admin
 from stream_jobs.kafka.connection import security_problem
+from stream_jobs.postgres.pool import DRIVER_ERRORS, connect
 from stream_jobs.redaction import redact_text, redact_url
 from stream_jobs.settings import Settings
 
@@ -62,7 +61,7 @@ async def probe_postgres(settings: Settings, timeout_s: float = PROBE_TIMEOUT_S)
     shown = redact_url(settings.database_url)
     try:
         async with asyncio.timeout(timeout_s):
-            conn = await asyncpg.connect(settings.database_url, timeout=timeout_s)
+            conn = await connect(settings, timeout_s=timeout_s, in_schema=False)
             try:
                 version = await conn.fetchval("SHOW server_version")
             finally:
@@ -72,7 +71,7 @@ async def probe_postgres(settings: Settings, timeout_s: float = PROBE_TIMEOUT_S)
             f"No Postgres server answered at {shown} (STREAM_JOBS_DATABASE_URL): start one with "
             "`stream-jobs dev up` or fix the setting."
         ) from exc
-    except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except DRIVER_ERRORS as exc:  # answered, and refused us
         reason = redact_text((str(exc).splitlines() or [type(exc).__name__])[0].rstrip("."),
                              settings)
         raise DatabaseUnavailable(
