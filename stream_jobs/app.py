@@ -39,9 +39,9 @@ from stream_jobs.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from stream_jobs.client import JobClient, SyncJobClient
-    from stream_jobs.client_stores import ClientStores
     from stream_jobs.runtime.worker import Worker
     from stream_jobs.schedules import PayloadFunc, Scheduler
+    from stream_jobs.storage import Storage
 
 # `@app.job` hands the function back as it was, so its own type is kept.
 F = TypeVar("F", bound=HandlerFunc)
@@ -59,11 +59,27 @@ class App:
         # Where the app's clients, workers and schedulers get their Kafka clients: the
         # real ones, or a JobTester's in-memory broker while one runs (stream_jobs.testing).
         self.kafka: KafkaClients = AIOKAFKA
-        # Where its clients keep cancels, keys, results and workflows: Postgres (None), or
-        # a JobTester's memory while one runs.
-        self.stores: ClientStores | None = None
+        # Where its workers and clients keep what is not in Kafka (stream_jobs.storage):
+        # Postgres, made on first use (None until then), or a JobTester's memory.
+        self._storage: Storage | None = None
         # Types declared in code instead of topics/ (a JobTester's `types=` while it runs).
         self.declared_types: dict[str, JobTypePolicy] | None = None
+
+    @property
+    def storage(self) -> Storage:
+        """The app's `Storage`: one per app, so its workers share one cancel watch."""
+        from stream_jobs.storage import PostgresStorage
+
+        stale = isinstance(self._storage, PostgresStorage) and \
+            self._storage.settings is not self.settings  # made before use_settings()
+        if self._storage is None or stale:
+            self._storage = PostgresStorage(self.settings)
+        return self._storage
+
+    def use_storage(self, storage: Storage | None) -> Storage | None:
+        """Put `storage` in the app's place (None: Postgres again); the one it replaced."""
+        previous, self._storage = self._storage, storage
+        return previous
 
     @cached_property
     def settings(self) -> Settings:
@@ -209,18 +225,20 @@ class App:
         from stream_jobs.client import JobClient
 
         return JobClient(self.settings, self.job_types(), models=self.models(), kafka=self.kafka,
-                         kept=self.kept_results(), stores=self.stores)
+                         kept=self.kept_results(), stores=self.storage.client_stores())
 
     def sync_client(self) -> SyncJobClient:
         from stream_jobs.client import SyncJobClient
 
         return SyncJobClient(self.settings, self.job_types(), models=self.models(),
-                             kafka=self.kafka, kept=self.kept_results(), stores=self.stores)
+                             kafka=self.kafka, kept=self.kept_results(),
+                             stores=self.storage.client_stores())
 
     def worker(self, job_type: str, **options: Any) -> Worker:
         from stream_jobs.runtime.worker import Worker
 
         options.setdefault("children", self.client())  # for ctx.enqueue(): every type's checks
+        options.setdefault("storage", self.storage)
         options.setdefault("kafka", self.kafka)
         # Every worker of a type runs its scheduler; one of them leads (docs/schedules.md).
         options.setdefault("scheduler", self.scheduler(job_type))

@@ -15,6 +15,11 @@ class ConfigError(StreamJobsError):
     """A setting, a topics/*.toml file or a handler declaration is invalid."""
 
 
+class UnknownStatement(StreamJobsError):
+    """A `JobTester`'s in-memory tables met a statement of the runtime's own that they
+    cannot apply (a gap in stream-jobs' test kit, not in the handler under test)."""
+
+
 class StackError(StreamJobsError):
     """The local development stack (Kafka, Postgres) cannot be started or reached."""
 

@@ -84,13 +84,13 @@ async def _drain(settings: Settings, kind: str, n: int) -> dict[str, float]:
                 await conn.execute(FENCED_WRITE, ctx.job_id, job["n"], 0)
             tally.hit()
 
-    dedup = DedupStore(settings)
+    worker = app.worker(JOB_TYPE)
+    assert isinstance(worker.dedup, DedupStore)
     before = await _tokens_issued(settings)
     try:
-        await asyncio.wait_for(app.worker(JOB_TYPE, dedup=dedup).run(until_idle=True), 900)
-        round_trips = dedup.fencing_round_trips
+        await asyncio.wait_for(worker.run(until_idle=True), 900)
+        round_trips = worker.dedup.fencing_round_trips
     finally:
-        await dedup.close()
         if store is not None:
             await store.close()
     if tally.count != n:

@@ -44,6 +44,7 @@ from stream_jobs.dedup.store import DedupStore
 from stream_jobs.outbox.relay import OutboxRelay
 from stream_jobs.record import HEADER_WORKFLOW, JobRecord, decode_record
 from stream_jobs.results.finish import Finisher
+from stream_jobs.results.store import FinishRows
 from stream_jobs.settings import Settings
 
 HEADING = "Results and batches"
@@ -94,11 +95,7 @@ async def _drain(settings: Settings, kind: str, n: int, batch_id: str) -> float:
     tally = Tally()
     job_type = MEMBERS if kind == "member" else PLAIN
     app.job(job_type, keep_result="1h" if kind == "kept" else None)(_handler(kind, tally))
-    dedup = DedupStore(settings)
-    try:
-        await asyncio.wait_for(app.worker(job_type, dedup=dedup).run(until_idle=True), 900)
-    finally:
-        await dedup.close()
+    await asyncio.wait_for(app.worker(job_type).run(until_idle=True), 900)
     if tally.count != n:
         raise BenchError(f"results ({kind}): {tally.count} handler calls for {n} jobs")
     rows = int(await _sql(settings, "SELECT count(*) FROM stream_jobs_results"))
@@ -136,7 +133,7 @@ async def _members(settings: Settings, n: int) -> str:
 
 def unused_cost_us(settings: Settings) -> float:
     """Microseconds the feature adds to a job that uses none of it (see the docstring)."""
-    finisher = Finisher.of(DedupStore(settings), settings, PLAIN, None)
+    finisher = Finisher.of(FinishRows(DedupStore(settings)), settings, PLAIN, None)
     record = JobRecord(job_id="01a2265a-9f17-7019-a966-4a00c51fb752", job_type=PLAIN,
                        payload=b"{}", key=b"k", enqueued_at_ms=1)
     job = decode_record(key=record.key, value=record.payload, headers=record.headers(),

@@ -1,11 +1,17 @@
-"""The cancelled job IDs of one type, in memory, kept current by LISTEN/NOTIFY.
+"""The cancelled job IDs of the types a process runs, in memory, kept current by
+LISTEN/NOTIFY on one connection per process.
 
-A worker checks every job against `ids` before it starts, which costs a set lookup and
-no query. The set is filled at start and after every reconnect: the watch LISTENs first
-and reads the table second, so a cancel committed in between is seen either way (twice
-is harmless). Each cancel NOTIFYs in its own transaction, so the notice arrives as it
-commits (within milliseconds here) and the watch tells its subscribers, which interrupt
-a job that is running.
+A worker checks every job against its type's `ids` before it starts, which costs a set
+lookup and no query. The sets are filled as each type's worker starts and after every
+reconnect: the watch LISTENs first and reads the table second, so a cancel committed in
+between is seen either way (twice is harmless). Each cancel NOTIFYs in its own
+transaction, so the notice arrives as it commits (within milliseconds here) and the watch
+tells the type's subscribers, which interrupt a job that is running.
+
+One `CancelWatch` serves every worker of a process (`Storage.cancel_feed` hands out one
+`TypeCancels` per type): a process running ten types holds one LISTEN connection, not
+ten. The connection opens when the first type's worker starts and closes when the last
+one stops.
 
 If Postgres does not answer, the worker starts anyway with what it has and the watch
 keeps trying in the background (backing off to 5 s), then reloads. Meanwhile a job
@@ -29,7 +35,7 @@ from stream_jobs.errors import StreamJobsError
 from stream_jobs.postgres.pool import DRIVER_ERRORS
 from stream_jobs.settings import Settings
 
-log = logging.getLogger("stream_jobs.cancels.rules")
+log = logging.getLogger("stream_jobs.cancels")
 
 APPLICATION_NAME = "stream-jobs cancel watch"
 FIRST_LOAD_TIMEOUT_S = 5.0
@@ -42,8 +48,8 @@ _ATTEMPT_ERRORS: tuple[type[BaseException], ...] = (StreamJobsError, TimeoutErro
 
 
 class CancelFeed(Protocol):
-    """What a worker reads of its type's cancels: `CancelWatch` on Postgres, or
-    `stream_jobs.testing`'s in-memory one. The meanings are `CancelWatch`'s."""
+    """What a worker reads of its type's cancels: `TypeCancels` on Postgres, or
+    `stream_jobs.testing`'s in-memory one. The meanings are `TypeCancels`'."""
 
     @property
     def ids(self) -> set[str]: ...
@@ -60,32 +66,42 @@ class CancelFeed(Protocol):
     async def is_cancelled(self, job_id: str) -> bool: ...
 
 
-class CancelWatch:
-    """`ids` holds the type's cancelled job IDs; `subscribe(f)` calls `f(job_id)` for each
-    cancel that arrives (or that a reload finds), and `subscribe(..., on_interrupt=g)`
-    `g(job_id)` for each interrupt asked for (a cancel waiting on a run's open
-    `ctx.once()`), on the event loop."""
+class TypeCancels:
+    """One type's part of the watch. `ids` holds the type's cancelled job IDs;
+    `subscribe(f)` calls `f(job_id)` for each cancel that arrives (or that a reload
+    finds), and `subscribe(..., on_interrupt=g)` `g(job_id)` for each interrupt asked for
+    (a cancel waiting on a run's open `ctx.once()`), on the event loop. `start` and
+    `stop` join and leave the process's watch."""
 
-    def __init__(self, settings: Settings, job_type: str, *,
-                 store: CancelStore | None = None) -> None:
-        self.settings = settings
+    def __init__(self, watch: CancelWatch, job_type: str) -> None:
+        self.watch = watch
         self.job_type = job_type
         self.ids: set[str] = set()
-        self.loads = 0  # successful loads of the table: 0 until the first one
-        self._store = store or CancelStore(settings)
-        self._owns_store = store is None
         self._subscribers: list[OnCancel] = []
         self._interrupters: list[OnCancel] = []
         self._awaited: dict[str, asyncio.Future[None]] = {}  # confirmed() waits
-        self._channel = channel(settings.database_schema)
-        self._conn: Any = None
-        self._lost = asyncio.Event()
-        self._keeper: asyncio.Task[None] | None = None
+
+    @property
+    def loads(self) -> int:
+        """Successful loads of the table by the watch: 0 until the first one."""
+        return self.watch.loads
+
+    @property
+    def _conn(self) -> Any:
+        return self.watch._conn
 
     def subscribe(self, on_cancel: OnCancel, *, on_interrupt: OnCancel | None = None) -> None:
         self._subscribers.append(on_cancel)
         if on_interrupt is not None:
             self._interrupters.append(on_interrupt)
+
+    async def start(self) -> None:
+        """Join the watch: this type's IDs are loaded (within FIRST_LOAD_TIMEOUT_S, else
+        in the background) and its notices delivered from now on."""
+        await self.watch.attach(self)
+
+    async def stop(self) -> None:
+        await self.watch.detach(self)
 
     async def confirmed(self, job_id: str, within_s: float) -> bool:
         """Whether `job_id` is cancelled, waiting up to `within_s` for its notice (after
@@ -99,40 +115,114 @@ class CancelWatch:
             await asyncio.wait_for(asyncio.shield(waiter), within_s)
             return True
         except TimeoutError:
-            return await self._store.is_cancelled(job_id)
+            return await self.watch.store.is_cancelled(job_id)
         finally:
             if self._awaited.get(job_id) is waiter:
                 del self._awaited[job_id]
-
-    async def start(self) -> None:
-        """Listen and load once (within FIRST_LOAD_TIMEOUT_S), then keep the connection;
-        a first attempt that fails is logged and retried in the background."""
-        try:
-            await asyncio.wait_for(self._connect(), FIRST_LOAD_TIMEOUT_S)
-        except _ATTEMPT_ERRORS as exc:
-            log.warning("%s: cancels not loaded yet (%s); jobs start meanwhile, and the "
-                        "watch keeps trying", self.job_type, _said(exc))
-            self._lost.set()
-        self._keeper = asyncio.create_task(self._keep())
-
-    async def stop(self) -> None:
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
-            self._keeper = None
-        await self._drop()
-        if self._owns_store:
-            await self._store.close()
 
     async def is_cancelled(self, job_id: str) -> bool:
         """Whether `job_id` is cancelled, asking Postgres when the set does not have it
         (for a run that found its dedup row taken: a cancel, or an earlier run)."""
         if job_id in self.ids:
             return True
-        return await self._store.is_cancelled(job_id)
+        return await self.watch.store.is_cancelled(job_id)
+
+    def found(self, ids: set[str]) -> None:
+        """IDs a load of the table found: the new ones are told as cancels."""
+        for job_id in ids - self.ids:
+            self.add(job_id)
+
+    def add(self, job_id: str) -> None:
+        self.ids.add(job_id)
+        waiter = self._awaited.get(job_id)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        self._tell(self._subscribers, job_id)
+
+    def interrupt(self, job_id: str) -> None:
+        self._tell(self._interrupters, job_id)
+
+    def _tell(self, subscribers: list[OnCancel], job_id: str) -> None:
+        for on_cancel in subscribers:
+            try:
+                on_cancel(job_id)
+            except Exception:  # a subscriber's bug must not stop the others hearing it
+                log.exception("%s: a cancel subscriber failed on %s", self.job_type, job_id)
+
+
+class CancelWatch:
+    """One LISTEN connection for the types of a process (`feed(job_type)` each), open
+    while at least one of them has started."""
+
+    def __init__(self, settings: Settings, *, store: CancelStore | None = None) -> None:
+        self.settings = settings
+        self.store = store or CancelStore(settings)
+        self._owns_store = store is None
+        self.loads = 0  # successful loads of the table: 0 until the first one
+        self._feeds: dict[str, TypeCancels] = {}
+        self._started: list[TypeCancels] = []
+        self._guard = asyncio.Lock()  # attach and detach one at a time
+        self._channel = channel(settings.database_schema)
+        self._conn: Any = None
+        self._lost = asyncio.Event()
+        self._keeper: asyncio.Task[None] | None = None
+
+    def feed(self, job_type: str) -> TypeCancels:
+        """The type's part of the watch (one per type: workers of a type share it)."""
+        feed = self._feeds.get(job_type)
+        if feed is None:
+            feed = self._feeds[job_type] = TypeCancels(self, job_type)
+        return feed
+
+    async def attach(self, feed: TypeCancels) -> None:
+        """Deliver to `feed` from now on: the first one opens the connection (its first
+        attempt bounded by FIRST_LOAD_TIMEOUT_S, then retried in the background); a later
+        one has its type's IDs loaded on the open connection."""
+        async with self._guard:
+            self._started.append(feed)
+            if self._keeper is None:
+                await self._first_connect()
+                self._keeper = asyncio.create_task(self._keep())
+            elif self._conn is not None:
+                try:
+                    found = await asyncio.wait_for(self.store.cancelled_ids(feed.job_type),
+                                                   FIRST_LOAD_TIMEOUT_S)
+                except _ATTEMPT_ERRORS as exc:
+                    self._not_loaded(feed.job_type, exc)
+                    self._lost.set()  # the reconnect reloads every type
+                    return
+                feed.found(found)
+
+    async def detach(self, feed: TypeCancels) -> None:
+        """Stop delivering to `feed`; the last one closes the connection."""
+        async with self._guard:
+            if feed in self._started:
+                self._started.remove(feed)
+            if self._started or self._keeper is None:
+                return
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+            self._keeper = None
+            await self._drop()
+            if self._owns_store:
+                await self.store.close()
 
     # -- the connection -----------------------------------------------------------------------
+
+    async def _first_connect(self) -> None:
+        try:
+            await asyncio.wait_for(self._connect(), FIRST_LOAD_TIMEOUT_S)
+        except _ATTEMPT_ERRORS as exc:
+            self._not_loaded(", ".join(self._types()), exc)
+            self._lost.set()
+
+    def _types(self) -> list[str]:
+        return sorted({feed.job_type for feed in self._started})
+
+    def _not_loaded(self, types: str, exc: BaseException) -> None:
+        log.warning("%s: cancels not loaded yet (%s); jobs start meanwhile, and the "
+                    "watch keeps trying", types, _said(exc))
 
     async def _connect(self) -> None:
         try:
@@ -145,7 +235,8 @@ class CancelWatch:
         try:
             await conn.add_listener(self._channel, self._notified)
             conn.add_termination_listener(self._terminated)
-            found = await self._store.cancelled_ids(self.job_type)
+            feeds = list(dict.fromkeys(self._started))
+            found = [await self.store.cancelled_ids(feed.job_type) for feed in feeds]
         except BaseException:
             with contextlib.suppress(Exception):
                 await conn.close(timeout=2)
@@ -153,8 +244,8 @@ class CancelWatch:
         self._conn = conn
         self._lost.clear()
         self.loads += 1
-        for job_id in found - self.ids:
-            self._add(job_id)
+        for feed, ids in zip(feeds, found, strict=True):
+            feed.found(ids)
 
     async def _keep(self) -> None:
         """Reconnect (and reload) whenever the connection is lost, backing off."""
@@ -166,13 +257,13 @@ class CancelWatch:
                 await self._connect()
             except _ATTEMPT_ERRORS as exc:
                 log.warning("%s: cancel watch cannot reach Postgres (%s); trying again in "
-                            "%.1f s", self.job_type, _said(exc), backoff_s)
+                            "%.1f s", ", ".join(self._types()), _said(exc), backoff_s)
                 await asyncio.sleep(backoff_s)  # a backoff, not a wait for a condition
                 backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
                 continue
             backoff_s = _BACKOFF_FIRST_S
-            log.info("%s: cancel watch connected; %d cancelled IDs known", self.job_type,
-                     len(self.ids))
+            log.info("%s: cancel watch connected; %d cancelled IDs known",
+                     ", ".join(self._types()), sum(len(f.ids) for f in self._feeds.values()))
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -185,30 +276,19 @@ class CancelWatch:
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         found = parse_notice(payload)
-        if found is None or not concerns(found.job_type, self.job_type):
+        if found is None:
             return
-        if found.kind is NoticeKind.INTERRUPT:
-            self._tell(self._interrupters, found.job_id)
-        elif found.job_id not in self.ids:
-            self._add(found.job_id)
-
-    def _add(self, job_id: str) -> None:
-        self.ids.add(job_id)
-        waiter = self._awaited.get(job_id)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-        self._tell(self._subscribers, job_id)
-
-    def _tell(self, subscribers: list[OnCancel], job_id: str) -> None:
-        for on_cancel in subscribers:
-            try:
-                on_cancel(job_id)
-            except Exception:  # a subscriber's bug must not stop the others hearing it
-                log.exception("%s: a cancel subscriber failed on %s", self.job_type, job_id)
+        for feed in dict.fromkeys(self._started):
+            if not concerns(found.job_type, feed.job_type):
+                continue
+            if found.kind is NoticeKind.INTERRUPT:
+                feed.interrupt(found.job_id)
+            elif found.job_id not in feed.ids:
+                feed.add(found.job_id)
 
 
 def _said(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-__all__ = ["CancelFeed", "CancelWatch", "OnCancel"]
+__all__ = ["CancelFeed", "CancelWatch", "OnCancel", "TypeCancels"]

@@ -35,6 +35,8 @@ from typing import Any
 
 import asyncpg
 
+from stream_jobs.postgres.names import named
+
 CLAIM_MANY = (
     "INSERT INTO stream_jobs_done (job_id, job_type, attempt) "
     "SELECT * FROM unnest($1::text[], $2::text[], $3::int[]) "
@@ -45,15 +47,15 @@ Statement = tuple[str, tuple[Any, ...]]
 
 
 class ColumnStatement(str):
-    """SQL (its text is the one-job statement) that also comes as `many`: the same
-    statement for any number of jobs, its k-th parameter an array of every job's k-th
+    """A runtime statement (its text is the one-job statement) that also comes as `many`:
+    the same statement for any number of jobs, its k-th parameter an array of every job's k-th
     argument. A batch runs `many` once instead of the one-job statement per job, so rows
     that every job updates (a batch's counters) change once per batch, not once per job."""
 
     many: str
 
-    def __new__(cls, one: str, many: str) -> ColumnStatement:
-        statement = super().__new__(cls, one)
+    def __new__(cls, one: str, many: str, name: str) -> ColumnStatement:
+        statement = super().__new__(cls, named(one, name))
         statement.many = many
         return statement
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import orjson
 
 from stream_jobs.job_ids import job_id_time_ms
+from stream_jobs.postgres.names import OUTBOX_INSERT, named
 
 TABLE = "stream_jobs_outbox"
 # Postgres keeps 63 bytes of an identifier; a LISTEN channel is one.
@@ -102,7 +103,7 @@ def insert_sql(schema: str, style: Placeholders) -> str:
         "ORDER BY r.n RETURNING 1) "
         "SELECT pg_notify(CAST({4} AS text), '')"
     )
-    return spell(sql, style, INSERT_NAMES)
+    return named(spell(sql, style, INSERT_NAMES), OUTBOX_INSERT)
 
 
 def insert_args(records: Sequence[tuple[str, Any]], schema: str) -> tuple[Any, ...]:

@@ -34,7 +34,6 @@ from typing import Any, Protocol, runtime_checkable
 
 from stream_jobs.dedup.deferred import DeferredWrites, Statement
 from stream_jobs.dedup.held import Held
-from stream_jobs.dedup.store import Dedup, DedupStore
 from stream_jobs.errors import (
     Abandoned,
     AlreadyDone,
@@ -46,7 +45,7 @@ from stream_jobs.errors import (
 from stream_jobs.outbox.rows import channel as outbox_channel
 from stream_jobs.record import JobRecord
 from stream_jobs.results.rules import StoredResult, encode_result
-from stream_jobs.results.store import FinishRows, results_channel
+from stream_jobs.results.store import results_channel
 from stream_jobs.settings import Settings
 from stream_jobs.workflows.members import Membership, parse_membership
 from stream_jobs.workflows.sql import Statements
@@ -87,12 +86,10 @@ class Finisher:
     outbox_channel: str
 
     @classmethod
-    def of(cls, dedup: Dedup, settings: Settings, job_type: str,
+    def of(cls, store: FinishStore | None, settings: Settings, job_type: str,
            keep_s: float | None) -> Finisher:
-        """`ConfigError` for a type with `keep_result` on a store that cannot keep it."""
-        store: FinishStore | None = (
-            FinishRows(dedup) if isinstance(dedup, DedupStore)
-            else dedup if isinstance(dedup, FinishStore) else None)
+        """`ConfigError` for a type with `keep_result` on a store that cannot keep it
+        (`store` None: `Storage.finish_store` has none)."""
         if store is None and keep_s is not None:
             raise ConfigError(f"{job_type!r} keeps results (keep_result), which this "
                               "dedup store cannot keep: run it with the one on Postgres "

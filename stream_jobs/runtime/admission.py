@@ -26,13 +26,12 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
-from stream_jobs.cancels.store import CancelStore
-from stream_jobs.cancels.watch import CancelFeed, CancelWatch, OnCancel
+from stream_jobs.cancels.watch import CancelFeed, OnCancel
 from stream_jobs.errors import ConfigError, StreamJobsError
 from stream_jobs.record import HEADER_UNIQUE, JobRecord
 from stream_jobs.runtime.dispatch import Runner
 from stream_jobs.settings import Settings
-from stream_jobs.unique.release import Keys, KeyStore, until_done
+from stream_jobs.unique.release import Keys, until_done
 
 log = logging.getLogger("stream_jobs.worker")
 
@@ -46,13 +45,9 @@ class Admission:
 
     def __init__(self, settings: Settings, job_type: str, *, interruptible: bool,
                  stopping: asyncio.Event, runners: Callable[[], Iterable[Runner]],
-                 cancels: CancelFeed | None = None, keys: Keys | None = None) -> None:
+                 cancels: CancelFeed | None, keys: Keys) -> None:
         self.job_type = job_type
         self._stopping = stopping
-        self._store = CancelStore(settings)
-        self._owns_watch = cancels is None
-        if cancels is None and settings.cancel_watch:
-            cancels = CancelWatch(settings, job_type, store=self._store)
         self.watch: CancelFeed | None = cancels
         # The watch's own set (it adds to it in place), or one that stays empty.
         self.cancelled: set[str] = cancels.ids if cancels is not None else set()
@@ -60,8 +55,7 @@ class Admission:
         self._runners = runners
         # A thread cannot be interrupted: a sync handler is told through ctx.cancelled.
         self.interruptible = interruptible
-        self.keys: Keys = keys or KeyStore(settings)
-        self._owns_keys = keys is None
+        self.keys = keys
         self.interrupted = 0  # runs stopped by a cancel (or by a cancel's interrupt)
         if cancels is not None:
             cancels.subscribe(self.on_cancel, on_interrupt=self.on_interrupt)
@@ -78,11 +72,9 @@ class Admission:
             await self.watch.start()
 
     async def close(self) -> None:
-        if self.watch is not None and self._owns_watch:
+        if self.watch is not None:
             await self.watch.stop()
-        await self._store.close()
-        if self._owns_keys:
-            await self.keys.close()
+        await self.keys.close()
 
     def running(self, job_id: str) -> list[Runner]:
         """The runners whose handler runs `job_id` now (a scan of at most `concurrency`

@@ -26,11 +26,10 @@ from collections.abc import Hashable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from stream_jobs.cancels.watch import CancelFeed
 from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
 from stream_jobs.context import JobContext
-from stream_jobs.dedup.store import Dedup, DedupStore
+from stream_jobs.dedup.store import Dedup
 from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError
 from stream_jobs.failures import FailureInfo
 from stream_jobs.handlers import JobHandler
@@ -70,7 +69,7 @@ from stream_jobs.runtime.stalls import LoopWatch
 from stream_jobs.runtime.throttle import ControlFollower
 from stream_jobs.schedules import Scheduler
 from stream_jobs.settings import Settings
-from stream_jobs.unique.release import Keys
+from stream_jobs.storage import PostgresStorage, Storage
 
 log = logging.getLogger("stream_jobs.worker")
 
@@ -88,10 +87,9 @@ class Worker(FlowControlled):
     def __init__(self, settings: Settings, policy: JobTypePolicy, handler: JobHandler, *,
                  grace_s: float = 10.0, commit_interval_s: float = 0.5,
                  max_buffered: int | None = None, relay: bool = True,
-                 dedup: Dedup | None = None, report_interval_s: float = 5.0,
+                 storage: Storage | None = None, report_interval_s: float = 5.0,
                  control: bool = True, children: JobClient | None = None,
-                 scheduler: Scheduler | None = None, kafka: KafkaClients = AIOKAFKA,
-                 cancels: CancelFeed | None = None, keys: Keys | None = None) -> None:
+                 scheduler: Scheduler | None = None, kafka: KafkaClients = AIOKAFKA) -> None:
         prefix = settings.topic_prefix
         lanes = [lane_topic(prefix, policy.job_type, lane) for lane in policy.priorities]
         weights = [(lane_topic(prefix, policy.job_type, lane), weight)
@@ -108,15 +106,19 @@ class Worker(FlowControlled):
         self.handler = handler
         self.retry_policy = RetryPolicy(tiers=policy.retry_tiers,
                                         max_attempts=policy.max_attempts)
-        self.dedup: Dedup = dedup or DedupStore(settings)
-        self._owns_dedup = dedup is None
+        # The database's part (docs/design/layout.md): the app's, or Postgres's own.
+        storage = storage or PostgresStorage(settings)
+        self.dedup: Dedup = storage.dedup_store()
         self.children = children  # checks and makes the child jobs of ctx.enqueue()
         # Results, batch members, chain steps: what a job that needs it commits at its end.
-        self.finisher = Finisher.of(self.dedup, settings, policy.job_type, handler.keep_result_s)
+        self.finisher = Finisher.of(storage.finish_store(self.dedup), settings, policy.job_type,
+                                    handler.keep_result_s)
         self.outcomes: Counter[str] = Counter()
         # Cancels, unique keys, debounce: the hot path reads the set of cancelled IDs directly.
         self.admission = Admission(settings, policy.job_type, stopping=self.stopping,
-                                   interruptible=not handler.sync, cancels=cancels, keys=keys,
+                                   interruptible=not handler.sync,
+                                   cancels=storage.cancel_feed(policy.job_type),
+                                   keys=storage.key_store(),
                                    runners=lambda: self.dispatcher.runners)
         self._cancelled = self.admission.cancelled
         self.relay = (Relay(settings, policy, self.producer, grace_s=grace_s, kafka=kafka,
@@ -191,8 +193,7 @@ class Worker(FlowControlled):
             if follower is not None:
                 await follower.stop()
             await self.producer.stop()
-            if self._owns_dedup:
-                await self.dedup.close()
+            await self.dedup.close()
             await self.admission.close()
 
     def report(self, *, final: bool = False) -> WorkerReport:

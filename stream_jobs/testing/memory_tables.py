@@ -33,14 +33,23 @@ from stream_jobs.cancels.rules import (
     checked_reason,
     concerns,
 )
-from stream_jobs.errors import AlreadyDone, ConfigError
-from stream_jobs.outbox.rows import decode_headers, insert_sql
+from stream_jobs.errors import AlreadyDone, ConfigError, UnknownStatement
+from stream_jobs.outbox.rows import decode_headers
+from stream_jobs.postgres.names import (
+    MEMBER_ENDED,
+    MEMBER_SUCCEEDED,
+    OUTBOX_INSERT,
+    RESULT_ENDED,
+    RESULT_SUCCEEDED,
+    WORKFLOW_INSERT,
+    WORKFLOW_STEPS,
+    statement_name,
+)
 from stream_jobs.record import HEADER_ENQUEUED_AT, HEADER_EXPIRES_AT
 from stream_jobs.results.rules import StoredResult
 from stream_jobs.unique.claim import KeyAnswer
 from stream_jobs.unique.rules import KeyClaim
 from stream_jobs.workflows.members import SUMMARY_KEY
-from stream_jobs.workflows.sql import Statements, insert_templates_sql, insert_workflow_sql
 
 # (topic, key, value, headers): a record to write once its transaction commits.
 RawRecord = tuple[str, bytes | None, bytes | None, Sequence[tuple[str, bytes]]]
@@ -107,14 +116,14 @@ class MemoryTables:
         self._interrupt_listeners: list[Listener] = []
         self._cancel_listeners: list[Listener] = []
         self._result_listeners: list[Callable[[], None]] = []
-        s = Statements.of(schema)
+        # The runtime's own statements, by name (stream_jobs.postgres.names); any other
+        # statement is a handler's effect, recorded as it was run.
         self._apply: dict[str, Callable[[tuple[Any, ...], list[RawRecord]], None]] = {
-            str(s.succeeded): self._succeeded, s.terminal: self._terminal,
-            str(s.member_succeeded): self._member_succeeded, s.member_ended: self._member_ended,
-            insert_workflow_sql(schema): self._workflow, insert_templates_sql(schema):
-            self._templates, insert_sql(schema, "asyncpg"): _outbox_rows}
-        self._workflow_sql = insert_workflow_sql(schema)
-        self._finishes = {str(s.succeeded), s.terminal, str(s.member_succeeded), s.member_ended}
+            RESULT_SUCCEEDED: self._succeeded, RESULT_ENDED: self._terminal,
+            MEMBER_SUCCEEDED: self._member_succeeded, MEMBER_ENDED: self._member_ended,
+            WORKFLOW_INSERT: self._workflow, WORKFLOW_STEPS: self._templates,
+            OUTBOX_INSERT: _outbox_rows}
+        self._finishes = {RESULT_SUCCEEDED, RESULT_ENDED, MEMBER_SUCCEEDED, MEMBER_ENDED}
 
     def on_cancel(self, listener: Listener) -> Callable[[], None]:
         """Call `listener(type, job_id)` after each cancel commits; returns the unsubscribe."""
@@ -132,8 +141,17 @@ class MemoryTables:
 
     # -- statements -----------------------------------------------------------------------
 
-    def knows(self, sql: str) -> bool:
-        return sql in self._apply
+    def _applier(self, sql: str) -> Callable[[tuple[Any, ...], list[RawRecord]], None] | None:
+        """How to apply `sql` if it is the runtime's (None: a handler's effect);
+        `UnknownStatement` for one of the runtime's these tables do not know."""
+        name = statement_name(sql)
+        if name is None:
+            return None
+        apply = self._apply.get(name)
+        if apply is None:
+            raise UnknownStatement(f"The in-memory tables cannot apply the runtime's statement "
+                                   f"{name!r}: add it to stream_jobs.testing.memory_tables.")
+        return apply
 
     def commit(self, job: tuple[str, str, int] | None, statements: Sequence[tuple[str, Any]]
                ) -> tuple[list[tuple[str, tuple[Any, ...]]], list[RawRecord]]:
@@ -148,19 +166,19 @@ class MemoryTables:
                 if job_id in self.done:
                     raise AlreadyDone(f"job {job_id} already finished")
             # Checked before anything changes, so a refused plan leaves no row behind.
+            appliers = [self._applier(sql) for sql, _ in statements]
             for sql, args in statements:
-                if sql == self._workflow_sql and args[0] in self.workflows:
+                if statement_name(sql) == WORKFLOW_INSERT and args[0] in self.workflows:
                     raise ConfigError(f"A batch or chain with the ID {args[0]!r} exists "
                                       "already: give a new ID, or none.")
             if job is not None:
                 self.done[job_id] = DoneRow(job_type, attempt, clock.now_ms())
-            for sql, args in statements:
-                apply = self._apply.get(sql)
+            for (sql, args), apply in zip(statements, appliers, strict=True):
                 if apply is None:
                     effects.append((sql, tuple(args)))
                 else:
                     apply(tuple(args), rows)
-        if any(sql in self._finishes for sql, _ in statements):
+        if any(statement_name(sql) in self._finishes for sql, _ in statements):
             for listener in list(self._result_listeners):
                 listener()  # a result's waiters look again
         return effects, rows

@@ -41,8 +41,7 @@ from stream_jobs import clock
 from stream_jobs.app import App
 from stream_jobs.cancels.rules import Cancellation
 from stream_jobs.client import Job, JobClient
-from stream_jobs.client_stores import ClientStores
-from stream_jobs.dedup.store import Dedup, DedupStore, prepare_schema
+from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.dlq.letters import Letter, read_letter
 from stream_jobs.errors import ConfigError, LetterNotFound
 from stream_jobs.job_types import JobTypePolicy, get_job_type
@@ -54,10 +53,12 @@ from stream_jobs.outbox.relay import OutboxRelay
 from stream_jobs.record import HEADER_ATTEMPT, HEADER_JOB_ID
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
+from stream_jobs.storage import PostgresStorage, Storage
 from stream_jobs.testing.broker import MemoryBroker, StoredRecord
-from stream_jobs.testing.memory_control import MemoryCancels, MemoryKeys, MemoryStores
+from stream_jobs.testing.memory_control import MemoryStores
 from stream_jobs.testing.memory_dedup import DoneRow, MemoryDedup, Statement, TesterTransaction
 from stream_jobs.testing.memory_kafka import MemoryKafka, MemoryProducer
+from stream_jobs.testing.memory_storage import MemoryStorage
 from stream_jobs.testing.memory_tables import RawRecord
 from stream_jobs.testing.runs import WorkerRun
 from stream_jobs.testing.schedules import Firing, VirtualSchedules
@@ -103,15 +104,17 @@ class JobTester:
         self._timeout_s = timeout_s
         self._running = False
         # On Postgres the clients use its tables; in memory, the tester's rows.
-        self._stores: ClientStores | None = None if self.on_postgres else MemoryStores(
-            self.settings, self._memory.tables, self.broker, self._publish,
-            lambda: self._running)
+        # In memory, the tester's rows in the app's place; on Postgres, its tables.
+        self._memory_storage: MemoryStorage | None = None if self.on_postgres else MemoryStorage(
+            self._memory, MemoryStores(self.settings, self._memory.tables, self.broker,
+                                       self._publish, lambda: self._running))
+        self._storage: Storage = self._memory_storage or PostgresStorage(self.settings)
         self._client = self._new_client()
         self._schedules: VirtualSchedules | None = None
         self._outcomes: dict[str, Counter[str]] = {t: Counter() for t in app.handlers}
         self._reasons: dict[str, Counter[str]] = {t: Counter() for t in app.handlers}
         self._restore: tuple[AbstractContextManager[None], KafkaClients,
-                             dict[str, JobTypePolicy] | None, ClientStores | None] | None = None
+                             dict[str, JobTypePolicy] | None, Storage | None] | None = None
         self._entered = False
         self._migrated = False
 
@@ -127,8 +130,9 @@ class JobTester:
         schedules = VirtualSchedules(self.app, self._types, self._kafka, self.clock.now_ms())
         reading = clock.reading(self.clock)
         reading.__enter__()
-        self._restore = (reading, self.app.kafka, self.app.declared_types, self.app.stores)
-        self.app.kafka, self.app.stores = self._kafka, self._stores
+        self._restore = (reading, self.app.kafka, self.app.declared_types,
+                         self.app.use_storage(self._memory_storage))
+        self.app.kafka = self._kafka
         if self._in_code:
             self.app.declared_types = dict(self._types)
         prefix = self.settings.topic_prefix
@@ -146,7 +150,8 @@ class JobTester:
             return
         reading, kafka, declared, stores = self._restore
         self._restore = None
-        self.app.kafka, self.app.declared_types, self.app.stores = kafka, declared, stores
+        self.app.kafka, self.app.declared_types = kafka, declared
+        self.app.use_storage(stores)
         reading.__exit__(None, None, None)
 
     def __enter__(self) -> JobTester:
@@ -244,8 +249,8 @@ class JobTester:
     async def _run(self, until_ms: int | None) -> None:
         schedules = self._opened()
         client = await self._entered_client()
-        dedup, outbox = await self._dedup_for_run()
-        workers = [self._worker(job_type, dedup) for job_type in sorted(self.app.handlers)]
+        outbox = await self._outbox_for_run()
+        workers = [self._worker(job_type) for job_type in sorted(self.app.handlers)]
         self._running = True
         try:
             async with WorkerRun(workers, self._kafka, self.clock, schedules, client,
@@ -259,27 +264,25 @@ class JobTester:
                 self._reasons[worker.policy.job_type].update(worker.dead_letter_reasons)
             if outbox is not None:
                 await outbox.close()
-            if dedup is not self._memory:
-                await dedup.close()
 
-    async def _dedup_for_run(self) -> tuple[Dedup, OutboxRelay | None]:
+    async def _outbox_for_run(self) -> OutboxRelay | None:
+        """On Postgres, the relay of the rows `enqueue(conn=)` wrote; in memory, none (the
+        tester's rows reach its broker at commit)."""
         if not self.on_postgres:
-            return self._memory, None
+            return None
         relay = OutboxRelay(self.settings, producer=self._writer)
         await relay.connect()
-        return DedupStore(self.settings), relay
+        return relay
 
     def _new_client(self) -> JobClient:
         return JobClient(self.settings, self._types, models=self.app.models(),
-                         kafka=self._kafka, kept=self.app.kept_results(), stores=self._stores)
+                         kafka=self._kafka, kept=self.app.kept_results(),
+                         stores=self._storage.client_stores())
 
-    def _worker(self, job_type: str, dedup: Dedup) -> Worker:
-        tables = None if self.on_postgres else self._memory.tables  # else Postgres's own
+    def _worker(self, job_type: str) -> Worker:
         return Worker(self.settings, self._types[job_type], self.app.handler(job_type),
-                      dedup=dedup, kafka=self._kafka, children=self._new_client(),
-                      control=False, grace_s=1.0,
-                      cancels=None if tables is None else MemoryCancels(tables, job_type),
-                      keys=None if tables is None else MemoryKeys(tables))
+                      storage=self._storage, kafka=self._kafka, children=self._new_client(),
+                      control=False, grace_s=1.0)
 
     # -- cancels, results, workflows (the client's calls, into the tester) ----------------------
 

@@ -34,6 +34,15 @@ from dataclasses import dataclass
 from stream_jobs.cancels.rules import MARKER_ATTEMPT
 from stream_jobs.dedup.deferred import ColumnStatement
 from stream_jobs.outbox.rows import table as outbox_table
+from stream_jobs.postgres.names import (
+    MEMBER_ENDED,
+    MEMBER_SUCCEEDED,
+    RESULT_ENDED,
+    RESULT_SUCCEEDED,
+    WORKFLOW_INSERT,
+    WORKFLOW_STEPS,
+    named,
+)
 from stream_jobs.results.store import results_table
 
 
@@ -218,18 +227,20 @@ def member_succeeded_many_sql(schema: str) -> str:
 
 def insert_workflow_sql(schema: str) -> str:
     """$1 ID, $2 kind, $3 total, $4 parent job ID (or NULL), $5 already finished."""
-    return (f"INSERT INTO {workflows_table(schema)} (workflow_id, kind, total, parent_job_id, "
-            "finished_at) VALUES ($1, $2, $3, $4, CASE WHEN $5 THEN now() END)")
+    return named(
+        f"INSERT INTO {workflows_table(schema)} (workflow_id, kind, total, parent_job_id, "
+        "finished_at) VALUES ($1, $2, $3, $4, CASE WHEN $5 THEN now() END)", WORKFLOW_INSERT)
 
 
 def insert_templates_sql(schema: str) -> str:
     """$1 the workflow's ID, then one array per column of the templates."""
-    return (f"INSERT INTO {workflow_jobs_table(schema)} (workflow_id, slot, job_id, job_type, "
-            "topic, key, value, headers, expires_in_ms) SELECT $1, u.slot, u.job_id, "
-            "u.job_type, u.topic, u.key, u.value, u.headers::jsonb, u.expires_in_ms FROM "
-            "unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::bytea[], "
-            "$8::text[], $9::bigint[]) AS u(slot, job_id, job_type, topic, key, value, "
-            "headers, expires_in_ms)")
+    return named(
+        f"INSERT INTO {workflow_jobs_table(schema)} (workflow_id, slot, job_id, job_type, "
+        "topic, key, value, headers, expires_in_ms) SELECT $1, u.slot, u.job_id, "
+        "u.job_type, u.topic, u.key, u.value, u.headers::jsonb, u.expires_in_ms FROM "
+        "unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::bytea[], "
+        "$8::text[], $9::bigint[]) AS u(slot, job_id, job_type, topic, key, value, "
+        "headers, expires_in_ms)", WORKFLOW_STEPS)
 
 
 @dataclass(frozen=True)
@@ -243,11 +254,12 @@ class Statements:
 
     @classmethod
     def of(cls, schema: str) -> Statements:
-        return cls(ColumnStatement(succeeded_sql(schema), succeeded_many_sql(schema)),
-                   terminal_sql(schema),
+        return cls(ColumnStatement(succeeded_sql(schema), succeeded_many_sql(schema),
+                                   RESULT_SUCCEEDED),
+                   named(terminal_sql(schema), RESULT_ENDED),
                    ColumnStatement(member_succeeded_sql(schema),
-                                   member_succeeded_many_sql(schema)),
-                   member_ended_sql(schema))
+                                   member_succeeded_many_sql(schema), MEMBER_SUCCEEDED),
+                   named(member_ended_sql(schema), MEMBER_ENDED))
 
 
 __all__ = ["Statements", "insert_templates_sql", "insert_workflow_sql", "workflow_jobs_table",

@@ -66,7 +66,7 @@ def test_a_recording_keeps_statements_in_order_and_refuses_non_sql() -> None:
 
 
 def test_a_column_statement_groups_with_its_text_and_carries_its_many_form() -> None:
-    finish = ColumnStatement("SELECT $1", "SELECT unnest($1::text[])")
+    finish = ColumnStatement("SELECT $1", "SELECT unnest($1::text[])", "finish.test")
     grouped = stages([[("INSERT x", (1,)), (finish, ("a",))], [(finish, ("b",))]])
     assert grouped[0] == [("INSERT x", [(1,)]), ("SELECT $1", [("b",)])]
     key = grouped[0][1][0]

@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_jobs.client import Job, JobClient
+from stream_jobs.errors import UnknownStatement
 from stream_jobs.job_types import JobTypePolicy
+from stream_jobs.postgres.names import named
 from stream_jobs.record import JobRecord, decode_record
 from stream_jobs.results.finish import Finisher, record_ending
 from stream_jobs.settings import Settings
@@ -97,3 +99,18 @@ def test_a_cancel_and_a_run_are_one_or_the_other() -> None:
     assert "j" not in {job for job, row in tables.done.items() if row.attempt}
     tables.commit(("k", "member", 1), [])
     assert not tables.cancel("k", None, None).changed
+
+
+def test_a_runtime_statement_the_tables_do_not_know_is_refused_not_taken_for_an_effect() -> None:
+    tables = MemoryTables(SCHEMA)
+    unknown = named(f'UPDATE "{SCHEMA}".stream_jobs_someday SET n = n + 1 WHERE id = $1',
+                    "someday.count")
+    with pytest.raises(UnknownStatement, match="someday.count"):
+        tables.commit(("job-1", "t", 1), [("INSERT INTO mine VALUES ($1)", (1,)),
+                                          (unknown, ("x",))])
+    assert "job-1" not in tables.done  # refused before anything changed
+    # A handler's own statement, even one naming a table of ours, is its effect.
+    own = f'UPDATE "{SCHEMA}".stream_jobs_someday SET n = 0'
+    effects, rows = tables.commit(("job-2", "t", 1), [(own, ())])
+    assert effects == [(own, ())] and rows == []
+    assert "job-2" in tables.done

@@ -243,7 +243,7 @@ async def test_a_debounced_burst_runs_only_its_last_job(job_tester: StartTester)
 
 async def test_the_tester_restores_the_apps_stores() -> None:
     app = mail_app([])
-    before = app.stores
+    before = app.storage
     async with JobTester(app, types=TYPES):
-        assert app.stores is not None
-    assert app.stores is before
+        assert app.storage is not before
+    assert app.storage is before
