@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from stream_jobs.context import JobContext
 from stream_jobs.dedup.fencing import FencingToken, TokenIssuer
-from stream_jobs.dedup.schema import schema_ddl
+from stream_jobs.postgres.schema import schema_ddl
 from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import ConfigError, DatabaseUnavailable, RunGivenUp
 from stream_jobs.record import JobRecord, Record
