@@ -1,19 +1,21 @@
 """What a handler gets besides its payload: the job's identity, `once()` (and, for sync
-handlers, `once_sync(session)`), `enqueue()`, `batch()` / `chain()`, its fencing token,
-a chain step's `parent_result`, and whether it was cancelled."""
+handlers, `once_sync(session)`), `enqueue()`, `batch()` / `chain()`, its fencing token
+(`fencing_token_sync()` in a sync handler), a chain step's `parent_result`, and whether it
+was cancelled."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from stream_jobs.client import Job, Seconds
 from stream_jobs.dedup.deferred import DeferredWrites
 from stream_jobs.dedup.fencing import FencingToken
 from stream_jobs.dedup.store import Dedup
-from stream_jobs.errors import ConfigError, NotInTransaction
+from stream_jobs.errors import ConfigError, NotInTransaction, RunGivenUp
 from stream_jobs.outbox.rows import child_job_id, insert_args, insert_sql
 from stream_jobs.outbox.writer import write_async
 from stream_jobs.record import JobRecord
@@ -29,6 +31,21 @@ if TYPE_CHECKING:
     from stream_jobs.client import JobClient
 
 
+class SyncCall(Protocol):
+    """A plain `def` handler's call on a thread of its worker's pool, as its context sees
+    it (`stream_jobs.runtime.threads.ThreadCall`)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The worker's event loop, which the call's thread is not."""
+        ...
+
+    def waited(self) -> bool:
+        """On the loop: whether the job still waits for the call (it has not returned, nor
+        run past its timeout, nor been abandoned to the partition's next owner)."""
+        ...
+
+
 class JobContext:
     """The running job. `job_id` is the idempotency key for effects outside Postgres.
 
@@ -37,10 +54,14 @@ class JobContext:
     """
 
     # `_fencing` is left unset until `fencing_token` is first read: a handler that never
-    # reads it pays nothing for it, not even a store here.
+    # reads it pays nothing for it, not even a store here. `_sync_call` is set only for a
+    # plain `def` handler, by the thread pool that runs it.
     __slots__ = ("_cancelled", "_children", "_conn", "_dedup", "_enqueued", "_fencing",
-                 "_finish", "_job", "_lend_slot", "_offset", "_partition", "_topic", "_writes",
-                 "returned")
+                 "_finish", "_job", "_lend_slot", "_offset", "_partition", "_sync_call",
+                 "_topic", "_writes", "returned")
+
+    _fencing: FencingToken
+    _sync_call: SyncCall
 
     def __init__(self, job: JobRecord, *, topic: str, partition: int, offset: int,
                  dedup: Dedup,
@@ -124,12 +145,58 @@ class JobContext:
         Taken from the dedup database on the first await (one round trip, shared with
         other jobs asking at the same moment), then the same for the rest of this run; no
         other run gets it. Await it first, before reading what the write is computed from.
+        In a plain `def` handler, `ctx.fencing_token_sync()` gives the same token.
         """
+        return self._token()
+
+    def _token(self) -> FencingToken:
         try:
             return self._fencing
         except AttributeError:
-            self._fencing: FencingToken = FencingToken(self._dedup.fencing_token)
+            self._fencing = FencingToken(self._dedup.fencing_token)
             return self._fencing
+
+    def fencing_token_sync(self) -> int:
+        """`token = ctx.fencing_token_sync()` in a plain `def` handler: the token `await
+        ctx.fencing_token` gives an async one, taken the same way (on the worker's event
+        loop, one round trip shared with other jobs) and the same number on every later
+        call or await in this run. The handler's thread waits for it; the loop does not.
+
+        Call it first, before reading what the write is computed from. A thread that runs
+        on after its job stopped waiting for it (past its timeout, or abandoned to the
+        partition's next owner) gets no new token: `RunGivenUp`, since the job's next run
+        may already hold a token and this run's write must not win over it. A token taken
+        before then is still given. `DatabaseUnavailable` if Postgres does not answer.
+        """
+        call = self._thread_call()
+
+        async def on_loop() -> int:
+            token = self._token()
+            if not token.asked and not call.waited():
+                raise RunGivenUp(
+                    f"Job {self.job_id} ({self.job_type}) attempt {self.attempt} is no longer "
+                    "waited for (its timeout passed, or its partition went to another "
+                    "worker), so this run gets no fencing token: its job's next run may "
+                    "hold a later one. Take the token first in the handler.")
+            return await token
+
+        return asyncio.run_coroutine_threadsafe(on_loop(), call.loop).result()
+
+    def _thread_call(self) -> SyncCall:
+        """The call of a plain `def` handler that this context belongs to; `ConfigError`
+        for any other (or for a call from its worker's loop, which would never answer)."""
+        call: SyncCall | None = getattr(self, "_sync_call", None)
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if call is None or loop is call.loop:
+            raise ConfigError(
+                "ctx.fencing_token_sync() waits on its thread for the token, so it is for a "
+                "plain `def` handler, which the worker runs on a thread; in an `async def`, "
+                "`token = await ctx.fencing_token` (and hand the number to a thread of "
+                "yours).")
+        return call
 
     def __repr__(self) -> str:
         return (f"JobContext(job_id={self.job_id!r}, job_type={self.job_type!r}, "

@@ -148,6 +148,10 @@ class JobInterrupted(StreamJobsError):
     """A run stopped for a cancel that did not complete: it failed, and is retried."""
 
 
+class RunGivenUp(StreamJobsError):
+    """A handler thread asked for a fencing token after its job stopped waiting for it."""
+
+
 class LeadershipLost(StreamJobsError):
     """A scheduler's lock session ended or failed: it no longer leads its type's schedules."""
 

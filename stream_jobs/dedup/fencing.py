@@ -15,7 +15,8 @@ in flight starts one at once, and the requests that arrive meanwhile go together
 next fetch, one round trip for all of them (`SELECT nextval(...) FROM generate_series`).
 So every token is taken after its request was made, which is the order fencing needs.
 `FencingToken` is what `ctx.fencing_token` returns: one token per delivery, asked for on
-its first await.
+its first await. A plain `def` handler's `ctx.fencing_token_sync()` awaits the same one on
+the worker's loop from the handler's thread (`stream_jobs.context`).
 """
 
 from __future__ import annotations
@@ -106,10 +107,17 @@ class FencingToken:
         self._request = request
         self._future: asyncio.Future[int] | None = None
 
+    @property
+    def asked(self) -> bool:
+        """Whether the token was asked for and that did not fail (it is on its way, or
+        taken): an await now makes no new request."""
+        future = self._future
+        return future is not None and not (future.done() and (future.cancelled()
+                                                              or future.exception() is not None))
+
     def __await__(self) -> Generator[Any, None, int]:
         future = self._future
-        if future is None or (future.done() and (future.cancelled()
-                                                 or future.exception() is not None)):
+        if future is None or not self.asked:
             future = self._future = self._request()
         # Shielded: one awaiter cancelled (its timeout) does not fail another's await of
         # the same token, nor waste the request.

@@ -15,6 +15,10 @@ than `concurrency` handlers at once, and the next job of the key waits, so two j
 one key never run at the same time. Such calls are counted (`overdue`,
 `overdue_total`, exported as Prometheus metrics) and logged when they finally return.
 
+The handler's `ctx.fencing_token_sync()` takes its token on the loop, as an async
+handler's await does, while the thread waits (`ThreadCall.loop`); a call the job no
+longer waits for gets none it did not already have (`ThreadCall.waited`).
+
 The threads are daemon threads: a worker that stops with a call still running does not
 wait for it (that call's job was abandoned, so its offset was not committed; the process
 exit ends the thread and its open transaction rolls back).
@@ -42,8 +46,9 @@ SyncFunc = Callable[[Any, JobContext], object]
 
 
 class ThreadCall:
-    """One handler call on a pool thread, as the loop sees it. Everything but `run` is
-    called on the loop's thread, so the counters need no lock."""
+    """One handler call on a pool thread, as the loop sees it. Everything but `run` and
+    `loop` (which never changes) is called on the loop's thread, so the counters need no
+    lock."""
 
     __slots__ = ("_late", "_loop", "_overdue_since", "_pool", "args", "ended", "func",
                  "future")
@@ -59,6 +64,19 @@ class ThreadCall:
         self.ended = False
         self._late: asyncio.Future[None] | None = None
         self._overdue_since = 0.0
+        # How `ctx.fencing_token_sync()` reaches the loop from the thread (and asks
+        # whether the job still waits for this call).
+        args[1]._sync_call = self
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def waited(self) -> bool:
+        """On the loop: whether the job still waits for this call. Its runner stops at
+        the call's timeout or when the job is abandoned (cancelling `future`), and the
+        call's end resolves it."""
+        return not self.future.done()
 
     def run(self, context: contextvars.Context) -> None:
         """On a pool thread: call the function and tell the loop how it ended."""

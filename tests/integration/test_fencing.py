@@ -1,5 +1,7 @@
 """Fencing tokens on the real stack: a zombie worker's late write is refused by a store
-that checks the token, and one job's tokens grow across every kind of delivery.
+that checks the token, and one job's tokens grow across every kind of delivery; each for
+an `async def` handler (`await ctx.fencing_token`) and a plain `def` one, on a thread
+(`ctx.fencing_token_sync()`).
 
 The zombie test runs two `stream-jobs worker tests.apps.fenced:app` processes and
 SIGSTOPs the one running the job past the session timeout (10 s), so the group gives the
@@ -32,13 +34,16 @@ from stream_jobs.naming import lane_topic, worker_group
 from stream_jobs.settings import Settings
 from stream_jobs.tools.group_offsets import reset_offsets
 from stream_jobs.tools.replay import replay
-from tests.apps.fenced import JOB_TYPE, TABLES
+from tests.apps.fenced import JOB_TYPE, SYNC_JOB_TYPE, TABLES
 from tests.waiting import until
 
 from .conftest import Declare
 from .test_worker_processes import REPO, STREAM_JOBS, WorkerProcess
 
 SESSION_TIMEOUT_S = 10.0  # the worker consumer's (stream_jobs.runtime.member)
+
+# The handler's kind: `async def` (awaits the token) or plain `def` (takes it on its thread).
+KINDS = pytest.mark.parametrize("kind", ["async", "def"])
 
 
 @pytest.fixture
@@ -59,7 +64,7 @@ class FencedWorkers:
         self.logs = logs
         self.started: list[WorkerProcess] = []
 
-    def start(self, name: str) -> WorkerProcess:
+    def start(self, name: str, job_type: str) -> WorkerProcess:
         s = self.settings
         env = {**os.environ, "STREAM_JOBS_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
                "STREAM_JOBS_DATABASE_URL": s.database_url,
@@ -69,7 +74,7 @@ class FencedWorkers:
         log = self.logs / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [str(STREAM_JOBS), "worker", "tests.apps.fenced:app", "--type", JOB_TYPE],
+                [str(STREAM_JOBS), "worker", "tests.apps.fenced:app", "--type", job_type],
                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL)
         worker = WorkerProcess(name, proc, log)
@@ -96,22 +101,24 @@ def workers(settings: Settings, tmp_path: Path) -> Iterator[FencedWorkers]:
         pool.kill_all()
 
 
+@KINDS
 async def test_a_zombies_late_write_is_refused_by_the_fence(
         app: App, declare: Declare, db: Any, workers: FencedWorkers,
-        settings: Settings) -> None:
+        settings: Settings, kind: str) -> None:
+    job_type = JOB_TYPE if kind == "async" else SYNC_JOB_TYPE
     for statement in TABLES:
         await db.execute(statement)
     # One partition: one member runs the job, the other idles until it is handed over.
-    await declare(JOB_TYPE, partitions=1, retry_tiers=["1s"])
-    a, b = workers.start("a"), workers.start("b")
-    group = worker_group(settings.topic_prefix, JOB_TYPE)
+    await declare(job_type, partitions=1, retry_tiers=["1s"])
+    a, b = workers.start("a", job_type), workers.start("b", job_type)
+    group = worker_group(settings.topic_prefix, job_type)
 
     async def both_in_group() -> bool:
         return await group_state(settings, group) == ("Stable", 2)
 
     await until(both_in_group, f"both workers in the group\n{workers.tails()}", 60)
     async with app.client() as client:
-        await client.enqueue(JOB_TYPE, {"doc_id": "doc-1", "body": "v1"})
+        await client.enqueue(job_type, {"doc_id": "doc-1", "body": "v1"})
 
     async def writes(step: str) -> list[Any]:
         return list(await db.fetch("SELECT pid, token, accepted FROM writes WHERE step = $1 "
@@ -159,20 +166,31 @@ async def test_a_zombies_late_write_is_refused_by_the_fence(
 # -- one job's tokens across its deliveries -----------------------------------------------
 
 
+@KINDS
 async def test_one_jobs_token_grows_across_retries_requeues_replays_and_redeliveries(
-        app: App, declare: Declare, db: Any, settings: Settings) -> None:
+        app: App, declare: Declare, db: Any, settings: Settings, kind: str) -> None:
     job_type = "doc.tokens"
     await declare(job_type, partitions=1, retry_tiers=["1s"], max_attempts=2)
     seen: list[tuple[int, int, int]] = []  # (attempt, offset, token) per delivery
     failing = True
 
-    @app.job(job_type)
-    async def index(job: dict[str, Any], ctx: JobContext) -> None:
-        token = await ctx.fencing_token
-        assert await ctx.fencing_token == token  # one token per delivery
+    def delivered(ctx: JobContext, token: int) -> None:
         seen.append((ctx.attempt, ctx.offset, token))
         if failing:
             raise RuntimeError("the index is down")
+
+    if kind == "async":
+        @app.job(job_type)
+        async def index(job: dict[str, Any], ctx: JobContext) -> None:
+            token = await ctx.fencing_token
+            assert await ctx.fencing_token == token  # one token per delivery
+            delivered(ctx, token)
+    else:
+        @app.job(job_type)
+        def index_on_a_thread(job: dict[str, Any], ctx: JobContext) -> None:
+            token = ctx.fencing_token_sync()
+            assert ctx.fencing_token_sync() == token  # one token per delivery
+            delivered(ctx, token)
 
     async with app.client() as client:
         job_id = await client.enqueue(job_type, {"doc": "d-1"})

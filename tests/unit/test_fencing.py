@@ -1,5 +1,6 @@
 """Fencing tokens without services: the issuer's coalescing and ordering, the awaitable a
-handler reads, and that a handler which never reads it costs no request."""
+handler reads, the sync form a plain `def` handler calls on its thread, and that a
+handler which never reads it costs no request."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import ast
 import asyncio
 import itertools
 import re
+import threading
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -17,9 +19,15 @@ from hypothesis import strategies as st
 from stream_jobs.context import JobContext
 from stream_jobs.dedup.fencing import FencingToken, TokenIssuer
 from stream_jobs.dedup.store import DedupStore
-from stream_jobs.errors import DatabaseUnavailable
+from stream_jobs.errors import ConfigError, DatabaseUnavailable, RunGivenUp
 from stream_jobs.postgres.schema import schema_ddl
-from stream_jobs.record import JobRecord
+from stream_jobs.record import JobRecord, Record
+from stream_jobs.runtime.dispatch import PartitionWork, Runner
+from stream_jobs.runtime.threads import HandlerThreads
+from tests.waiting import until
+
+from .test_runners import Member, feed
+from .test_sync_handlers import SyncMember
 
 
 class PostgresSequence:
@@ -248,6 +256,162 @@ def test_a_handler_cannot_set_the_token() -> None:
     ctx = _context(CountingDedup())
     with pytest.raises(AttributeError):
         ctx.fencing_token = cast(Any, 1)  # type: ignore[misc]
+
+
+# -- in a plain `def` handler ------------------------------------------------------------
+
+
+class AnsweredByTheTest:
+    """Stands in for DedupStore: each token request waits until the test answers it."""
+
+    def __init__(self) -> None:
+        self.made: list[asyncio.Future[int]] = []
+
+    def fencing_token(self) -> asyncio.Future[int]:
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.made.append(future)
+        return future
+
+
+async def test_a_sync_handler_gets_the_token_an_await_gets_asked_for_once() -> None:
+    dedup = CountingDedup()
+    threads = HandlerThreads(2, "sj-fencing")
+    read: list[int] = []
+
+    def index(job: Any, ctx: JobContext) -> None:
+        read.append(ctx.fencing_token_sync())
+        read.append(ctx.fencing_token_sync())
+
+    ctx = _context(dedup)
+    await threads.start(index, {}, ctx).future
+    assert read == [101, 101]
+    assert await ctx.fencing_token == 101  # the await and the call share the one token
+    assert dedup.requests == 1
+    # Another delivery of the same job has a context of its own, and a later token.
+    await threads.start(index, {}, _context(dedup)).future
+    assert read[2:] == [102, 102]
+    threads.close()
+
+
+async def test_a_sync_handler_that_never_reads_the_token_asks_for_none() -> None:
+    dedup = CountingDedup()
+    threads = HandlerThreads(1, "sj-fencing")
+
+    def index(job: Any, ctx: JobContext) -> None: ...
+
+    await threads.start(index, {}, _context(dedup)).future
+    assert dedup.requests == 0
+    threads.close()
+
+
+async def test_the_handlers_thread_waits_for_its_token_while_the_loop_runs_on() -> None:
+    dedup = AnsweredByTheTest()
+    threads = HandlerThreads(1, "sj-fencing")
+    asked_from: list[str] = []
+
+    def index(job: Any, ctx: JobContext) -> int:
+        asked_from.append(threading.current_thread().name)
+        return ctx.fencing_token_sync()
+
+    ctx = _context(dedup)
+    call = threads.start(index, {}, ctx)
+    # The request is made on the loop (the issuer's futures live there), and this test,
+    # on the same loop, runs while the thread waits for the answer.
+    await until(lambda: len(dedup.made) == 1, "the thread's request reaches the loop")
+    assert not call.future.done()
+    dedup.made[0].set_result(41)
+    await call.future
+    assert ctx.returned == 41
+    assert asked_from == ["sj-fencing-0"]
+    threads.close()
+
+
+async def test_a_failed_sync_token_is_asked_for_again_on_the_next_call() -> None:
+    dedup = AnsweredByTheTest()
+    threads = HandlerThreads(1, "sj-fencing")
+    failures: list[BaseException] = []
+
+    def index(job: Any, ctx: JobContext) -> int:
+        try:
+            return ctx.fencing_token_sync()
+        except DatabaseUnavailable as exc:  # Postgres down: as the await, it raises
+            failures.append(exc)
+        return ctx.fencing_token_sync()
+
+    ctx = _context(dedup)
+    call = threads.start(index, {}, ctx)
+    await until(lambda: len(dedup.made) == 1, "the first request")
+    dedup.made[0].set_exception(DatabaseUnavailable("Postgres did not answer."))
+    await until(lambda: len(dedup.made) == 2, "the request made again")
+    dedup.made[1].set_result(9)
+    await call.future
+    assert (ctx.returned, len(failures)) == (9, 1)
+    threads.close()
+
+
+class FencedMember(SyncMember):
+    """A SyncMember whose jobs' contexts take their tokens from `dedup`."""
+
+    def __init__(self, func: Any, dedup: CountingDedup, **options: Any) -> None:
+        self.dedup = dedup
+        super().__init__(func, **options)
+
+    async def _through_caller(self, member: Member, work: PartitionWork, record: Record,
+                              runner: Runner) -> None:
+        ctx = _context(self.dedup)
+        self.errors[record.offset] = await self.caller.call(runner, {"offset": record.offset},
+                                                            ctx)
+
+
+async def test_a_thread_its_job_gave_up_on_gets_no_new_token_but_keeps_its_own() -> None:
+    """A thread past its timeout runs on, and the job's next run may already hold a token:
+    a token taken now would be above that one and let this run's late write win."""
+    dedup = CountingDedup()
+    gate = threading.Event()
+    got: dict[str, Any] = {}
+
+    def index(job: dict[str, int], ctx: JobContext) -> None:
+        if job["offset"] == 0:  # took its token first, as it should
+            got["before"] = ctx.fencing_token_sync()
+            gate.wait(30)
+            got["after"] = ctx.fencing_token_sync()
+        else:  # asks only once its job has stopped waiting for it
+            gate.wait(30)
+            try:
+                got["late"] = ctx.fencing_token_sync()
+            except RunGivenUp as exc:
+                got["late"] = exc
+
+    member = FencedMember(index, dedup, concurrency=2, timeout_s=0.2)
+    feed(member, 0, [1, 2])  # two keys: both run at once
+    await until(lambda: len(member.errors) == 2, "both calls time out")
+    assert all(isinstance(e, TimeoutError) for e in member.errors.values())
+    gate.set()
+    await until(lambda: member.dispatcher.held == 0, "both threads return")
+    assert got["after"] == got["before"] == 101
+    assert isinstance(got["late"], RunGivenUp), got
+    assert "no longer waited for" in str(got["late"])
+    assert dedup.requests == 1
+    member.threads.close()
+
+
+async def test_the_sync_form_outside_a_sync_handlers_thread_says_to_await() -> None:
+    dedup = CountingDedup()
+    ctx = _context(dedup)
+    with pytest.raises(ConfigError, match=r"`token = await ctx.fencing_token`"):
+        ctx.fencing_token_sync()  # on the loop: in an `async def`
+    with pytest.raises(ConfigError, match="plain `def` handler"):
+        await asyncio.to_thread(ctx.fencing_token_sync)  # a thread an async handler made
+    # A sync handler's context used from the worker's loop: the wait would never end.
+    gate = threading.Event()
+    threads = HandlerThreads(1, "sj-fencing")
+    call = threads.start(lambda job, ctx: gate.wait(30), {}, ctx)
+    with pytest.raises(ConfigError, match="plain `def` handler"):
+        ctx.fencing_token_sync()
+    gate.set()
+    await call.future
+    assert dedup.requests == 0
+    threads.close()
 
 
 def test_db_migrate_creates_the_sequence_with_no_cache() -> None:

@@ -1,6 +1,6 @@
 """JobTester covers what the other features add to a job's life: child jobs exactly-once
 with their parent, `enqueue(conn=...)` in a transaction, schedules on virtual time, sync
-handlers, fencing tokens."""
+handlers, fencing tokens (awaited, and taken on a sync handler's thread)."""
 
 from __future__ import annotations
 
@@ -203,5 +203,26 @@ async def test_fencing_tokens_grow_with_every_delivery(job_tester: StartTester) 
     t = job_tester(app, types={"index.put": {"retry_tiers": ["5s", "1m"]}})
     await t.enqueue_many([Job("index.put", {"doc": 1})])
     await t.run_until_idle()
+    assert [attempt for attempt, _ in tokens] == [1, 2, 3]
+    assert [token for _, token in tokens] == sorted({token for _, token in tokens})
+
+
+async def test_a_sync_handlers_fencing_tokens_grow_with_every_delivery(
+        job_tester: StartTester) -> None:
+    app = App()
+    tokens: list[tuple[int, int]] = []
+
+    @app.job("index.put")
+    def put(doc: dict[str, Any], ctx: JobContext) -> None:
+        token = ctx.fencing_token_sync()  # on the handler's thread
+        assert ctx.fencing_token_sync() == token
+        tokens.append((ctx.attempt, token))
+        if ctx.attempt < 3:
+            raise RuntimeError("the index refused")
+
+    t = job_tester(app, types={"index.put": {"retry_tiers": ["5s", "1m"]}})
+    await t.enqueue_many([Job("index.put", {"doc": 1})])
+    await t.run_until_idle()
+    assert t.outcomes == {"retried": 2, "succeeded": 1}
     assert [attempt for attempt, _ in tokens] == [1, 2, 3]
     assert [token for _, token in tokens] == sorted({token for _, token in tokens})
