@@ -80,13 +80,21 @@ class Record(Protocol):
     """The fields of a consumed Kafka record that stream-jobs reads (aiokafka's
     `ConsumerRecord` has them; tests build their own)."""
 
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes]]
+    # Read-only here: nothing of ours changes a record it consumed.
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def timestamp(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]: ...
 
 
 class _Changes(TypedDict, total=False):

@@ -16,15 +16,8 @@ from rich.table import Table
 
 from stream_jobs import clock, logs
 from stream_jobs.app import load_app
-from stream_jobs.cli.common import (
-    KAFKA_LOG_LEVEL_OPTION,
-    LOG_FORMAT_OPTION,
-    LOG_LEVEL_OPTION,
-    LogLevel,
-    app,
-    run_fast,
-    settings_of,
-)
+from stream_jobs.cli import common
+from stream_jobs.cli.common import LogLevel, app, run_fast, settings_of
 from stream_jobs.client import JobClient
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
@@ -48,9 +41,9 @@ def scheduler(
     job_types: list[str] = typer.Option(
         [], "--type", "-t", metavar="TYPE", help="A type whose schedules to run "
         "(repeatable; default: every type with schedules)."),
-    log_level: LogLevel = LOG_LEVEL_OPTION,
-    kafka_log_level: LogLevel | None = KAFKA_LOG_LEVEL_OPTION,
-    log_format: str | None = LOG_FORMAT_OPTION,
+    log_level: LogLevel = common.LOG_LEVEL_OPTION,  # the same three options as `worker`'s
+    kafka_log_level: LogLevel | None = common.KAFKA_LOG_LEVEL_OPTION,
+    log_format: str | None = common.LOG_FORMAT_OPTION,
 ) -> None:
     """Run the schedulers of APP's types alone: each waits for its type's lock and, while
     it holds it, enqueues every due firing. SIGTERM or SIGINT stops it (the lock goes to

@@ -53,13 +53,20 @@ def _stand_in(conn: object, family: str) -> OutboxStandIn | None:
     return conn if family == "stream_jobs" and isinstance(conn, OutboxStandIn) else None
 
 
+def _kept_aside(conn: Any, records: Prepared) -> bool:
+    """Whether nothing is left to write: no records, or a stand-in of ours kept them."""
+    if not records:
+        return True
+    stand_in = _stand_in(conn, _family(conn))
+    if stand_in is None:
+        return False
+    stand_in.keep_outbox_rows(records)
+    return True
+
+
 async def write_async(conn: Any, records: Prepared, schema: str) -> None:
     """Write `records` through an async connection of the caller's, in its transaction."""
-    if not records:
-        return
-    stand_in = _stand_in(conn, _family(conn))
-    if stand_in is not None:
-        stand_in.keep_outbox_rows(records)
+    if _kept_aside(conn, records):
         return
     await run_async(conn, lambda style: insert_sql(schema, style),
                     insert_args(records, schema), INSERT_NAMES, schema)
@@ -67,11 +74,7 @@ async def write_async(conn: Any, records: Prepared, schema: str) -> None:
 
 def write_sync(conn: Any, records: Prepared, schema: str) -> None:
     """Write `records` through a sync connection of the caller's, in its transaction."""
-    if not records:
-        return
-    stand_in = _stand_in(conn, _family(conn))
-    if stand_in is not None:
-        stand_in.keep_outbox_rows(records)
+    if _kept_aside(conn, records):
         return
     run_sync(conn, lambda style: insert_sql(schema, style), insert_args(records, schema),
              INSERT_NAMES, schema)

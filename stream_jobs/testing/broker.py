@@ -24,8 +24,7 @@ from stream_jobs.kafka import TopicPartition
 
 @dataclass(slots=True)
 class StoredRecord:
-    """One record as the broker keeps it and a consumer returns it (a `Record`; mutable
-    as that protocol says, but nothing of ours changes one)."""
+    """One record as the broker keeps it and a consumer returns it (a `Record`)."""
 
     topic: str
     partition: int
