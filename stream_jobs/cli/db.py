@@ -29,11 +29,12 @@ from typer.core import TyperCommand
 
 from stream_jobs.cancels.store import CancelStore
 from stream_jobs.cli.common import settings_of
-from stream_jobs.dedup.store import DedupStore, Migration, migrate
+from stream_jobs.dedup.store import DedupStore
 from stream_jobs.durations import format_duration, parse_duration
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.plurals import counted
+from stream_jobs.postgres.migrate import Migration, migrate
 from stream_jobs.results.store import prune_results
 from stream_jobs.workflows.progress import prune_finished
 

@@ -29,12 +29,12 @@ from stream_jobs.cli.common import app, run_fast, settings_of
 from stream_jobs.cli.stats import render_stats
 from stream_jobs.client import Job, JobClient
 from stream_jobs.clock import now_ms
-from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import lane_topic
+from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.postgres.pool import connect
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings

@@ -10,9 +10,9 @@ from rich.table import Table
 
 from stream_jobs.cli.common import settings_of
 from stream_jobs.cli.db import migrated
-from stream_jobs.dedup.store import migrate
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.plurals import counted
+from stream_jobs.postgres.migrate import migrate
 from stream_jobs.redaction import redact_url
 from stream_jobs.stack import KafkaCluster, PostgresServer, ServiceStatus
 from stream_jobs.tools.probe import probe_stack

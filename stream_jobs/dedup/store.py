@@ -13,15 +13,13 @@ SQLAlchemy owns the schema (`stream_jobs.postgres.schema`); the hot path talks t
 from __future__ import annotations
 
 import asyncio
-import hashlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import (
     AbstractAsyncContextManager,
     AbstractContextManager,
     asynccontextmanager,
     nullcontext,
 )
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
@@ -33,6 +31,7 @@ from stream_jobs.dedup.group_commit import INSERT_DONE, GroupCommitter
 from stream_jobs.dedup.held import DRIVER_ERRORS, HeldTransaction, ours
 from stream_jobs.dedup.sync_once import done_table, once_in
 from stream_jobs.errors import AlreadyDone, ConfigError, DatabaseUnavailable, StreamJobsError
+from stream_jobs.postgres.migrate import Migration, migrate
 from stream_jobs.postgres.names import FENCING_SEQUENCE
 from stream_jobs.postgres.pool import REFUSED, not_connected
 from stream_jobs.redaction import redact_text
@@ -67,17 +66,6 @@ class Dedup(Protocol):
     def fencing_token(self) -> asyncio.Future[int]: ...
 
     async def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Migration:
-    """What a migration did: the schema it readied, whether it created it, and the
-    tables and sequences of `stream_jobs.postgres.schema` it created or found there."""
-
-    schema: str
-    schema_created: bool
-    created: tuple[str, ...]
-    present: tuple[str, ...]
 
 
 class DedupStore:
@@ -160,44 +148,8 @@ class DedupStore:
             self._pool = None
 
     async def migrate(self) -> Migration:
-        """Create the settings' schema if it is missing, then in it every table, index
-        and sequence of `stream_jobs.postgres.schema` that is missing (idempotent). All of
-        it in one transaction, one migration of a schema at a time.
-
-        Raises `ConfigError` when the user may not create the schema or its tables (with
-        the statement that would grant it), `DatabaseUnavailable` when Postgres does not
-        answer or refuses the URL or a statement.
-        """
-        from stream_jobs.postgres.schema import SCHEMA_OBJECTS, schema_ddl  # SQLAlchemy: only here
-
-        schema = self._settings.database_schema
-        try:
-            pool = await self._get_pool()
-            async with pool.acquire() as conn, conn.transaction():
-                # One migration of a schema at a time: concurrent CREATE ... IF NOT EXISTS
-                # of one name can both try, and one fails on a catalog's unique index.
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", _migration_lock(schema))
-                user, database = await conn.fetchrow("SELECT current_user, current_database()")
-                made = await _create_schema(conn, schema, user, database)
-                there = {row[0] for row in await conn.fetch(
-                    "SELECT c.relname FROM pg_class c JOIN pg_namespace n "
-                    "ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = ANY($2)",
-                    schema, list(SCHEMA_OBJECTS))}
-                try:
-                    for statement in schema_ddl():
-                        await conn.execute(statement)
-                except asyncpg.InsufficientPrivilegeError as exc:
-                    raise ConfigError(
-                        f"User {user!r} may not create tables in schema {schema!r} "
-                        f"(STREAM_JOBS_DATABASE_SCHEMA): have its owner run `GRANT CREATE ON "
-                        f"SCHEMA {schema} TO {user}`, or set STREAM_JOBS_DATABASE_SCHEMA to a "
-                        "schema of the user's own.") from exc
-        except DRIVER_ERRORS as exc:
-            raise self._failed(exc, f"migrate schema {schema!r}") from exc
-        return Migration(schema, made,
-                         created=tuple(o for o in SCHEMA_OBJECTS if o not in there),
-                         present=tuple(o for o in SCHEMA_OBJECTS if o in there))
-
+        """`stream_jobs.postgres.migrate.migrate` of the store's settings."""
+        return await migrate(self._settings)
     @asynccontextmanager
     async def once(self, job_id: str, job_type: str, attempt: int) -> AsyncIterator[Any]:
         """A connection in an open transaction that already holds the job's dedup row.
@@ -396,64 +348,6 @@ class DedupStore:
                 "SELECT count(*) FROM stream_jobs_done WHERE job_type = $1", job_type))
         except DRIVER_ERRORS as exc:
             raise self._failed(exc, "count the dedup rows") from exc
-
-
-def _migration_lock(schema: str) -> int:
-    """The advisory lock a migration of `schema` holds (advisory locks are database-wide)."""
-    digest = hashlib.sha256(f"stream-jobs migrate\0{schema}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-async def _create_schema(conn: Any, schema: str, user: str, database: str) -> bool:
-    """Create `schema` if it does not exist; whether this call created it."""
-    # Asked first: CREATE SCHEMA IF NOT EXISTS needs the privilege to create a schema
-    # even when the schema is there.
-    if await conn.fetchval("SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)",
-                           schema):
-        return False
-    try:
-        await conn.execute(f'CREATE SCHEMA "{schema}"')
-    except asyncpg.InsufficientPrivilegeError as exc:
-        raise ConfigError(
-            f"Schema {schema!r} (STREAM_JOBS_DATABASE_SCHEMA) does not exist and user "
-            f"{user!r} may not create schemas in database {database!r}: have its owner run "
-            f"`CREATE SCHEMA {schema} AUTHORIZATION {user}`, or set "
-            "STREAM_JOBS_DATABASE_SCHEMA to a schema that exists.") from exc
-    return True
-
-
-async def migrate(settings: Settings) -> Migration:
-    """`DedupStore.migrate` on a store of its own: `stream-jobs db migrate`, `dev up`."""
-    store = DedupStore(settings)
-    try:
-        return await store.migrate()
-    finally:
-        await store.close()
-
-
-async def prepare_schema(settings: Settings, app_sql: Sequence[str] = ()) -> Migration:
-    """Migrate the settings' schema (creating it if missing), then run an app's own DDL
-    in it (the demo, the chaos runner and the test fixtures set up their databases so)."""
-    migration = await migrate(settings)
-    if not app_sql:
-        return migration
-    try:
-        conn = await asyncpg.connect(settings.database_url, server_settings={
-            "search_path": settings.database_schema})
-    except DRIVER_ERRORS as exc:
-        raise not_connected(settings, exc) from exc
-    try:
-        for statement in app_sql:
-            try:
-                await conn.execute(statement)
-            except DRIVER_ERRORS as exc:
-                detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                raise DatabaseUnavailable(
-                    f"Postgres refused the app's statement {statement.split('(')[0].strip()!r} "
-                    f"in schema {settings.database_schema!r}: {detail}") from exc
-    finally:
-        await conn.close()
-    return migration
 
 
 class _DeferredBlock(DeferredBlock):

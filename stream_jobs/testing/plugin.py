@@ -32,9 +32,9 @@ from typing import Any, TypeVar
 import pytest
 
 from stream_jobs.app import App
-from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.job_types import JobTypePolicy
+from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.settings import Settings
 from stream_jobs.testing.stack import (
     Declare,

@@ -41,7 +41,6 @@ from stream_jobs import clock
 from stream_jobs.app import App
 from stream_jobs.cancels.rules import Cancellation
 from stream_jobs.client import Job, JobClient
-from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.dlq.letters import Letter, read_letter
 from stream_jobs.errors import ConfigError, LetterNotFound
 from stream_jobs.job_types import JobTypePolicy, get_job_type
@@ -50,6 +49,7 @@ from stream_jobs.kafka.producer import Written
 from stream_jobs.lookup import JobLocation
 from stream_jobs.naming import parse_topic, stats_topic
 from stream_jobs.outbox.relay import OutboxRelay
+from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.record import HEADER_ATTEMPT, HEADER_JOB_ID
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings

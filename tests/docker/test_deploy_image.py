@@ -15,9 +15,9 @@ import asyncpg
 
 from consumers import demo
 from stream_jobs.app import App
-from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.job_types import load_job_types
 from stream_jobs.kafka.topics import apply
+from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.settings import Settings
 from tests.waiting import until
 

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from stream_jobs.app import App
-from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.job_types import load_job_types
 from stream_jobs.kafka.admin import admin_client
 from stream_jobs.kafka.topics import apply
+from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.runtime.host import WorkerHost, process_services
 from stream_jobs.settings import Settings
 from stream_jobs.testing.stack import (

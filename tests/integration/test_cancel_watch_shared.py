@@ -42,10 +42,12 @@ async def test_the_workers_of_two_types_share_one_listen_connection_and_hear_the
             await until(lambda: started["watch.one"] == [a] and started["watch.two"] == [b],
                         "both jobs to start")
             connection = first.watch._conn
-            assert connection is not None and first.watch.loads == 1
+            assert connection is not None
+            assert first.watch.loads == 1
             await client.cancel(a, job_type="watch.one")
             await until(lambda: one.outcomes["cancelled"] == 1, "watch.one's job interrupted")
-            assert a in first.ids and a not in second.ids
+            assert a in first.ids
+            assert a not in second.ids
             assert two.outcomes["cancelled"] == 0, "a cancel of watch.one reached watch.two"
             await client.cancel(b, job_type="watch.two")
             await until(lambda: two.outcomes["cancelled"] == 1, "watch.two's job interrupted")

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from stream_jobs.dedup.store import migrate
+from stream_jobs.postgres.migrate import migrate
 from stream_jobs.postgres.schema import SCHEMA_OBJECTS
 from stream_jobs.settings import Settings
 from stream_jobs.testing.stack import drop_schema

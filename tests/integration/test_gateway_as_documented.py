@@ -25,9 +25,9 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 import pytest
 
-from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.job_types import load_job_types
 from stream_jobs.kafka.topics import apply
+from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.settings import Settings
 from stream_jobs.testing.stack import drop_schema, fresh_prefix, run_async, settings_for
 

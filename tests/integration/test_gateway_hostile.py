@@ -33,9 +33,9 @@ import httpx
 import pytest
 
 from ops.bench.hostile import big_body, enqueue_latencies, unauthenticated_post
-from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.job_types import load_job_types
 from stream_jobs.kafka.topics import apply
+from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.settings import Settings
 from stream_jobs.testing.stack import drop_schema, fresh_prefix, run_async, settings_for
 

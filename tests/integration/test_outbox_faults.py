@@ -255,7 +255,7 @@ def own_postgres() -> Iterator[PostgresServer]:
 @pytest.fixture
 async def on_own_postgres(own_postgres: PostgresServer, settings: Settings,
                           declare: Declare) -> tuple[App, Settings]:
-    from stream_jobs.dedup.store import prepare_schema
+    from stream_jobs.postgres.migrate import prepare_schema
 
     moved = settings.model_copy(update={"database_url": own_postgres.dsn})
     await prepare_schema(moved, ["CREATE TABLE orders (id int PRIMARY KEY)"])

@@ -140,7 +140,7 @@ async def test_the_harness_and_a_real_worker_see_the_same_outcomes(
         await conn.execute(TABLE)
     finally:
         await conn.close()
-    from stream_jobs.dedup.store import prepare_schema
+    from stream_jobs.postgres.migrate import prepare_schema
 
     await prepare_schema(settings)
 
@@ -270,7 +270,7 @@ async def test_cancels_keys_results_and_workflows_match_the_real_stack(
         declare: Declare, settings: Settings) -> None:
     types = {job_type: await declare(job_type, partitions=2, retry_tiers=["1s"], max_attempts=2)
              for job_type in (STEP, REPORT)}
-    from stream_jobs.dedup.store import prepare_schema
+    from stream_jobs.postgres.migrate import prepare_schema
 
     await prepare_schema(settings)
     real = await flows_on_the_stack(settings)

@@ -14,9 +14,9 @@ import pytest
 
 from consumers import mail
 from stream_jobs.app import App
-from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.dlq.listing import show_letter
 from stream_jobs.lookup import locate_job
+from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.settings import Settings
 
 from .conftest import Declare

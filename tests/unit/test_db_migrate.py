@@ -8,7 +8,7 @@ import typer
 
 from stream_jobs.cli import app
 from stream_jobs.cli.db import migrated
-from stream_jobs.dedup.store import Migration
+from stream_jobs.postgres.migrate import Migration
 from stream_jobs.postgres.schema import SCHEMA_OBJECTS, schema_ddl
 
 
