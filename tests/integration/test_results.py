@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from stream_jobs import lookup
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext
@@ -26,6 +25,7 @@ from stream_jobs.errors import (
     ResultTooLarge,
 )
 from stream_jobs.job_types import load_job_types
+from stream_jobs.lookup import locate as lookup
 from stream_jobs.settings import Settings
 from tests.integration.conftest import Declare
 from tests.integration.database import fetch_rows

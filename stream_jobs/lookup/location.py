@@ -1,0 +1,212 @@
+"""Where one job is, as the dedup table, the cancels and the scanned topics tell: a
+`JobLocation` made of `Sighting`s (records carrying the job ID), and the status the
+latest one gives. Pure: `stream_jobs.lookup.locate` does the reading."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from stream_jobs.failures import FailureInfo, parse_failure
+from stream_jobs.naming import TopicRole
+from stream_jobs.plurals import counted
+from stream_jobs.record import (
+    HEADER_ATTEMPT,
+    HEADER_ERROR,
+    HEADER_JOB_ID,
+    HEADER_NOT_BEFORE,
+    HEADER_REQUEUES,
+    HEADER_WORKFLOW,
+    Record,
+)
+from stream_jobs.results.rules import StoredResult
+
+Status = Literal["done", "dead_lettered", "retrying", "scheduled", "pending", "finished",
+                 "not_seen", "cancelled", "superseded"]
+
+# Of two sightings with the same requeue count, attempt and timestamp, the later role.
+_ROLE_ORDER: dict[TopicRole, int] = {"tier": 0, "lane": 1, "dlq": 2}
+
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """One record carrying the job ID."""
+
+    topic: str
+    role: TopicRole
+    name: str  # the lane ("default"), the tier ("5s") or "dlq"
+    partition: int
+    offset: int
+    timestamp_ms: int
+    attempt: int
+    requeues: int = 0
+    # Its group committed past it: a lane record's job reached an outcome, a tier
+    # record was put back in its lane. Always False in the DLQ.
+    behind_commit: bool = False
+    not_before_ms: int | None = None
+    failure: FailureInfo | None = None
+    workflow: str | None = None  # its `sj-workflow` header: a batch member or chain step
+
+
+@dataclass(frozen=True)
+class JobLocation:
+    """Where a job is, as far as the dedup table and the scanned topics tell."""
+
+    job_id: str
+    status: Status
+    job_type: str | None = None
+    attempt: int | None = None
+    finished_at: datetime | None = None  # from the dedup row (a cancel: when it was made)
+    last: Sighting | None = None  # the sighting the status rests on
+    sightings: tuple[Sighting, ...] = ()
+    scanned_records: int = 0
+    complete: bool = True  # False: a scan stopped at its cap, the job may be further on
+    notes: tuple[str, ...] = ()
+    detail: str = ""  # cancelled or superseded: when, why, by which job
+    # Its row of stream_jobs_results: a kept result, or how a job that keeps one ended.
+    result: StoredResult | None = None
+
+    def summary(self) -> str:
+        """One sentence for a person (two when a result is kept)."""
+        return self._where() + _result_sentence(self.result)
+
+    def _where(self) -> str:
+        job, last = f"Job {self.job_id}", self.last
+        if self.status in ("cancelled", "superseded"):
+            kind = f" ({self.job_type})" if self.job_type else ""
+            return f"{job}{kind} is {self.status}: {self.detail}"
+        if self.status == "done":
+            when = self.finished_at.isoformat() if self.finished_at else "an unknown time"
+            return (f"{job} ({self.job_type}) is done: attempt {self.attempt} committed "
+                    f"its effects at {when}.")
+        if last is None:
+            scope = "" if self.complete else " (the scan stopped at its cap; it may be further on)"
+            return (f"{job} has no dedup row and is in none of the topics scanned "
+                    f"({counted(self.scanned_records, 'record')}){scope}.")
+        where = f"{last.topic} partition {last.partition} offset {last.offset}"
+        if self.status == "dead_lettered":
+            why = (f": {last.failure.reason}, {last.failure.error_class}: "
+                   f"{last.failure.message}" if last.failure else "")
+            return f"{job} is dead-lettered after attempt {last.attempt} ({where}){why}."
+        if self.status == "retrying":
+            due = _iso(last.not_before_ms) if last.not_before_ms else "when due"
+            return (f"{job} waits in delay tier {last.name} ({where}) for attempt "
+                    f"{last.attempt}, due {due}.")
+        if self.status == "scheduled":
+            due = _iso(last.not_before_ms) if last.not_before_ms else "when due"
+            return (f"{job} waits in delay tier {last.name} ({where}) for its first attempt, "
+                    f"due {due}: it was enqueued with a delay.")
+        if self.status == "pending":
+            return f"{job} waits in its {last.name} lane, or is running ({where})."
+        return (f"{job} left its {last.name} lane after attempt {last.attempt} ({where}) "
+                "without a dedup row: it succeeded without ctx.once(), or expired.")
+
+    def to_dict(self) -> dict[str, Any]:
+        def sighting(s: Sighting) -> dict[str, Any]:
+            out = asdict(s)
+            out["failure"] = None if s.failure is None else asdict(s.failure)
+            return out
+
+        return {
+            "job_id": self.job_id, "status": self.status, "summary": self.summary(),
+            "job_type": self.job_type, "attempt": self.attempt,
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            "last": None if self.last is None else sighting(self.last),
+            "sightings": [sighting(s) for s in self.sightings],
+            "scanned_records": self.scanned_records, "complete": self.complete,
+            "notes": list(self.notes),
+            "result": None if self.result is None else self.result.to_dict(),
+        }
+
+
+RESULT_SHOWN_CHARS = 200
+
+
+def _result_sentence(result: StoredResult | None) -> str:
+    if result is None:
+        return ""
+    kept = f"kept until {result.expires_at.isoformat(timespec='seconds')}"
+    if result.succeeded:
+        text = result.result_json if result.result_json is not None else "null"
+        if len(text) > RESULT_SHOWN_CHARS:
+            text = text[:RESULT_SHOWN_CHARS] + f"... ({len(text):,} characters)"
+        return f" Its result ({kept}): {text}"
+    because = f": {result.error}" if result.error else ""
+    return f" Its result row says {result.state} ({kept}){because}."
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+
+
+def sighting_of(record: Record, job_id: str, *, role: TopicRole, name: str,
+                committed: int | None) -> Sighting | None:
+    """The sighting in `record` if it carries `job_id`, else None. Tolerates bad headers
+    (a DLQ holds records that failed to decode): a header that does not parse is left out."""
+    wanted = job_id.encode()
+    found: dict[str, bytes] = {}
+    for item in record.headers or ():
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], bytes):
+            found[item[0]] = item[1]
+    if found.get(HEADER_JOB_ID) != wanted:
+        return None
+    return Sighting(
+        topic=record.topic, role=role, name=name, partition=record.partition,
+        offset=record.offset, timestamp_ms=int(record.timestamp),
+        attempt=_number(found.get(HEADER_ATTEMPT)) or 1,
+        requeues=_number(found.get(HEADER_REQUEUES)) or 0,
+        behind_commit=committed is not None and record.offset < committed,
+        not_before_ms=_number(found.get(HEADER_NOT_BEFORE)),
+        failure=parse_failure(found.get(HEADER_ERROR)),
+        workflow=_text(found.get(HEADER_WORKFLOW)),
+    )
+
+
+def _text(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.decode(errors="replace")
+
+
+def _number(raw: bytes | None) -> int | None:
+    return int(raw) if raw is not None and raw.isdigit() and len(raw) <= 18 else None
+
+
+def judge(sightings: Iterable[Sighting]) -> tuple[Status, Sighting | None]:
+    """The status the latest sighting gives (without a dedup row), and that sighting.
+
+    Latest means: most requeues, then highest attempt, then newest timestamp, then
+    tier < lane < DLQ (a retry record precedes its release to the lane, which precedes
+    a dead letter of the same attempt).
+    """
+    ordered = sorted(sightings, key=lambda s: (s.requeues, s.attempt, s.timestamp_ms,
+                                               _ROLE_ORDER[s.role]))
+    if not ordered:
+        return "not_seen", None
+    last = ordered[-1]
+    if last.role == "dlq":
+        return "dead_lettered", last
+    if last.role == "tier":
+        if last.behind_commit:
+            # Committed by the relay: released to its lane, where the scan may not reach yet.
+            return "pending", last
+        # A retry carries its failure; a first attempt without one waits for its delay.
+        delayed = last.failure is None and last.attempt == 1
+        return ("scheduled" if delayed else "retrying"), last
+    return ("finished" if last.behind_commit else "pending"), last
+
+
+def cancelled_location(job_id: str, job_type: str, reason: str | None, when: datetime,
+                       notes: Sequence[str] = ()) -> JobLocation:
+    """Where a cancelled job is (from its row of the cancels)."""
+    said = f" Reason: {reason}." if reason else ""
+    return JobLocation(job_id, "cancelled", job_type or None, None, when, notes=tuple(notes),
+                       detail=f"it was cancelled at {when.isoformat(timespec='seconds')}"
+                       f" and does not run again.{said}")
+
+
+def superseded_location(job_id: str, by: str, notes: Sequence[str] = ()) -> JobLocation:
+    """Where a debounced job that job `by` superseded is."""
+    return JobLocation(job_id, "superseded", notes=tuple(notes),
+                       detail=f"job {by}, enqueued later in its debounce window, runs instead.")
