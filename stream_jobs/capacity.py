@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 SECONDS_PER_DAY = 86_400
 # Kafka rolls a partition's log into 1 GiB segments and deletes whole segments only,
@@ -206,25 +206,7 @@ def plan(inputs: Inputs) -> Plan:
         peak_bytes * (1 + inputs.retry_fraction) * rf / inputs.broker_write_bytes_per_s - 1e-9)
     brokers = max(rf, brokers_disk, brokers_writes)
 
-    rows_peak = peak * inputs.once_fraction
-    batch = batch_size(rows_peak / processes, inputs.dedup_linger_ms, inputs.dedup_batch_max)
-    commits = rows_peak / batch
-    keep_s = inputs.dedup_keep_s if inputs.dedup_keep_s is not None else inputs.retention_s
-    # Deleting rows is as much work for Postgres as inserting them; dropping a partition
-    # is one statement a day.
-    deletes = avg * inputs.once_fraction if inputs.prune == "delete" else 0.0
-    rows_kept = avg * inputs.once_fraction * keep_s
-    table = rows_kept * inputs.dedup_row_bytes
-
-    limits = (
-        Limit("postgres: dedup rows written", rows_peak + deletes, inputs.pg_rows_per_s,
-              "rows/s", "a dedup database per group of types; drop partitions, "
-              "not DELETE"),
-        Limit("postgres: commits", commits, inputs.pg_commits_per_s, "commits/s",
-              "a longer STREAM_JOBS_DEDUP_LINGER_MS: more jobs per commit"),
-        Limit("postgres: dedup table on disk", table, inputs.pg_disk_bytes, "bytes",
-              "keep rows for less time: a shorter lane retention, then prune"),
-    )
+    dedup = _dedup(inputs, avg, peak, processes)
     return Plan(
         inputs=inputs, average_per_s=avg, peak_per_s=peak, peak_bytes_per_s=peak_bytes,
         backlog_jobs=backlog, backlog_bytes=backlog * inputs.job_bytes,
@@ -236,10 +218,43 @@ def plan(inputs: Inputs) -> Plan:
         processes_catch_up=processes_catch_up, processes=processes, partitions=partitions,
         retained_bytes=retained, segment_slack_bytes=slack, disk_bytes=disk,
         brokers_for_disk=brokers_disk, brokers_for_writes=brokers_writes, brokers=brokers,
-        dedup_rows_peak_per_s=rows_peak, dedup_batch=batch, dedup_commits_peak_per_s=commits,
-        dedup_deletes_per_s=deletes, dedup_rows_kept=rows_kept, dedup_table_bytes=table,
-        limits=limits,
+        dedup_rows_peak_per_s=dedup.rows_peak, dedup_batch=dedup.batch,
+        dedup_commits_peak_per_s=dedup.commits, dedup_deletes_per_s=dedup.deletes,
+        dedup_rows_kept=dedup.rows_kept, dedup_table_bytes=dedup.table, limits=dedup.limits,
     )
+
+
+class _Dedup(NamedTuple):
+    rows_peak: float
+    batch: float
+    commits: float
+    deletes: float
+    rows_kept: float
+    table: float
+    limits: tuple[Limit, ...]
+
+
+def _dedup(inputs: Inputs, avg: float, peak: float, processes: int) -> _Dedup:
+    """The dedup table's load at `peak` over `processes`, and Postgres's limits."""
+    rows_peak = peak * inputs.once_fraction
+    batch = batch_size(rows_peak / processes, inputs.dedup_linger_ms, inputs.dedup_batch_max)
+    commits = rows_peak / batch
+    keep_s = inputs.dedup_keep_s if inputs.dedup_keep_s is not None else inputs.retention_s
+    # Deleting rows is as much work for Postgres as inserting them; dropping a partition
+    # is one statement a day.
+    deletes = avg * inputs.once_fraction if inputs.prune == "delete" else 0.0
+    rows_kept = avg * inputs.once_fraction * keep_s
+    table = rows_kept * inputs.dedup_row_bytes
+    limits = (
+        Limit("postgres: dedup rows written", rows_peak + deletes, inputs.pg_rows_per_s,
+              "rows/s", "a dedup database per group of types; drop partitions, "
+              "not DELETE"),
+        Limit("postgres: commits", commits, inputs.pg_commits_per_s, "commits/s",
+              "a longer STREAM_JOBS_DEDUP_LINGER_MS: more jobs per commit"),
+        Limit("postgres: dedup table on disk", table, inputs.pg_disk_bytes, "bytes",
+              "keep rows for less time: a shorter lane retention, then prune"),
+    )
+    return _Dedup(rows_peak, batch, commits, deletes, rows_kept, table, limits)
 
 
 __all__ = [

@@ -36,6 +36,7 @@ from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.plurals import counted
 from stream_jobs.postgres.migrate import Migration, migrate
 from stream_jobs.results.store import prune_results
+from stream_jobs.settings import Settings
 from stream_jobs.workflows.progress import prune_finished
 
 console = Console(stderr=True)
@@ -112,6 +113,26 @@ def prune(
     """
     settings = settings_of(ctx)
     older_than_s = parse_duration(older_than)
+    _outside_retention(settings, older_than, older_than_s, force=force)
+    when, total, deleted, others, results, workflows = asyncio.run(
+        _prune(settings, older_than_s, batch=batch, dry_run=dry_run))
+    where = f"in schema {settings.database_schema}"
+    if dry_run:
+        console.print(f"would delete {counted(total, 'dedup row')} finished before {when} {where} "
+                      "(dry run: nothing deleted)")
+    else:
+        console.print(f"deleted {counted(deleted, 'dedup row')} finished before {when} {where}"
+                      + (f", and {counted(others, 'row')} of cancels, unique keys and "
+                         "debounce windows" if others else ""))
+    verb = "would delete" if dry_run else "deleted"
+    console.print(f"{verb} {counted(results, 'kept result')} past their keep_result and "
+                  f"{counted(workflows, 'batch or chain', 'batches and chains')} finished before "
+                  f"{when}")
+
+
+def _outside_retention(settings: Settings, older_than: str, older_than_s: float, *,
+                       force: bool) -> None:
+    """`ConfigError` when `--older-than` is inside a lane's retention (unless forced)."""
     try:
         floor = longest_retention(load_job_types(settings.topics_dir))
     except ConfigError:
@@ -125,51 +146,41 @@ def prune(
             f"reset) and would run twice without their rows. Use --older-than "
             f"{_spelled(floor[0])} or more, or --force.")
 
-    async def main() -> tuple[str, int, int, int, int, int]:
-        store = DedupStore(settings)
-        cancels = CancelStore(settings)
-        others = 0
-        progress = Progress(TextColumn("prune"), BarColumn(), MofNCompleteColumn(),
-                            console=console, transient=True)
-        task = progress.add_task("prune", total=None)
 
-        def deleted_so_far(done: int, total: int) -> None:
-            # Started at the first batch: a bar stopped before it prints an empty line.
-            if not progress.live.is_started:
-                progress.start()
-            progress.update(task, completed=done, total=total)
+async def _prune(settings: Settings, older_than_s: float, *, batch: int, dry_run: bool
+                 ) -> tuple[str, int, int, int, int, int]:
+    """Prune (or count): the cutoff, dedup rows matched and deleted, rows of cancels and
+    keys, kept results and workflows."""
+    store = DedupStore(settings)
+    cancels = CancelStore(settings)
+    others = 0
+    progress = Progress(TextColumn("prune"), BarColumn(), MofNCompleteColumn(),
+                        console=console, transient=True)
+    task = progress.add_task("prune", total=None)
 
+    def deleted_so_far(done: int, total: int) -> None:
+        # Started at the first batch: a bar stopped before it prints an empty line.
+        if not progress.live.is_started:
+            progress.start()
+        progress.update(task, completed=done, total=total)
+
+    try:
         try:
-            try:
-                cutoff, matched, deleted = await store.prune(
-                    older_than_s, batch=batch, dry_run=dry_run, progress=deleted_so_far)
-            finally:
-                if progress.live.is_started:
-                    progress.stop()
-            results = await prune_results(store, batch=batch, dry_run=dry_run)
-            workflows = await prune_finished(settings, older_than_s, batch=batch,
-                                             dry_run=dry_run)
-            if not dry_run:
-                try:
-                    others = await cancels.prune(cutoff)
-                except ConfigError as exc:  # a schema migrated before cancels existed
-                    console.print(f"[dim]cancels and unique keys not pruned: {exc}[/]")
+            cutoff, matched, deleted = await store.prune(
+                older_than_s, batch=batch, dry_run=dry_run, progress=deleted_so_far)
         finally:
-            await store.close()
-            await cancels.close()
-        return (cutoff.isoformat(timespec="seconds"), matched, deleted, others, results,
-                workflows)
-
-    when, total, deleted, others, results, workflows = asyncio.run(main())
-    where = f"in schema {settings.database_schema}"
-    if dry_run:
-        console.print(f"would delete {counted(total, 'dedup row')} finished before {when} {where} "
-                      "(dry run: nothing deleted)")
-    else:
-        console.print(f"deleted {counted(deleted, 'dedup row')} finished before {when} {where}"
-                      + (f", and {counted(others, 'row')} of cancels, unique keys and "
-                         "debounce windows" if others else ""))
-    verb = "would delete" if dry_run else "deleted"
-    console.print(f"{verb} {counted(results, 'kept result')} past their keep_result and "
-                  f"{counted(workflows, 'batch or chain', 'batches and chains')} finished before "
-                  f"{when}")
+            if progress.live.is_started:
+                progress.stop()
+        results = await prune_results(store, batch=batch, dry_run=dry_run)
+        workflows = await prune_finished(settings, older_than_s, batch=batch,
+                                         dry_run=dry_run)
+        if not dry_run:
+            try:
+                others = await cancels.prune(cutoff)
+            except ConfigError as exc:  # a schema migrated before cancels existed
+                console.print(f"[dim]cancels and unique keys not pruned: {exc}[/]")
+    finally:
+        await store.close()
+        await cancels.close()
+    return (cutoff.isoformat(timespec="seconds"), matched, deleted, others, results,
+            workflows)

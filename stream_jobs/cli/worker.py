@@ -62,7 +62,7 @@ def worker(
     a grace period, finished offsets are committed.
     """
     from stream_jobs.runtime.host import select_types, summary
-    from stream_jobs.runtime.supervisor import Supervisor, processes_of
+    from stream_jobs.runtime.supervisor import processes_of
 
     settings = settings_of(ctx, metrics_port=metrics_port, log_format=log_format,
                            kafka_log_level=kafka_log_level)
@@ -82,6 +82,15 @@ def worker(
         counts = run_fast(plan.run_process(None))
         console.print(f"stopped: {summary(counts, shadow=shadow)}")
         return
+    _supervise(plan, count, types, until_idle=until_idle, shadow=shadow)
+
+
+def _supervise(plan: _Plan, count: int, types: list[str], *, until_idle: bool,
+               shadow: bool) -> None:
+    """`count` worker processes under a supervisor, until they stop; their counts."""
+    from stream_jobs.runtime.host import summary
+    from stream_jobs.runtime.supervisor import Supervisor
+
     console.print(f"supervisor of {count} worker processes for [bold]{', '.join(types)}[/]; "
                   "Ctrl-C drains and stops")
     result = Supervisor(count, plan.child_main, until_idle=until_idle).run()
