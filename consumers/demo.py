@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from stream_jobs import App, JobContext, PermanentError
-from stream_jobs.dedup.store import prepare_schema
+from stream_jobs.postgres.migrate import prepare_schema
 
 app = App()
 

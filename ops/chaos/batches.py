@@ -39,7 +39,6 @@ from ops.chaos.faults import until
 from ops.chaos.workers import STREAM_JOBS, WorkerGroup
 from stream_jobs.app import App
 from stream_jobs.client import Job
-from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.job_ids import new_job_id
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka import TopicPartition
@@ -48,6 +47,7 @@ from stream_jobs.kafka.consumer import open_reader
 from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import relay_group, worker_group
 from stream_jobs.outbox.depth import read_depth
+from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.settings import Settings, load_settings
 from stream_jobs.workflows.progress import read_progress
 

@@ -39,9 +39,9 @@ from ops.chaos.observe import group_stable
 from ops.chaos.workers import WorkerGroup
 from stream_jobs.cancels.rules import CancelAnswer
 from stream_jobs.client import Job, JobClient
-from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.job_types import load_job_types
 from stream_jobs.kafka.topics import apply
+from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.settings import Settings, load_settings
 
 log = logging.getLogger("ops.chaos.cancels")

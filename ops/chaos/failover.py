@@ -28,11 +28,11 @@ from ops.chaos.app import app as chaos_app
 from ops.chaos.collect import read_topic
 from ops.chaos.failover_verdict import FailoverEvidence, FailoverVerdict, LeaderFault, judge
 from ops.chaos.workers import APP_SPEC, STREAM_JOBS, WorkerGroup, WorkerProcess
-from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka.admin import admin_client
 from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import lane_topic
+from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.record import HEADER_JOB_ID
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.schedules.leader import leaders

@@ -31,7 +31,6 @@ import orjson
 
 from stream_jobs.app import App
 from stream_jobs.client import Job
-from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.job_types import load_job_types
 from stream_jobs.kafka import scan
 from stream_jobs.kafka.consumer import open_reader
@@ -39,6 +38,7 @@ from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import lane_topic
 from stream_jobs.outbox.depth import read_depth
 from stream_jobs.outbox.relay import OutboxRelay
+from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.record import HEADER_JOB_ID
 from stream_jobs.settings import Settings, load_settings
 from stream_jobs.stack import KafkaCluster

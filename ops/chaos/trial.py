@@ -23,13 +23,13 @@ from ops.chaos.evidence import Evidence, Fault
 from ops.chaos.observe import Commits, Throughput, group_stable
 from ops.chaos.workers import WorkerGroup
 from stream_jobs.client import Job, JobClient
-from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.job_ids import new_job_id
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka.admin import admin_client
 from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import lane_topic, relay_group, worker_group
+from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster, PostgresServer
 
