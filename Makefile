@@ -47,8 +47,10 @@ lint: venv
 docs: venv
 	$(MKDOCS) build --strict -d site
 
+# The unit tests: the library's (tests/unit) and ops/' benches, fault trials and deploy
+# files (tests/ops); no services.
 unit: venv
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q tests/unit tests/ops
 
 # The manual alone, on the stack: every block of README.md and docs/ (`make integration`
 # runs it too). PAGES=docs/results.md make manual: one page.
