@@ -42,7 +42,7 @@ from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.settings import Settings
 
 HEADING = "Cancel, unique jobs, debounce"
-# The section's opening sentence and the figures' prefix (ops/bench/report.py renders it).
+# The section's opening sentence and the figures' prefix (ops/bench/report/ renders it).
 INTRO = ("What cancels, unique keys and debounce cost, side by side in one run "
          "(ops/bench/control.py says how).")
 PREFIX = "control."

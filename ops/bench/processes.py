@@ -56,6 +56,16 @@ from stream_jobs.stack import KafkaCluster, PostgresServer
 PROCESS_COUNTS = (1, 2)
 SAMPLE_S = 0.5
 HOLD_RATE_PER_S = 0.001  # as the scaling run: one job per process, then nothing
+# Its section of RESULTS.md (ops/bench/report/processes.py). On this 2-core box the second
+# process must add most of a core's worth of jobs, and supervising must cost nothing per
+# job; these goals count in the shared Goals table too.
+HEADING = "Worker processes"
+GOALS = [  # (text, numerator or figure, denominator or None, op, target, unit)
+    ("no-op, `worker --processes 2` >= 1.5x `--processes 1` (2 cores)",
+     "processes.p2", "processes.p1", ">=", 1.5, "x"),
+    ("the same per worker core >= 0.9x (no CPU per job for the supervision)",
+     "processes.p2_per_core", "processes.p1_per_core", ">=", 0.9, "x"),
+]
 
 
 def _sample(services: Services, command: int) -> CpuSample:

@@ -47,7 +47,7 @@ from stream_jobs.settings import Settings
 from stream_jobs.workflows.finish import Finisher
 
 HEADING = "Results and batches"
-# The section's opening sentence and the figures' prefix (ops/bench/report.py renders it).
+# The section's opening sentence and the figures' prefix (ops/bench/report/ renders it).
 INTRO = ("What `keep_result` and batch membership cost, unused and used, side by side on "
          "one backlog in one run (ops/bench/results.py says how).")
 PREFIX = "results."

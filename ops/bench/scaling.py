@@ -69,6 +69,10 @@ JOIN_TIMEOUT_S = 180.0
 # The rate that holds the workers while they start: one job per process (a fresh token
 # bucket holds one token), then nothing for 1,000 s.
 HOLD_RATE_PER_S = 0.001
+# Its section of RESULTS.md (ops/bench/report/scaling.py). No goals: how throughput grows
+# with processes on a shared 2-core box is described, not judged against a target.
+HEADING = "Scaling"
+GOALS: list[tuple[str, str, str | None, str, float, str]] = []
 
 
 # -- pure: the steady window and the CPU in it ----------------------------------------------

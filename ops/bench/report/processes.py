@@ -1,4 +1,4 @@
-"""The `## Worker processes` section of RESULTS.md: `stream-jobs worker --processes 2`
+"""`## Worker processes` in RESULTS.md: `stream-jobs worker --processes 2`
 against `--processes 1` (ops/bench/processes.py), with its goals, the CPU split and what
 limits it. Pure: `processes_section(details, figures) -> lines`."""
 
@@ -7,19 +7,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ops.bench.report import (
-    PROCESSES_GOALS,
-    PROCESSES_HEADING,
-    SCALING_COLUMNS,
-    FigureJSON,
-    ScalingPoint,
-    fmt,
-    goal_rows,
-    ratio_of,
-    scaling_points,
-    scaling_rows,
-    table,
-)
+from ops.bench import processes as processes_bench
+from ops.bench.report.scaling import SCALING_COLUMNS, ScalingPoint, scaling_points, scaling_rows
+from ops.bench.report.tables import FigureJSON, fmt, goals_of, goals_table, ratio_of, table
 
 METHOD = (
     "`stream-jobs worker ops.bench.scaling_app:app --type bench.scale-noop --processes N "
@@ -82,7 +72,7 @@ def processes_section(details: dict[str, Any], figures: dict[str, FigureJSON],
     """`## Worker processes`: the method, the goals, the table, the CPU split."""
     cores = int(details.get("nproc") or 1)
     quick = " (BENCH_QUICK smoke run: not for quoting)" if details.get("quick") else ""
-    out = [f"## {PROCESSES_HEADING}", ""]
+    out = [f"## {processes_bench.HEADING}", ""]
     out.append(f"Measured on {details.get('measured_at')}{quick} in "
                f"{details.get('took_s', 0) / 60:.1f} min: {details.get('backlog', 0):,} "
                f"no-op jobs on a {details.get('partitions')}-partition topic of the stack's "
@@ -91,8 +81,7 @@ def processes_section(details: dict[str, Any], figures: dict[str, FigureJSON],
                f"{details.get('load_avg_before', 0):.1f} to "
                f"{details.get('load_avg_after', 0):.1f} on {cores} cores.")
     out += ["", METHOD, ""]
-    out.append(table(["goal", "measured (median)", "spread", "status", "by how much",
-                      "runs meeting it"], goal_rows(figures, PROCESSES_GOALS)))
+    out.append(goals_table(figures, goals_of(processes_bench.GOALS)))
     runs = list(details.get("runs", []))
     points = scaling_points(runs)
     if points:
