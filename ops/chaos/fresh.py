@@ -1,0 +1,38 @@
+"""A run's own corner of the shared stack: a topic prefix and Postgres schema no other run
+uses (`stream_jobs.testing.stack`'s, as the tests get theirs), a folder for its topics/
+and logs, and, once the run was clean, nothing left behind."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from pathlib import Path
+
+from stream_jobs.job_types import JobTypePolicy
+from stream_jobs.kafka.admin import admin_client
+from stream_jobs.settings import Settings
+from stream_jobs.testing.stack import drop_schema, fresh_prefix
+
+
+def fresh_settings(base: Settings, out_dir: Path, label: str,
+                   **update: object) -> tuple[Settings, Path]:
+    """`base` on a fresh prefix (topics, groups) and schema of the same name, with its
+    topics folder in the run's own folder `out_dir/<label>-<prefix>`; and that folder."""
+    prefix = fresh_prefix()
+    folder = out_dir / f"{label}-{prefix}"
+    topics = folder / "topics"
+    topics.mkdir(parents=True)
+    settings = base.model_copy(update={"topic_prefix": prefix, "database_schema": prefix,
+                                       "topics_dir": topics, **update})
+    return settings, folder
+
+
+async def leave_nothing(settings: Settings, policies: Iterable[JobTypePolicy]) -> None:
+    """Delete the run's topics and drop its schema (a failed run keeps them for a look).
+    Best effort: what is left is a leftover, not a verdict."""
+    with contextlib.suppress(Exception):
+        async with admin_client(settings) as admin:
+            await admin.delete_topics([spec.name for policy in policies
+                                       for spec in policy.all_topics(settings.topic_prefix)])
+    with contextlib.suppress(Exception):
+        await drop_schema(settings)
