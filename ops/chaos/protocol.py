@@ -62,4 +62,4 @@ def section(trial: OwnTrial, rows: list[TrialRow]) -> list[str]:
         lines += ["", *[f"- {trial.name} run {n}: {p}" for n, p in problems]]
     if trial.notes:
         lines += ["", trial.notes]
-    return [*lines, ""]
+    return lines

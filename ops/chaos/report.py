@@ -158,13 +158,11 @@ def render(rows: list[RunJSON], meta: MetaJSON,
     if meta.get("n_note"):
         lines += [meta["n_note"], ""]
     ok = all(r["ok"] for r in rows) and all(r["ok"] for _, runs in trials for r in runs)
-    lines += [
+    lines.append(
         f"**Verdict: {'0 lost and 0 duplicate effects in every run' if ok else 'PROBLEMS FOUND'}"
-        "**" + ("." if ok else " (see the problems below)."),
-        "",
-    ]
+        "**" + ("." if ok else " (see the problems below)."))
     if rows:
-        lines += _process_table(rows)
+        lines += ["", *_process_table(rows)]
     for trial, runs in trials:
         if runs:
             lines += ["", *section(trial, runs)]
