@@ -27,6 +27,7 @@ from stream_jobs.kafka.admin import admin_client
 from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import validate_job_type, worker_group
 from stream_jobs.settings import Settings
+from stream_jobs.testing.stack import toml_lines
 
 # The bench runs from a snapshot of the code taken when it starts (see run.py), so a
 # change to the checkout during a run cannot mix two versions into one set of figures.
@@ -244,14 +245,20 @@ class Bench:
                       **keys: object) -> JobTypePolicy:
         """Write topics/<type>.toml (6 partitions, one 5 s tier) and make Kafka match."""
         validate_job_type(job_type)  # a bad name must not leave a file that breaks the folder
-        table: dict[str, object] = {"partitions": PARTITIONS, "retry_tiers": ["5s"],
-                                    "max_attempts": 2, "retention": "2h", **keys}
-        lines = [f"{name} = {json.dumps(value)}" for name, value in table.items()]
-        self.topics_dir.mkdir(parents=True, exist_ok=True)
-        (self.topics_dir / f"{job_type}.toml").write_text("\n".join(lines) + "\n")
-        types = load_job_types(self.topics_dir)
-        await apply(self.settings(prefix), {job_type: types[job_type]})
-        return types[job_type]
+        return await declare_one(self.settings(prefix), job_type, **{
+            "partitions": PARTITIONS, "retry_tiers": ["5s"], "max_attempts": 2,
+            "retention": "2h", **keys})
+
+
+async def declare_one(settings: Settings, job_type: str, **keys: object) -> JobTypePolicy:
+    """topics/<type>.toml in the settings' folder, and Kafka made to match for this type
+    only (`stream_jobs.testing.stack.declare_type` applies the whole folder, and a bench
+    folder holds a type per section)."""
+    settings.topics_dir.mkdir(parents=True, exist_ok=True)
+    (settings.topics_dir / f"{job_type}.toml").write_text(toml_lines(keys))
+    types = load_job_types(settings.topics_dir)
+    await apply(settings, {job_type: types[job_type]})
+    return types[job_type]
 
 
 async def fill(settings: Settings, job_type: str, n: int) -> float:

@@ -37,7 +37,6 @@ from ops.bench.cpu import machine_busy_s, postgres_cpu_s, process_cpu_s
 from ops.bench.raw import raw_consume, raw_produce
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
-from stream_jobs.dedup.store import DedupStore
 from stream_jobs.handlers import Ordering
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster, PostgresServer
@@ -205,14 +204,6 @@ async def effects_count(settings: Settings) -> tuple[int, int]:
         return int(rows), int(total)
     finally:
         await conn.close()
-
-
-async def migrate(settings: Settings) -> None:
-    store = DedupStore(settings)
-    try:
-        await store.migrate()
-    finally:
-        await store.close()
 
 
 def exactly_once(b: Bench) -> None:

@@ -23,7 +23,6 @@ sampled during the run and cut to the same window.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import signal
 import subprocess
@@ -40,6 +39,7 @@ from ops.bench.common import (
     PROJECT_CLI,
     Bench,
     BenchError,
+    declare_one,
     delete_topics,
     fill,
     rewind_worker_group,
@@ -50,9 +50,7 @@ from ops.bench.cpu import machine_busy_s, postgres_cpu_s, process_cpu_s
 from ops.bench.ours import effects_count, prepare_effects
 from ops.bench.scaling_app import NOOP_TYPE, ONCE_TYPE, STAMPS_ENV, read_stamps
 from stream_jobs.errors import PortInUse
-from stream_jobs.job_types import load_job_types
 from stream_jobs.kafka.admin import group_state
-from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import worker_group
 from stream_jobs.runtime.throttle import publish_rate
 from stream_jobs.settings import Settings
@@ -216,13 +214,9 @@ class Setup:
 
 async def declare(settings: Settings, job_type: str, replication: int) -> None:
     """topics/<type>.toml with 12 partitions in the setup's folder, and Kafka made to match."""
-    table: dict[str, object] = {"partitions": PARTITIONS, "replication_factor": replication,
-                                "retry_tiers": ["5s"], "max_attempts": 2, "retention": "2h"}
-    settings.topics_dir.mkdir(parents=True, exist_ok=True)
-    (settings.topics_dir / f"{job_type}.toml").write_text(
-        "".join(f"{name} = {json.dumps(value)}\n" for name, value in table.items()))
-    types = load_job_types(settings.topics_dir)
-    await apply(settings, {job_type: types[job_type]})
+    await declare_one(settings, job_type, partitions=PARTITIONS,
+                      replication_factor=replication, retry_tiers=["5s"], max_attempts=2,
+                      retention="2h")
 
 
 def start_cluster(kafka: KafkaCluster, attempts: int = 5) -> None:
