@@ -25,16 +25,8 @@ from typing import Any
 
 import asyncpg
 
-from ops.bench.common import (
-    ENQUEUE_BATCH,
-    Bench,
-    fill,
-    payload,
-    percentile,
-    rewind_worker_group,
-    rotated,
-    run_async,
-)
+from ops.bench.backlog import ENQUEUE_BATCH, fill, payload, rewind_worker_group
+from ops.bench.common import Bench, percentile, rotated, run_async
 from ops.bench.ours import drain
 from stream_jobs.app import App
 from stream_jobs.client import Job

@@ -18,7 +18,8 @@ from typing import Any
 
 import asyncpg
 
-from ops.bench.common import Bench, BenchError, Tally, fill, rewind_worker_group, rotated, run_async
+from ops.bench.backlog import fill, rewind_worker_group
+from ops.bench.common import Bench, BenchError, Tally, rotated, run_async
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
 from stream_jobs.dedup.fencing import FENCING_SEQUENCE

@@ -20,21 +20,11 @@ from typing import Any, TypedDict
 
 import asyncpg
 
-from ops.bench.common import (
-    CODE_DIR,
-    PROJECT_PYTHON,
-    Bench,
-    BenchError,
-    Tally,
-    fill,
-    payload,
-    percentile,
-    rewind_worker_group,
-    rotated,
-    run_async,
-)
+from ops.bench.backlog import fill, payload, rewind_worker_group
+from ops.bench.common import Bench, BenchError, Tally, percentile, rotated, run_async
 from ops.bench.cpu import machine_busy_s, postgres_cpu_s, process_cpu_s
 from ops.bench.raw import raw_consume, raw_produce
+from ops.bench.snapshot import CODE_DIR, PROJECT_PYTHON
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
 from stream_jobs.handlers import Ordering

@@ -23,18 +23,9 @@ from collections.abc import Iterator
 import asyncpg
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from ops.bench.common import (
-    ENQUEUE_BATCH,
-    OUT_DIR,
-    PROJECT_CLI,
-    Bench,
-    BenchError,
-    fill,
-    payload,
-    percentile,
-    rotated,
-    run_async,
-)
+from ops.bench.backlog import ENQUEUE_BATCH, fill, payload
+from ops.bench.common import Bench, BenchError, percentile, rotated, run_async
+from ops.bench.snapshot import OUT_DIR, PROJECT_CLI
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.kafka.admin import admin_client

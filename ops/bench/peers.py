@@ -20,17 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ops.bench.common import (
-    BENCH_DIR,
-    CODE_DIR,
-    Bench,
-    BenchError,
-    fill,
-    rewind_worker_group,
-    rotated,
-    run_async,
-)
+from ops.bench.backlog import fill, rewind_worker_group
+from ops.bench.common import Bench, BenchError, rotated, run_async
 from ops.bench.ours import awaited_enqueue, drain
+from ops.bench.snapshot import BENCH_DIR, CODE_DIR
 
 PEERS_VENV = BENCH_DIR / ".venv-peers"
 PEERS_PYTHON = PEERS_VENV / "bin" / "python"

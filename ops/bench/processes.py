@@ -24,16 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ops.bench.common import (
-    CODE_DIR,
-    PROJECT_CLI,
-    Bench,
-    BenchError,
-    fill,
-    rewind_worker_group,
-    rotated,
-    run_async,
-)
+from ops.bench.backlog import fill, rewind_worker_group
+from ops.bench.common import Bench, BenchError, rotated, run_async
 from ops.bench.cpu import machine_busy_s, postgres_cpu_s, process_cpu_s, tree_cpu_s
 from ops.bench.scaling import (
     PARTITIONS,
@@ -49,6 +41,7 @@ from ops.bench.scaling import (
     wait_for_group,
 )
 from ops.bench.scaling_app import NOOP_TYPE, STAMPS_ENV, read_stamps, stamp_files
+from ops.bench.snapshot import CODE_DIR, PROJECT_CLI
 from stream_jobs.naming import worker_group
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster, PostgresServer

@@ -11,7 +11,8 @@ import re
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from ops.bench.common import Bench, fill, run_async
+from ops.bench.backlog import fill
+from ops.bench.common import Bench, run_async
 from ops.bench.ours import drain
 
 if TYPE_CHECKING:  # pyinstrument is the `bench` extra, imported when the section runs

@@ -27,16 +27,8 @@ from typing import Any
 
 import asyncpg
 
-from ops.bench.common import (
-    Bench,
-    BenchError,
-    Tally,
-    fill,
-    payload,
-    rewind_worker_group,
-    rotated,
-    run_async,
-)
+from ops.bench.backlog import fill, payload, rewind_worker_group
+from ops.bench.common import Bench, BenchError, Tally, rotated, run_async
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext

@@ -57,27 +57,22 @@ from ops.bench import (
     tester,
 )
 from ops.bench import results as results_section  # `results` names the run's Results
+from ops.bench.backlog import ENQUEUE_BATCH, payload_bytes
 from ops.bench.common import (
-    BENCH_DIR,
-    CODE_DIR,
-    ENQUEUE_BATCH,
     FETCH_RECORDS,
     FULL,
-    OUT_DIR,
     PARTITIONS,
     QUICK,
-    REPO_DIR,
-    SNAPSHOT_ENV,
     Bench,
     BenchError,
     Results,
     delete_topics,
     event_loop_name,
-    payload_bytes,
     run_async,
 )
 from ops.bench.raw import record_bytes, typical_record
 from ops.bench.report import OWN_HEADINGS, merge_sections, render
+from ops.bench.snapshot import BENCH_DIR, CODE_DIR, OUT_DIR, REPO_DIR, SNAPSHOT_ENV
 from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.kafka.admin import admin_client
 from stream_jobs.settings import Settings, load_settings

@@ -34,21 +34,12 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
-from ops.bench.common import (
-    CODE_DIR,
-    PROJECT_CLI,
-    Bench,
-    BenchError,
-    declare_one,
-    delete_topics,
-    fill,
-    rewind_worker_group,
-    rotated,
-    run_async,
-)
+from ops.bench.backlog import fill, rewind_worker_group
+from ops.bench.common import Bench, BenchError, declare_one, delete_topics, rotated, run_async
 from ops.bench.cpu import machine_busy_s, postgres_cpu_s, process_cpu_s
 from ops.bench.ours import effects_count, prepare_effects
 from ops.bench.scaling_app import NOOP_TYPE, ONCE_TYPE, STAMPS_ENV, read_stamps
+from ops.bench.snapshot import CODE_DIR, PROJECT_CLI
 from stream_jobs.errors import PortInUse
 from stream_jobs.kafka.admin import group_state
 from stream_jobs.naming import worker_group

@@ -16,15 +16,8 @@ import threading
 import time
 from typing import Any
 
-from ops.bench.common import (
-    Bench,
-    BenchError,
-    Tally,
-    fill,
-    rewind_worker_group,
-    rotated,
-    run_async,
-)
+from ops.bench.backlog import fill, rewind_worker_group
+from ops.bench.common import Bench, BenchError, Tally, rotated, run_async
 from ops.bench.ours import drain
 from stream_jobs.app import App
 from stream_jobs.context import JobContext

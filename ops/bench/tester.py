@@ -16,17 +16,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ops.bench.common import (
-    ENQUEUE_BATCH,
-    Bench,
-    BenchError,
-    Tally,
-    fill,
-    payload,
-    rewind_worker_group,
-    rotated,
-    run_async,
-)
+from ops.bench.backlog import ENQUEUE_BATCH, fill, payload, rewind_worker_group
+from ops.bench.common import Bench, BenchError, Tally, rotated, run_async
 from ops.bench.ours import drain
 from stream_jobs import App, JobContext, PermanentError
 from stream_jobs.client import Job
