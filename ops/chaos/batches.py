@@ -32,7 +32,7 @@ import orjson
 from ops.chaos.batch_app import ALBUM, FAIL_EVERY_ENV, HOLD_MS_ENV, MEMBER, TABLES
 from ops.chaos.batch_verdict import BatchEvidence, BatchVerdict, CallbackRow, judge
 from ops.chaos.faults import until
-from ops.chaos.fresh import fresh_settings, leave_nothing
+from ops.chaos.fresh import fresh_settings, settle
 from ops.chaos.protocol import OwnTrial, TrialRow, row
 from ops.chaos.trial import Stack
 from ops.chaos.workers import STREAM_JOBS, WorkerGroup
@@ -117,9 +117,8 @@ async def batch_trial(base: Settings, out_dir: Path, *, members: int = MEMBERS, 
     verdict = judge(await _evidence(settings, batch_id, member_ids))
     result = BatchTrialResult(members, workers, len(group.killed),
                               round(time.monotonic() - began, 1), verdict, notes)
-    if result.ok:
-        await leave_nothing(settings, types)
-    else:
+    await settle(settings, folder, types, [*verdict.problems, *notes])
+    if not result.ok:
         log.error("batch trial %s kept its topics and schema for a look: %s", name,
                   verdict.problems + notes)
     return result

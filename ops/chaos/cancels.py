@@ -30,7 +30,7 @@ import asyncpg
 
 from ops.chaos import collect
 from ops.chaos.app import EFFECTS_TABLE, JOB_TYPE
-from ops.chaos.fresh import fresh_settings, leave_nothing
+from ops.chaos.fresh import fresh_settings, settle
 from ops.chaos.observe import group_stable
 from ops.chaos.protocol import OwnTrial, TrialRow, row
 from ops.chaos.trial import Stack
@@ -163,10 +163,7 @@ async def cancel_trial(base: Settings, out_dir: Path, *, jobs: int, kills: int,
         group.close()
     _judge(result, ids, answers, effects, cancels)
     result.seconds = round(time.monotonic() - began, 1)
-    if result.ok:
-        await leave_nothing(settings, [policy])
-    else:
-        (folder / "problems.txt").write_text("\n".join(result.problems) + "\n")
+    await settle(settings, folder, [policy], result.problems)
     return result
 
 

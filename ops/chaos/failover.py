@@ -27,7 +27,7 @@ from ops.chaos.app import TICK_EFFECTS_TABLE, TICK_TYPE
 from ops.chaos.app import app as chaos_app
 from ops.chaos.collect import read_topic
 from ops.chaos.failover_verdict import FailoverEvidence, FailoverVerdict, LeaderFault, judge
-from ops.chaos.fresh import fresh_settings, leave_nothing
+from ops.chaos.fresh import fresh_settings, settle
 from ops.chaos.protocol import OwnTrial, TrialRow, row
 from ops.chaos.trial import Stack
 from ops.chaos.workers import APP_SPEC, STREAM_JOBS, WorkerGroup, WorkerProcess
@@ -115,10 +115,7 @@ async def run_failover(base: Settings, out_dir: Path, *, run: int = 1, window_s:
                 await asyncio.wait_for(working, 30)
         group.close()
     verdict = judge(evidence)
-    if verdict.problems:
-        (folder / "problems.txt").write_text("\n".join(verdict.problems) + "\n")
-    else:
-        await leave_nothing(settings, [policy])
+    await settle(settings, folder, [policy], verdict.problems)
     return FailoverResult(run, verdict, time.time() - began, began, window_s, lease_s, faults,
                           notes)
 

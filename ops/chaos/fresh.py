@@ -1,11 +1,11 @@
 """A run's own corner of the shared stack: a topic prefix and Postgres schema no other run
 uses (`stream_jobs.testing.stack`'s, as the tests get theirs), a folder for its topics/
-and logs, and, once the run was clean, nothing left behind."""
+and logs, and, once the run was clean, nothing left behind (a failed run's are kept)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from stream_jobs.job_types import JobTypePolicy
@@ -25,6 +25,16 @@ def fresh_settings(base: Settings, out_dir: Path, label: str,
     settings = base.model_copy(update={"topic_prefix": prefix, "database_schema": prefix,
                                        "topics_dir": topics, **update})
     return settings, folder
+
+
+async def settle(settings: Settings, folder: Path, policies: Iterable[JobTypePolicy],
+                 problems: Sequence[str]) -> None:
+    """After a run: a clean one leaves nothing behind; a failed one keeps its topics and
+    schema, and its problems in `folder/problems.txt`, for a look."""
+    if problems:
+        (folder / "problems.txt").write_text("\n".join(problems) + "\n")
+    else:
+        await leave_nothing(settings, policies)
 
 
 async def leave_nothing(settings: Settings, policies: Iterable[JobTypePolicy]) -> None:

@@ -133,7 +133,7 @@ def _process_table(rows: list[RunJSON]) -> list[str]:
     lines += ["", "## Scenarios", ""]
     for name in dict.fromkeys(r["scenario"] for r in rows):
         s = SCENARIOS[name]
-        lines.append(f"- **{name}** ({s.title}): {s.method}")
+        lines.append(f"- **{name}** ({s.title}): {s.description}")
     return lines
 
 

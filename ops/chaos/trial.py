@@ -19,7 +19,7 @@ from ops.chaos import collect
 from ops.chaos.app import EFFECTS_TABLE, JOB_TYPE
 from ops.chaos.checks import Verdict, judge
 from ops.chaos.evidence import Evidence, Fault
-from ops.chaos.fresh import fresh_settings, leave_nothing
+from ops.chaos.fresh import fresh_settings, settle
 from ops.chaos.observe import Commits, Throughput, group_stable
 from ops.chaos.workers import WorkerGroup
 from stream_jobs.client import Job, JobClient
@@ -170,10 +170,7 @@ async def run_trial(stack: Stack, *, scenario: str, run: int, jobs: int, inject:
         await asyncio.gather(*samplers, return_exceptions=True)
         group.close()
     verdict = judge(evidence)
-    if verdict.problems:
-        (folder / "problems.txt").write_text("\n".join(verdict.problems) + "\n")
-    else:
-        await leave_nothing(settings, [policy])
+    await settle(settings, folder, [policy], verdict.problems)
     return TrialResult(scenario, run, verdict, time.time() - began, trial.notes, trial.faults,
                        began)
 
