@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from ops.bench.common import BenchError
+from ops.bench.common import Bench, BenchError, run_async
 from stream_jobs.client import Job
 from stream_jobs.naming import worker_group
 from stream_jobs.settings import Settings
@@ -65,3 +65,9 @@ async def rewind_worker_group(settings: Settings, job_type: str) -> None:
             await asyncio.sleep(0.5)
     raise BenchError(f"group {group} kept members; could not rewind it")
 
+
+
+def new_backlog(b: Bench, job_type: str, n: int, timeout_s: float = 600.0) -> float:
+    """Declare `job_type` on the run's prefix and fill it with `n` jobs: the fill's jobs/s."""
+    run_async(b.declare(job_type), 60)
+    return run_async(fill(b.settings(), job_type, n), timeout_s)

@@ -13,7 +13,9 @@ import asyncio
 import json
 import math
 import os
+import signal
 import statistics
+import subprocess
 import time
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -236,6 +238,20 @@ async def delete_topics(settings: Settings, prefix: str) -> int:
         if names:
             await admin.delete_topics(names)
     return len(names)
+
+
+def stop_sessions(procs: Sequence[subprocess.Popen[bytes]], within_s: float) -> None:
+    """SIGTERM each process still running, to its whole process group (each was started in
+    a session of its own), then SIGKILL the groups of those not gone within `within_s`."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=within_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=within_s)
 
 
 def run_async(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:

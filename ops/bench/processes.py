@@ -25,18 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from ops.bench.backlog import fill, rewind_worker_group
-from ops.bench.common import Bench, BenchError, rotated, run_async
+from ops.bench.common import Bench, BenchError, rotated, run_async, stop_sessions
 from ops.bench.cpu import machine_busy_s, postgres_cpu_s, process_cpu_s, tree_cpu_s
 from ops.bench.scaling import (
-    PARTITIONS,
     CpuSample,
     Services,
     cores_in_window,
     declare,
     log_tail,
     parse_outcomes,
+    run_details,
     steady_window,
-    stop_workers,
     throttle,
     wait_for_group,
 )
@@ -112,7 +111,7 @@ def drain(b: Bench, settings: Settings, services: Services, processes: int, n: i
             supervisor_s = process_cpu_s(command.pid) - supervisor_at_release
             time.sleep(SAMPLE_S)  # a sampling period, not a wait for a condition
     finally:
-        stop_workers(procs)
+        stop_sessions(procs, within_s=30)
         run_async(throttle(settings, NOOP_TYPE, None), 60)
     if command.returncode != 0:
         raise BenchError(f"--processes {processes} exited with {command.returncode}: "
@@ -137,11 +136,7 @@ def processes(b: Bench) -> None:
     began = time.monotonic()
     n = b.scale.scaling_noop_n
     runs: list[dict[str, Any]] = []
-    details: dict[str, Any] = {
-        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "partitions": PARTITIONS,
-        "backlog": n, "repeats": b.scale.scaling_runs, "quick": b.quick,
-        "nproc": os.cpu_count(), "load_avg_before": os.getloadavg()[0], "runs": runs}
-    b.results.details["processes"] = details
+    details = b.results.details["processes"] = run_details(b, runs, backlog=n)
     kafka = KafkaCluster(b.stack_settings(), 1)
     settings = b.settings(f"{b.prefix}-procs").model_copy(update={
         "kafka_bootstrap": kafka.bootstrap, "topics_dir": b.out_dir / "topics-processes"})

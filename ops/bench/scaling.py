@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -35,7 +34,15 @@ from typing import Any
 from aiokafka.errors import KafkaError
 
 from ops.bench.backlog import fill, rewind_worker_group
-from ops.bench.common import Bench, BenchError, declare_one, delete_topics, rotated, run_async
+from ops.bench.common import (
+    Bench,
+    BenchError,
+    declare_one,
+    delete_topics,
+    rotated,
+    run_async,
+    stop_sessions,
+)
 from ops.bench.cpu import machine_busy_s, postgres_cpu_s, process_cpu_s
 from ops.bench.ours import effects_count, prepare_effects
 from ops.bench.scaling_app import NOOP_TYPE, ONCE_TYPE, STAMPS_ENV, read_stamps
@@ -266,19 +273,6 @@ async def throttle(settings: Settings, job_type: str, rate_per_s: float | None) 
                        reset=rate_per_s is None)
 
 
-def stop_workers(procs: Sequence[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM each worker still running (its own session), then SIGKILL after 30 s."""
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-
-
 def log_tail(path: Path) -> str:
     return path.read_text(errors="replace")[-600:] if path.is_file() else "(no log)"
 
@@ -317,7 +311,7 @@ def drain_with_processes(b: Bench, setup: Setup, handler: str, processes: int, n
             time.sleep(SAMPLE_S)  # a sampling period, not a wait for a condition
             samples.append(setup.services.sample([p.pid for p in procs]))
     finally:
-        stop_workers(procs)
+        stop_sessions(procs, within_s=30)
         run_async(throttle(s, job_type, None), 60)
     outcomes: dict[str, int] = {}
     stamps: list[list[float]] = []
@@ -379,15 +373,20 @@ def _measure_setup(b: Bench, setup: Setup, sizes: dict[str, int],
                 runs.append({**result, "repeat": run})
 
 
+def run_details(b: Bench, runs: list[dict[str, Any]], **sizes: object) -> dict[str, Any]:
+    """What a run of worker processes (this section's, or the processes section's) says of
+    itself in results.json: when, how big, how often, on how many cores and how busy,
+    and its `runs` as they come."""
+    return {"measured_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "partitions": PARTITIONS,
+            **sizes, "repeats": b.scale.scaling_runs, "quick": b.quick,
+            "nproc": os.cpu_count(), "load_avg_before": os.getloadavg()[0], "runs": runs}
+
+
 def scaling(b: Bench) -> None:
     began = time.monotonic()
     sizes = {"noop": b.scale.scaling_noop_n, "once": b.scale.scaling_once_n}
     runs: list[dict[str, Any]] = []
-    details: dict[str, Any] = {
-        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "partitions": PARTITIONS,
-        "backlogs": sizes, "repeats": b.scale.scaling_runs, "quick": b.quick,
-        "nproc": os.cpu_count(), "load_avg_before": os.getloadavg()[0], "runs": runs}
-    b.results.details["scaling"] = details
+    details = b.results.details["scaling"] = run_details(b, runs, backlogs=sizes)
     run_async(prepare_effects(b.settings(), truncate=True), 60)
     base = b.stack_settings()
     setups = broker_setups(os.environ.get(BROKERS_ENV, ""))
