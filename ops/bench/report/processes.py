@@ -24,6 +24,19 @@ METHOD = (
     "and the whole machine (every process on the box, other sessions' included).")
 
 
+EXPECTATIONS = [
+    "Why: a worker process is one Python event loop, so it uses one core at most, and the "
+    "broker, Postgres and everyone else's work share the same 2 cores. The second process "
+    "can only add the CPU the first left idle: on a quiet box most of the second core "
+    "(minus what the broker takes for the extra fetches and commits); on a busy one, "
+    "whatever share the kernel gives it. The per-core ratio takes that out: near 1.00, a "
+    "job costs the same CPU in a supervised child as in a single process (the supervisor "
+    "does nothing per job). On a machine with a core per worker process and the broker "
+    "elsewhere, `--processes auto` should scale like separate processes do in Scaling, "
+    "up to the partitions of the busiest type.",
+]
+
+
 def _split_sentences(points: list[ScalingPoint], details: dict[str, Any],
                      cores: int) -> list[str]:
     found = details.get("cpu_of", {"broker": True, "postgres": True})
@@ -52,19 +65,6 @@ def _split_sentences(points: list[ScalingPoint], details: dict[str, Any],
                    f"used {spent:.2f} s of CPU over a {wall:.0f} s drain, "
                    f"{spent / max(wall, 1e-9) * 100:.1f}% of a core.")
     return out
-
-
-EXPECTATIONS = [
-    "Why: a worker process is one Python event loop, so it uses one core at most, and the "
-    "broker, Postgres and everyone else's work share the same 2 cores. The second process "
-    "can only add the CPU the first left idle: on a quiet box most of the second core "
-    "(minus what the broker takes for the extra fetches and commits); on a busy one, "
-    "whatever share the kernel gives it. The per-core ratio takes that out: near 1.00, a "
-    "job costs the same CPU in a supervised child as in a single process (the supervisor "
-    "does nothing per job). On a machine with a core per worker process and the broker "
-    "elsewhere, `--processes auto` should scale like separate processes do in Scaling, "
-    "up to the partitions of the busiest type.",
-]
 
 
 def processes_section(details: dict[str, Any], figures: dict[str, FigureJSON],
