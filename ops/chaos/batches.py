@@ -117,7 +117,7 @@ async def batch_trial(base: Settings, out_dir: Path, *, members: int = MEMBERS, 
     verdict = judge(await _evidence(settings, batch_id, member_ids))
     result = BatchTrialResult(members, workers, len(group.killed),
                               round(time.monotonic() - began, 1), verdict, notes)
-    await settle(settings, folder, types, [*verdict.problems, *notes])
+    await settle(settings, folder, [*verdict.problems, *notes])
     if not result.ok:
         log.error("batch trial %s kept its topics and schema for a look: %s", name,
                   verdict.problems + notes)

@@ -163,7 +163,7 @@ async def cancel_trial(base: Settings, out_dir: Path, *, jobs: int, kills: int,
         group.close()
     _judge(result, ids, answers, effects, cancels)
     result.seconds = round(time.monotonic() - began, 1)
-    await settle(settings, folder, [policy], result.problems)
+    await settle(settings, folder, result.problems)
     return result
 
 

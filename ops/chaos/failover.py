@@ -115,7 +115,7 @@ async def run_failover(base: Settings, out_dir: Path, *, run: int = 1, window_s:
                 await asyncio.wait_for(working, 30)
         group.close()
     verdict = judge(evidence)
-    await settle(settings, folder, [policy], verdict.problems)
+    await settle(settings, folder, verdict.problems)
     return FailoverResult(run, verdict, time.time() - began, began, window_s, lease_s, faults,
                           notes)
 

@@ -5,10 +5,9 @@ and logs, and, once the run was clean, nothing left behind (a failed run's are k
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka.admin import admin_client
 from stream_jobs.settings import Settings
 from stream_jobs.testing.stack import drop_schema, fresh_prefix
@@ -27,22 +26,23 @@ def fresh_settings(base: Settings, out_dir: Path, label: str,
     return settings, folder
 
 
-async def settle(settings: Settings, folder: Path, policies: Iterable[JobTypePolicy],
-                 problems: Sequence[str]) -> None:
+async def settle(settings: Settings, folder: Path, problems: Sequence[str]) -> None:
     """After a run: a clean one leaves nothing behind; a failed one keeps its topics and
     schema, and its problems in `folder/problems.txt`, for a look."""
     if problems:
         (folder / "problems.txt").write_text("\n".join(problems) + "\n")
     else:
-        await leave_nothing(settings, policies)
+        await leave_nothing(settings)
 
 
-async def leave_nothing(settings: Settings, policies: Iterable[JobTypePolicy]) -> None:
-    """Delete the run's topics and drop its schema (a failed run keeps them for a look).
-    Best effort: what is left is a leftover, not a verdict."""
+async def leave_nothing(settings: Settings) -> None:
+    """Delete every topic of the run's prefix (its types', and the `_stats` and `_control`
+    topics its workers made) and drop its schema. Best effort: what is left is a
+    leftover, not a verdict."""
+    ours = f"{settings.topic_prefix}."
     with contextlib.suppress(Exception):
         async with admin_client(settings) as admin:
-            await admin.delete_topics([spec.name for policy in policies
-                                       for spec in policy.all_topics(settings.topic_prefix)])
+            await admin.delete_topics([t for t in await admin.list_topics()
+                                       if t.startswith(ours)])
     with contextlib.suppress(Exception):
         await drop_schema(settings)

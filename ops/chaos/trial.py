@@ -170,7 +170,7 @@ async def run_trial(stack: Stack, *, scenario: str, run: int, jobs: int, inject:
         await asyncio.gather(*samplers, return_exceptions=True)
         group.close()
     verdict = judge(evidence)
-    await settle(settings, folder, [policy], verdict.problems)
+    await settle(settings, folder, verdict.problems)
     return TrialResult(scenario, run, verdict, time.time() - began, trial.notes, trial.faults,
                        began)
 
