@@ -35,7 +35,7 @@ from ops.chaos.observe import group_stable
 from ops.chaos.protocol import OwnTrial, TrialRow, row
 from ops.chaos.trial import Stack
 from ops.chaos.workers import WorkerGroup
-from stream_jobs.cancels import CancelAnswer
+from stream_jobs.cancels.rules import CancelAnswer
 from stream_jobs.client import Job, JobClient
 from stream_jobs.dedup.store import prepare_schema
 from stream_jobs.settings import Settings
