@@ -47,8 +47,10 @@ lint: venv
 docs: venv
 	$(MKDOCS) build --strict -d site
 
+# The unit tests: the library's (tests/unit) and ops/' benches, fault trials and deploy
+# files (tests/ops); no services.
 unit: venv
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q tests/unit tests/ops
 
 # The manual alone, on the stack: every block of README.md and docs/ (`make integration`
 # runs it too). PAGES=docs/results.md make manual: one page.
@@ -112,14 +114,14 @@ demo: stack
 bench: stack $(VENV)/.bench-installed
 	$(BIN)/python -m ops.bench.run
 
-# Fault injection: every scenario 3 times against real worker processes (kill -9, SIGSTOP,
-# broker kills and pauses on a 3-node cluster, Postgres restarts and outages, refused
-# retry writes, rolling restarts, rebalance storms): ops/chaos/RESULTS.md (~35 min).
-# CHAOS_JOBS=N jobs per run, CHAOS_RUNS=R runs each, CHAOS_ONLY=kill9,zombie,... a subset.
+# Fault injection, every scenario and trial 3 times (~38 min): real worker processes under
+# kill -9, SIGSTOP, broker kills and pauses on a 3-node cluster, Postgres restarts and
+# outages, refused retry writes, rolling restarts and rebalance storms; then the scheduler
+# leader killed and frozen, a batch's callbacks through kill -9, cancels racing runs, and
+# the outbox through a Kafka outage. Writes ops/chaos/RESULTS.md. CHAOS_JOBS=N jobs per
+# run, CHAOS_RUNS=R runs each, CHAOS_ONLY=kill9,cancels,... a subset (docs/faults/index.md).
 chaos: stack
 	$(BIN)/python -m ops.chaos.run
-	# Cancels racing runs while workers are killed (docs/control.md; ~30 s): prints its verdict.
-	$(BIN)/python -m ops.chaos.cancels
 
 $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[dev,bench]'

@@ -1,5 +1,6 @@
-"""What every bench section shares: the scale, the run's context, statistics, payloads,
-topics and backlogs.
+"""What every bench section shares: the scale, the run's context, statistics, and its
+topics (the jobs and backlogs a section drains: backlog.py; where the code under test
+lives: snapshot.py).
 
 A bench run owns its log: one fresh topic prefix (and Postgres schema) per `make bench`,
 one job type (so topics and consumer groups) per section, and every topic under the
@@ -12,36 +13,24 @@ import asyncio
 import json
 import math
 import os
+import signal
 import statistics
+import subprocess
 import time
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import orjson
-
-from stream_jobs.client import Job
+from ops.bench.snapshot import CODE_DIR, REPO_DIR
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka.admin import admin_client
 from stream_jobs.kafka.topics import apply
-from stream_jobs.naming import validate_job_type, worker_group
+from stream_jobs.naming import validate_job_type
 from stream_jobs.settings import Settings
-
-# The bench runs from a snapshot of the code taken when it starts (see run.py), so a
-# change to the checkout during a run cannot mix two versions into one set of figures.
-# CODE_DIR holds the code under test; REPO_DIR is the checkout (venvs, out/, RESULTS.md).
-SNAPSHOT_ENV = "BENCH_SNAPSHOT"
-CODE_DIR = Path(__file__).resolve().parents[2]
-REPO_DIR = Path(os.environ.get("BENCH_REPO_DIR") or CODE_DIR)
-BENCH_DIR = REPO_DIR / "ops" / "bench"
-OUT_DIR = BENCH_DIR / "out"
-PROJECT_PYTHON = REPO_DIR / ".venv" / "bin" / "python"
-PROJECT_CLI = REPO_DIR / ".venv" / "bin" / "stream-jobs"
+from stream_jobs.testing.stack import toml_lines
 
 PARTITIONS = 6
-PAYLOAD_BYTES = 200
-ENQUEUE_BATCH = 500
 FETCH_RECORDS = 500
 
 T = TypeVar("T")
@@ -154,25 +143,6 @@ def rotated(items: Sequence[T], run: int) -> list[T]:
     return [*items[k:], *items[:k]]
 
 
-# -- payloads -------------------------------------------------------------------------------
-
-
-def _note_length() -> int:
-    bare = orjson.dumps({"user": "user-00000000", "n": 0, "note": ""})
-    return PAYLOAD_BYTES - len(bare) - 3  # `n` grows to a few digits
-
-
-_NOTE = "x" * _note_length()
-
-
-def payload(i: int) -> dict[str, Any]:
-    """A job payload of about PAYLOAD_BYTES bytes of JSON (the bench's typical job)."""
-    return {"user": f"user-{i:08d}", "n": i, "note": _NOTE}
-
-
-def payload_bytes() -> int:
-    return len(orjson.dumps(payload(123_456)))
-
 
 class Tally:
     """Counts handler calls and stamps the first and the last (perf_counter seconds)."""
@@ -244,44 +214,21 @@ class Bench:
                       **keys: object) -> JobTypePolicy:
         """Write topics/<type>.toml (6 partitions, one 5 s tier) and make Kafka match."""
         validate_job_type(job_type)  # a bad name must not leave a file that breaks the folder
-        table: dict[str, object] = {"partitions": PARTITIONS, "retry_tiers": ["5s"],
-                                    "max_attempts": 2, "retention": "2h", **keys}
-        lines = [f"{name} = {json.dumps(value)}" for name, value in table.items()]
-        self.topics_dir.mkdir(parents=True, exist_ok=True)
-        (self.topics_dir / f"{job_type}.toml").write_text("\n".join(lines) + "\n")
-        types = load_job_types(self.topics_dir)
-        await apply(self.settings(prefix), {job_type: types[job_type]})
-        return types[job_type]
+        return await declare_one(self.settings(prefix), job_type, **{
+            "partitions": PARTITIONS, "retry_tiers": ["5s"], "max_attempts": 2,
+            "retention": "2h", **keys})
 
 
-async def fill(settings: Settings, job_type: str, n: int) -> float:
-    """Enqueue `n` jobs with `enqueue_many` in batches of 500, each batch awaited before the
-    next; returns the jobs per second."""
-    from stream_jobs.app import App
+async def declare_one(settings: Settings, job_type: str, **keys: object) -> JobTypePolicy:
+    """topics/<type>.toml in the settings' folder, and Kafka made to match for this type
+    only (`stream_jobs.testing.stack.declare_type` applies the whole folder, and a bench
+    folder holds a type per section)."""
+    settings.topics_dir.mkdir(parents=True, exist_ok=True)
+    (settings.topics_dir / f"{job_type}.toml").write_text(toml_lines(keys))
+    types = load_job_types(settings.topics_dir)
+    await apply(settings, {job_type: types[job_type]})
+    return types[job_type]
 
-    app = App(settings)
-    async with app.client() as client:
-        began = time.perf_counter()
-        for i in range(0, n, ENQUEUE_BATCH):
-            upto = min(n, i + ENQUEUE_BATCH)
-            await client.enqueue_many(Job(job_type, payload(j)) for j in range(i, upto))
-        return n / (time.perf_counter() - began)
-
-
-async def rewind_worker_group(settings: Settings, job_type: str) -> None:
-    """Commit offset 0 for the type's worker group, so the same backlog is drained again."""
-    from stream_jobs.tools.group_offsets import reset_offsets
-
-    group = worker_group(settings.topic_prefix, job_type)
-    for _ in range(30):  # the group is empty once the last member's LeaveGroup landed
-        try:
-            await reset_offsets(settings, group, to_earliest=True)
-            return
-        except Exception as exc:
-            if "member" not in str(exc):
-                raise
-            await asyncio.sleep(0.5)
-    raise BenchError(f"group {group} kept members; could not rewind it")
 
 
 async def delete_topics(settings: Settings, prefix: str) -> int:
@@ -291,6 +238,20 @@ async def delete_topics(settings: Settings, prefix: str) -> int:
         if names:
             await admin.delete_topics(names)
     return len(names)
+
+
+def stop_sessions(procs: Sequence[subprocess.Popen[bytes]], within_s: float) -> None:
+    """SIGTERM each process still running, to its whole process group (each was started in
+    a session of its own), then SIGKILL the groups of those not gone within `within_s`."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=within_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=within_s)
 
 
 def run_async(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:

@@ -25,16 +25,8 @@ from typing import Any
 
 import asyncpg
 
-from ops.bench.common import (
-    ENQUEUE_BATCH,
-    Bench,
-    fill,
-    payload,
-    percentile,
-    rewind_worker_group,
-    rotated,
-    run_async,
-)
+from ops.bench.backlog import ENQUEUE_BATCH, fill, payload, rewind_worker_group
+from ops.bench.common import Bench, percentile, rotated, run_async
 from ops.bench.ours import drain
 from stream_jobs.app import App
 from stream_jobs.client import Job
@@ -42,7 +34,7 @@ from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.settings import Settings
 
 HEADING = "Cancel, unique jobs, debounce"
-# The section's opening sentence and the figures' prefix (ops/bench/report.py renders it).
+# The section's opening sentence and the figures' prefix (ops/bench/report/ renders it).
 INTRO = ("What cancels, unique keys and debounce cost, side by side in one run "
          "(ops/bench/control.py says how).")
 PREFIX = "control."

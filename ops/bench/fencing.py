@@ -18,7 +18,8 @@ from typing import Any
 
 import asyncpg
 
-from ops.bench.common import Bench, BenchError, Tally, fill, rewind_worker_group, rotated, run_async
+from ops.bench.backlog import new_backlog, rewind_worker_group
+from ops.bench.common import Bench, BenchError, Tally, rotated, run_async
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
 from stream_jobs.dedup.store import DedupStore
@@ -114,8 +115,7 @@ async def _prepare(settings: Settings) -> None:
 def fencing(b: Bench) -> None:
     s = b.settings()
     n = b.scale.backlog_n // 4
-    run_async(b.declare(JOB_TYPE), 60)
-    run_async(fill(s, JOB_TYPE, n), 600)
+    new_backlog(b, JOB_TYPE, n)
     rates: dict[str, list[float]] = {kind: [] for kind in CONTENDERS}
     # Tokens per round trip, per contender that reads them: how well requests coalesce.
     per_trip: dict[str, list[float]] = {"token": [], "fenced": []}

@@ -38,6 +38,41 @@ def producer_props(settings: Settings) -> list[str]:
             f"batch.size={min(settings.producer_max_batch_bytes, 16 * 1024 * 1024)}"]
 
 
+def producer_performance(lib: Path, s: Settings, topic: str, n: int, record_bytes: int) -> float:
+    """ProducerPerformance's records/s for `n` records of `record_bytes`, our settings."""
+    out = run_tool(java(lib, "org.apache.kafka.tools.ProducerPerformance",
+                        "--topic", topic, "--num-records", str(n),
+                        "--record-size", str(record_bytes), "--throughput", "-1",
+                        "--producer-props", *producer_props(s)))
+    match = re.findall(r"([\d.]+) records/sec", out)
+    if not match:
+        raise BenchError(f"ProducerPerformance printed no rate: {out[-400:]}")
+    return float(match[-1])
+
+
+def consumer_performance(lib: Path, s: Settings, topic: str, n: int, group: str) -> float:
+    """ConsumerPerformance's fetch rate (records/s without the group join) over `n`."""
+    out = run_tool(java(lib, "org.apache.kafka.tools.ConsumerPerformance",
+                        "--bootstrap-server", s.kafka_bootstrap, "--topic", topic,
+                        "--messages", str(n), "--group", group,
+                        "--timeout", "60000", "--hide-header"))
+    row = [c.strip() for c in out.strip().splitlines()[-1].split(",")]
+    if len(row) < 10 or float(row[4]) < n:
+        raise BenchError(f"ConsumerPerformance read too little: {out[-400:]}")
+    return float(row[9])  # fetch.nMsg.sec: without the group join
+
+
+def end_to_end_latency(lib: Path, s: Settings, topic: str, n: int,
+                       record_bytes: int) -> tuple[float, float]:
+    """EndToEndLatency's p50 and p99 in ms over `n` round trips, acks=all."""
+    out = run_tool(java(lib, "org.apache.kafka.tools.EndToEndLatency", s.kafka_bootstrap,
+                        topic, str(n), "all", str(record_bytes)))
+    found = re.search(r"50th = (\d+), 99th = (\d+)", out)
+    if found is None:
+        raise BenchError(f"EndToEndLatency printed no percentiles: {out[-400:]}")
+    return float(found.group(1)), float(found.group(2))
+
+
 def kafka_tools(b: Bench, record_bytes: int) -> None:
     s = b.settings()
     run_async(b.declare("bench.kafka-perf"), 60)
@@ -46,44 +81,23 @@ def kafka_tools(b: Bench, record_bytes: int) -> None:
     perf_topic = f"{b.prefix}.bench.kafka-perf"
     e2e_topic = f"{b.prefix}.bench.kafka-e2e"
     n = b.scale.kafka_tool_records
-    produced: list[float] = []
-    consumed: list[float] = []
-    e2e_p50: list[float] = []
-    e2e_p99: list[float] = []
+    trips = b.scale.kafka_e2e_messages
+    found: dict[str, list[float]] = {"produce": [], "consume": [], "e2e_p50": [],
+                                     "e2e_p99": []}
     for run in range(b.scale.runs):
-        out = run_tool(java(lib, "org.apache.kafka.tools.ProducerPerformance",
-                            "--topic", perf_topic, "--num-records", str(n),
-                            "--record-size", str(record_bytes), "--throughput", "-1",
-                            "--producer-props", *producer_props(s)))
-        match = re.findall(r"([\d.]+) records/sec", out)
-        if not match:
-            raise BenchError(f"ProducerPerformance printed no rate: {out[-400:]}")
-        produced.append(float(match[-1]))
-
-        out = run_tool(java(lib, "org.apache.kafka.tools.ConsumerPerformance",
-                            "--bootstrap-server", s.kafka_bootstrap, "--topic", perf_topic,
-                            "--messages", str(n), "--group", f"{b.prefix}.perf-consume-{run}",
-                            "--timeout", "60000", "--hide-header"))
-        row = [c.strip() for c in out.strip().splitlines()[-1].split(",")]
-        if len(row) < 10 or float(row[4]) < n:
-            raise BenchError(f"ConsumerPerformance read too little: {out[-400:]}")
-        consumed.append(float(row[9]))  # fetch.nMsg.sec: without the group join
-
-        out = run_tool(java(lib, "org.apache.kafka.tools.EndToEndLatency", s.kafka_bootstrap,
-                            e2e_topic, str(b.scale.kafka_e2e_messages), "all",
-                            str(record_bytes)))
-        found = re.search(r"50th = (\d+), 99th = (\d+)", out)
-        if found is None:
-            raise BenchError(f"EndToEndLatency printed no percentiles: {out[-400:]}")
-        e2e_p50.append(float(found.group(1)))
-        e2e_p99.append(float(found.group(2)))
-
-    r = b.results
-    r.add("kafka.produce", "Kafka ProducerPerformance", "records/s", produced,
-          f"{n:,} records of {record_bytes} B, our producer settings")
-    r.add("kafka.consume", "Kafka ConsumerPerformance", "records/s", consumed,
-          f"{n:,} records, fetch rate (group join excluded)")
-    r.add("kafka.e2e_p50", "Kafka EndToEndLatency p50", "ms", e2e_p50,
-          f"{b.scale.kafka_e2e_messages:,} round trips, acks=all, linger 0, whole-ms resolution")
-    r.add("kafka.e2e_p99", "Kafka EndToEndLatency p99", "ms", e2e_p99,
-          "produce, then poll until it arrives, one message at a time")
+        found["produce"].append(producer_performance(lib, s, perf_topic, n, record_bytes))
+        found["consume"].append(consumer_performance(
+            lib, s, perf_topic, n, f"{b.prefix}.perf-consume-{run}"))
+        p50, p99 = end_to_end_latency(lib, s, e2e_topic, trips, record_bytes)
+        found["e2e_p50"].append(p50)
+        found["e2e_p99"].append(p99)
+    for key, label, unit, note in (
+            ("produce", "Kafka ProducerPerformance", "records/s",
+             f"{n:,} records of {record_bytes} B, our producer settings"),
+            ("consume", "Kafka ConsumerPerformance", "records/s",
+             f"{n:,} records, fetch rate (group join excluded)"),
+            ("e2e_p50", "Kafka EndToEndLatency p50", "ms",
+             f"{trips:,} round trips, acks=all, linger 0, whole-ms resolution"),
+            ("e2e_p99", "Kafka EndToEndLatency p99", "ms",
+             "produce, then poll until it arrives, one message at a time")):
+        b.results.add(f"kafka.{key}", label, unit, found[key], note)

@@ -13,15 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ops.bench.common import (
-    CODE_DIR,
-    PROJECT_CLI,
-    Bench,
-    BenchError,
-    fill,
-    rewind_worker_group,
-    run_async,
-)
+from ops.bench.backlog import fill, rewind_worker_group
+from ops.bench.common import Bench, BenchError, run_async
+from ops.bench.snapshot import CODE_DIR, PROJECT_CLI
 
 JOB_TYPE = "bench.mem"
 SAMPLE_S = 0.2

@@ -1,5 +1,5 @@
-"""stream-jobs itself, through its public API: enqueue, processing (no-op and exactly-once),
-end-to-end latency at half capacity, and how late a 5 s retry runs.
+"""stream-jobs itself, through its public API: enqueue, and processing (no-op and
+exactly-once). End-to-end latency is latency.py's, retry accuracy retry.py's.
 
 Processing is measured side by side with the raw consume loop on the same backlog: the
 backlog is filled once, and each run drains it again (the worker group is rewound to 0).
@@ -12,37 +12,25 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import subprocess
 import time
-from array import array
 from collections.abc import Callable
-from typing import Any, TypedDict
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import asyncpg
 
-from ops.bench.common import (
-    CODE_DIR,
-    PROJECT_PYTHON,
-    Bench,
-    BenchError,
-    Tally,
-    fill,
-    payload,
-    percentile,
-    rewind_worker_group,
-    rotated,
-    run_async,
-)
+from ops.bench.backlog import fill, new_backlog, payload, rewind_worker_group
+from ops.bench.common import Bench, BenchError, Tally, percentile, rotated, run_async
 from ops.bench.cpu import machine_busy_s, postgres_cpu_s, process_cpu_s
 from ops.bench.raw import raw_consume, raw_produce
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
-from stream_jobs.dedup.store import DedupStore
 from stream_jobs.handlers import Ordering
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster, PostgresServer
 
 EFFECTS_TABLE = "bench_effects"
+INSERT_EFFECT = f"INSERT INTO {EFFECTS_TABLE} (job_id, n) VALUES ($1, $2)"
 
 
 # -- enqueue --------------------------------------------------------------------------------
@@ -67,34 +55,32 @@ def enqueue(b: Bench) -> None:
         run_async(b.declare(job_type), 60)
     raw_topic = f"{b.prefix}.bench.produce-raw"
     n = b.scale.produce_n
-    raw: list[float] = []
-    many: list[float] = []
-    awaited: list[float] = []
-    p50: list[float] = []
-    p99: list[float] = []
+    found: dict[str, list[float]] = {"raw": [], "many": [], "awaited": [], "p50": [],
+                                     "p99": []}
     # A warm-up of each, so JIT-less first-call costs (metadata, connections) are not timed.
     run_async(raw_produce(s, raw_topic, min(n, 2_000)), 120)
     run_async(fill(s, "bench.enqueue-many", min(n, 2_000)), 120)
     for run in range(b.scale.runs):
         for kind in rotated(["raw", "many", "awaited"], run):
             if kind == "raw":
-                raw.append(run_async(raw_produce(s, raw_topic, n), 600))
+                found["raw"].append(run_async(raw_produce(s, raw_topic, n), 600))
             elif kind == "many":
-                many.append(run_async(fill(s, "bench.enqueue-many", n), 600))
+                found["many"].append(run_async(fill(s, "bench.enqueue-many", n), 600))
             else:
                 rate, latencies = run_async(
                     awaited_enqueue(s, "bench.enqueue-awaited", b.scale.awaited_n), 600)
-                awaited.append(rate)
-                p50.append(percentile(latencies, 50))
-                p99.append(percentile(latencies, 99))
+                found["awaited"].append(rate)
+                found["p50"].append(percentile(latencies, 50))
+                found["p99"].append(percentile(latencies, 99))
     r = b.results
-    r.add("raw.produce", "raw aiokafka producer (pipelined sends)", "msg/s", raw,
+    r.add("raw.produce", "raw aiokafka producer (pipelined sends)", "msg/s", found["raw"],
           f"{n:,} records, same bytes and producer settings as ours")
-    r.add("ours.enqueue_many", "enqueue_many, batches of 500", "jobs/s", many, f"{n:,} jobs")
-    r.add("ours.enqueue_awaited", "enqueue, awaited one by one", "jobs/s", awaited,
+    r.add("ours.enqueue_many", "enqueue_many, batches of 500", "jobs/s", found["many"],
+          f"{n:,} jobs")
+    r.add("ours.enqueue_awaited", "enqueue, awaited one by one", "jobs/s", found["awaited"],
           f"{b.scale.awaited_n:,} calls")
-    r.add("ours.enqueue_p50", "enqueue, awaited: latency p50", "ms", p50)
-    r.add("ours.enqueue_p99", "enqueue, awaited: latency p99", "ms", p99)
+    r.add("ours.enqueue_p50", "enqueue, awaited: latency p50", "ms", found["p50"])
+    r.add("ours.enqueue_p99", "enqueue, awaited: latency p99", "ms", found["p99"])
 
 
 # -- processing -----------------------------------------------------------------------------
@@ -115,19 +101,16 @@ async def drain(settings: Settings, job_type: str, n: int, *, ordering: Ordering
     app = App(settings)
     tally = Tally()
 
-    if once == "live":
+    if once is not None:
+        # The form is chosen here, not per job: `block(ctx)` is `ctx.once()` or
+        # `ctx.once_deferred()`, and both take the same execute().
+        block: Callable[[JobContext], AbstractAsyncContextManager[Any]] = (
+            JobContext.once if once == "live" else JobContext.once_deferred)
+
         @app.job(job_type, ordering=ordering, concurrency=concurrency)
-        async def write_once(job: dict[str, Any], ctx: JobContext) -> None:
-            async with ctx.once() as conn:
-                await conn.execute(f"INSERT INTO {EFFECTS_TABLE} (job_id, n) VALUES ($1, $2)",
-                                   ctx.job_id, job["n"])
-            tally.hit()
-    elif once == "deferred":
-        @app.job(job_type, ordering=ordering, concurrency=concurrency)
-        async def write_deferred(job: dict[str, Any], ctx: JobContext) -> None:
-            async with ctx.once_deferred() as writes:
-                await writes.execute(f"INSERT INTO {EFFECTS_TABLE} (job_id, n) VALUES ($1, $2)",
-                                     ctx.job_id, job["n"])
+        async def write_effect(job: dict[str, Any], ctx: JobContext) -> None:
+            async with block(ctx) as writes:
+                await writes.execute(INSERT_EFFECT, ctx.job_id, job["n"])
             tally.hit()
     else:
         @app.job(job_type, ordering=ordering, concurrency=concurrency)
@@ -138,6 +121,14 @@ async def drain(settings: Settings, job_type: str, n: int, *, ordering: Ordering
             if window is not None and tally.count == n:
                 window[1]()
 
+    return await until_idle(app, job_type, n, tally, timeout_s)
+
+
+async def until_idle(app: App, job_type: str, n: int, tally: Tally,
+                     timeout_s: float) -> dict[str, float]:
+    """Run the app's worker of `job_type` until idle over a backlog of exactly `n` jobs,
+    its handler counting calls on `tally`: the rate, the start-up and the idle tail (see
+    `drain`). BenchError past `timeout_s`, or for other than `n` handler calls."""
     worker = app.worker(job_type)
     began = time.perf_counter()
     try:
@@ -157,8 +148,7 @@ def processing(b: Bench) -> None:
     s = b.settings()
     job_type = "bench.noop"
     n = b.scale.backlog_n
-    run_async(b.declare(job_type), 60)
-    b.results.details["processing_fill_jobs_per_s"] = run_async(fill(s, job_type, n), 1200)
+    b.results.details["processing_fill_jobs_per_s"] = new_backlog(b, job_type, n, 1200)
     topic = f"{b.prefix}.{job_type}"
     rates: dict[str, list[float]] = {"raw": [], "unordered": [], "key": []}
     startup: list[float] = []
@@ -207,20 +197,11 @@ async def effects_count(settings: Settings) -> tuple[int, int]:
         await conn.close()
 
 
-async def migrate(settings: Settings) -> None:
-    store = DedupStore(settings)
-    try:
-        await store.migrate()
-    finally:
-        await store.close()
-
-
 def exactly_once(b: Bench) -> None:
     s = b.settings()
     job_type = "bench.once"
     n = b.scale.once_n
-    run_async(b.declare(job_type), 60)
-    run_async(fill(s, job_type, n), 600)
+    new_backlog(b, job_type, n)
     # (name, once form, concurrency): the default concurrency for both forms, and the
     # deferred form with the concurrency an I/O-bound type would declare (bigger batches).
     contenders = [("live", "live", 64), ("deferred", "deferred", 64),
@@ -270,252 +251,3 @@ def exactly_once(b: Bench) -> None:
                   note.format(64))
     b.results.add("ours.once_deferred_256", "exactly-once: ctx.once_deferred(), concurrency "
                   "256", "jobs/s", rates["deferred256"], note.format(256))
-
-
-# -- end-to-end latency ---------------------------------------------------------------------
-
-
-class LatencyRun(TypedDict):
-    """One paced run: ms from enqueue to start after the warm-up, and the rates."""
-
-    p50: float
-    p99: float
-    max: float
-    sent: int
-    offered_per_s: float
-    started_per_s: float
-
-
-class CapacityStep(LatencyRun):
-    """A paced run of the capacity search, at `rate`, and whether it kept up."""
-
-    rate: float
-    kept_up: bool
-
-
-async def _latency_run(b: Bench, job_type: str, rate: float, seconds: float,
-                       warmup_s: float) -> LatencyRun:
-    s = b.settings()
-    app = App(s)
-    # Per job: when it was enqueued (unix s) and ms from enqueue to start. Arrays of
-    # doubles, not a list of tuples: the measuring handler must not fill the worker's
-    # young generation with objects the garbage collector walks (it did: a 46 ms pause).
-    enqueued_at = array("d")
-    waited_ms = array("d")
-    expected = 0
-    all_ran = asyncio.Event()
-
-    @app.job(job_type)
-    async def stamp(job: dict[str, Any], ctx: JobContext) -> None:
-        enqueued = ctx.enqueued_at_ms / 1000
-        enqueued_at.append(enqueued)
-        waited_ms.append((time.time() - enqueued) * 1000)
-        if expected and len(waited_ms) >= expected:
-            all_ran.set()
-
-    worker = app.worker(job_type)
-    running = asyncio.create_task(worker.run())
-    try:
-        for _ in range(300):  # joined once every lane partition is assigned (30 s at most)
-            if len(worker.consumer.assignment()) >= 1 and worker.partitions:
-                break
-            if running.done():
-                await running
-            await asyncio.sleep(0.1)
-        else:
-            raise BenchError("the latency worker was not assigned its partitions in 30 s")
-        await asyncio.sleep(1.0)  # first fetches in flight before the pacer starts
-        pacer = await asyncio.create_subprocess_exec(
-            str(PROJECT_PYTHON), "-m", "ops.bench.pacer", "--type", job_type,
-            "--rate", f"{rate:.1f}", "--seconds", f"{seconds:.1f}",
-            cwd=CODE_DIR, env=b.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        out, err = await asyncio.wait_for(pacer.communicate(), seconds + 120)
-        if pacer.returncode != 0:
-            text = err.decode(errors="replace")
-            raise BenchError(f"the pacer failed: {text[:400]} ... {text[-600:]}")
-        sent_text, achieved_text, began_text = out.decode().split()[:3]
-        expected, achieved, began = int(sent_text), float(achieved_text), float(began_text)
-        if len(waited_ms) < expected:
-            try:
-                await asyncio.wait_for(all_ran.wait(), 120)
-            except TimeoutError as exc:
-                raise BenchError(f"latency run: {len(waited_ms)} of {expected} jobs ran "
-                                 "within 120 s") from exc
-        if len(waited_ms) != expected:
-            raise BenchError(f"latency run: {len(waited_ms)} runs for {expected} jobs")
-    finally:
-        worker.request_stop()
-        await asyncio.wait_for(asyncio.gather(running, return_exceptions=True), 60)
-    stamps = list(zip(enqueued_at, waited_ms, strict=True))
-    samples = [ms for enqueued, ms in stamps if enqueued >= began + warmup_s]
-    # Jobs started per second while the pacer was offering (after the warm-up): with an
-    # offer above capacity, what producer, broker and worker sustain together.
-    window = (began + warmup_s, began + seconds)
-    started = sum(1 for enqueued, ms in stamps
-                  if window[0] <= enqueued + ms / 1000 < window[1])
-    return {"p50": percentile(samples, 50), "p99": percentile(samples, 99),
-            "max": max(samples), "sent": expected, "offered_per_s": achieved,
-            "started_per_s": started / (window[1] - window[0])}
-
-
-# A paced run kept up when the pacer offered what it was asked to and no job waited long:
-# a worker that falls behind builds a backlog, and its p99 grows to seconds.
-KEPT_UP_OFFERED = 0.97
-KEPT_UP_P99_MS = 1000.0
-
-
-def _capacity_search(b: Bench, drain: float) -> tuple[float, list[CapacityStep]]:
-    """The end-to-end capacity: the highest offered rate, in steps of a tenth of the
-    worker-alone drain rate, that the producer process, the broker and the worker carried
-    together (see KEPT_UP_*). Steps go up until one does not keep up."""
-    steps: list[CapacityStep] = []
-    capacity: float | None = None
-    for tenth in range(3, 11):
-        rate = drain * tenth / 10
-        job_type = f"bench.e2e-step{tenth}"
-        run_async(b.declare(job_type), 60)
-        paced = run_async(_latency_run(b, job_type, rate, b.scale.e2e_seconds, 1.0), 900)
-        step: CapacityStep = {**paced, "rate": rate,
-                              "kept_up": (paced["offered_per_s"] >= KEPT_UP_OFFERED * rate
-                                          and paced["p99"] <= KEPT_UP_P99_MS)}
-        steps.append(step)
-        if not step["kept_up"]:
-            break
-        capacity = rate
-    if capacity is None:  # not even the first step: what the worker started meanwhile
-        capacity = steps[0]["started_per_s"]
-    return capacity, steps
-
-
-def latency(b: Bench) -> None:
-    """p50/p99 at half the end-to-end capacity (the goal) and at a quarter of it; also at
-    half the worker-alone drain rate, the measure earlier runs used.
-
-    The end-to-end capacity is searched first (`_capacity_search`). On 2 shared cores the
-    producer process costs about as much CPU per job as the worker, so half the worker's
-    drain rate alone is close to what the box carries at all, not half of it."""
-    drain = b.results.figures["ours.noop_key"].median
-    capacity, steps = _capacity_search(b, drain)
-    # name: (rate, figure-name suffix, "at ..." in the label, what the rate is)
-    loads = {
-        "half": (capacity * 0.5, "", "half capacity", "half of the end-to-end capacity"),
-        "quarter": (capacity * 0.25, "_quarter", "quarter capacity",
-                    "a quarter of the end-to-end capacity"),
-        "half-drain": (drain * 0.5, "_half_drain", "half the worker-alone drain rate",
-                       "half of the worker-alone no-op drain rate"),
-    }
-    found: dict[str, list[LatencyRun]] = {name: [] for name in loads}
-    for run in range(b.scale.runs):
-        for name in rotated(list(loads), run):
-            job_type = f"bench.e2e-{name}-r{run}"
-            run_async(b.declare(job_type), 60)
-            found[name].append(run_async(_latency_run(
-                b, job_type, loads[name][0], b.scale.e2e_seconds, 1.0), 600))
-    b.results.details["latency_runs"] = found
-    b.results.details["latency_capacity_steps"] = steps
-    r = b.results
-    r.add("ours.e2e_capacity", "end-to-end capacity (producer process + worker)", "jobs/s",
-          [capacity], f"the highest offered rate, in tenths of the no-op drain rate, with "
-          f"p99 <= {KEPT_UP_P99_MS:.0f} ms and >= {KEPT_UP_OFFERED:.0%} of it offered; "
-          "steps in the latency detail")
-    for name, (rate, suffix, at, described) in loads.items():
-        note = (f"offered {rate:,.0f} jobs/s ({described}) for "
-                f"{b.scale.e2e_seconds:.0f} s by a paced producer process; first 1 s dropped")
-        r.add(f"ours.e2e{suffix}_p50", f"end-to-end p50 at {at}", "ms",
-              [x["p50"] for x in found[name]], note)
-        r.add(f"ours.e2e{suffix}_p99", f"end-to-end p99 at {at}", "ms",
-              [x["p99"] for x in found[name]], note)
-        r.add(f"ours.e2e{suffix}_offered", f"rate the pacer achieved ({name})", "jobs/s",
-              [x["offered_per_s"] for x in found[name]])
-
-
-# -- retry-tier accuracy --------------------------------------------------------------------
-
-
-class RetryRun(TypedDict):
-    """How late each retry ran against its 5 s tier, and the relay's counters."""
-
-    warm: bool
-    late_ms: list[float]
-    outcomes: dict[str, int]
-    relay_released: int | None  # None: the worker ran no relay
-    relay_hops: int | None
-
-
-async def _retry_run(settings: Settings, job_type: str, n: int, *,
-                     warm: bool) -> RetryRun:
-    """Each job fails once; how late each retry ran against 5 s (ms), and the relay's
-    counters (a record the relay takes before it is due hops back to a tier).
-
-    Cold: a fresh worker meets the backlog, so its first failures are also its producer's
-    first writes to the tier topic. Warm: one canary job has failed and been retried by
-    the same running worker before the n jobs are enqueued.
-    """
-    app = App(settings)
-    failed_at: dict[str, float] = {}
-    late_ms: list[float] = []
-    expected = n + 1 if warm else n
-    all_ran = asyncio.Event()
-    canary_ran = asyncio.Event()
-
-    @app.job(job_type)
-    async def fail_once(job: dict[str, Any], ctx: JobContext) -> None:
-        now = time.time()
-        if ctx.attempt == 1:
-            failed_at[ctx.job_id] = now
-            raise RuntimeError("failing once on purpose")
-        if job.get("canary"):
-            canary_ran.set()
-        else:
-            late_ms.append((now - failed_at[ctx.job_id] - 5.0) * 1000)
-        if len(late_ms) + canary_ran.is_set() >= expected:
-            all_ran.set()
-
-    worker = app.worker(job_type)
-    limit_s = 120 + n / 10
-    if not warm:
-        await fill(settings, job_type, n)
-        await asyncio.wait_for(worker.run(until_idle=True), limit_s)
-    else:
-        running = asyncio.create_task(worker.run())
-        try:
-            async with app.client() as client:
-                await client.enqueue(job_type, {"canary": True})
-            await asyncio.wait_for(canary_ran.wait(), 60)
-            await fill(settings, job_type, n)
-            await asyncio.wait_for(all_ran.wait(), limit_s)
-        except TimeoutError as exc:
-            raise BenchError(f"warm retry run: {len(late_ms)} of {n} retries ran") from exc
-        finally:
-            worker.request_stop()
-            await asyncio.wait_for(asyncio.gather(running, return_exceptions=True), 60)
-    if len(late_ms) != n:
-        raise BenchError(f"retry run: {len(late_ms)} of {n} retries ran "
-                         f"(outcomes {dict(worker.outcomes)})")
-    relay = worker.relay
-    return {"warm": warm, "late_ms": sorted(late_ms), "outcomes": dict(worker.outcomes),
-            "relay_released": getattr(relay, "released", None),
-            "relay_hops": getattr(relay, "hops", None)}
-
-
-def retry(b: Bench) -> None:
-    found: dict[str, list[RetryRun]] = {"cold": [], "warm": []}
-    for run in range(b.scale.runs):
-        for kind in rotated(["cold", "warm"], run):
-            job_type = f"bench.late-{kind}-r{run}"
-            run_async(b.declare(job_type), 60)
-            found[kind].append(run_async(
-                _retry_run(b.settings(), job_type, b.scale.retry_n, warm=kind == "warm"), 600))
-    b.results.details["retry_runs"] = found["cold"] + found["warm"]
-    r = b.results
-    for kind, runs in found.items():
-        lates = [x["late_ms"] for x in runs]
-        note = (f"{b.scale.retry_n} jobs failing once; gap from the failure to the retry's "
-                f"start, minus 5 s; {kind} worker")
-        suffix = "" if kind == "cold" else "_warm"
-        label = f"5 s retry, {kind} worker: lateness"
-        r.add(f"ours.retry{suffix}_late_p50", f"{label} p50", "ms",
-              [percentile(x, 50) for x in lates], note)
-        r.add(f"ours.retry{suffix}_late_p99", f"{label} p99", "ms",
-              [percentile(x, 99) for x in lates], note)
-        r.add(f"ours.retry{suffix}_late_max", f"{label} max", "ms", [max(x) for x in lates], note)

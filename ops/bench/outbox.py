@@ -23,18 +23,9 @@ from collections.abc import Iterator
 import asyncpg
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from ops.bench.common import (
-    ENQUEUE_BATCH,
-    OUT_DIR,
-    PROJECT_CLI,
-    Bench,
-    BenchError,
-    fill,
-    payload,
-    percentile,
-    rotated,
-    run_async,
-)
+from ops.bench.backlog import ENQUEUE_BATCH, fill, payload
+from ops.bench.common import Bench, BenchError, percentile, rotated, run_async
+from ops.bench.snapshot import OUT_DIR, PROJECT_CLI
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.kafka.admin import admin_client
@@ -45,7 +36,7 @@ from stream_jobs.record import HEADER_JOB_ID
 from stream_jobs.settings import Settings
 
 HEADING = "Outbox"
-# The section's opening sentence and the figures' prefix (ops/bench/report.py renders it).
+# The section's opening sentence and the figures' prefix (ops/bench/report/ renders it).
 INTRO = ("`enqueue(conn=...)` writes the job in the caller's transaction and a relay "
          "process moves it to Kafka; measured side by side with direct `enqueue_many` in "
          "one run (ops/bench/outbox.py says how).")
@@ -59,6 +50,7 @@ GOALS = [  # (text, numerator or figure, denominator or None, op, target, unit)
     ("commit -> broker ack p99 <= 100 ms at 1,000 jobs/s", "outbox.p99", None, "<=",
      100.0, "ms"),
 ]
+RATIOS: list[tuple[str, str, str]] = []  # none side by side beyond the goals
 
 
 @contextlib.contextmanager
@@ -220,4 +212,4 @@ def outbox(b: Bench) -> None:
           f"offered {LATENCY_RATE:,.0f}/s for {b.scale.e2e_seconds:g} s")
 
 
-__all__ = ["GOALS", "HEADING", "INTRO", "PREFIX", "outbox"]
+__all__ = ["GOALS", "HEADING", "INTRO", "PREFIX", "RATIOS", "outbox"]

@@ -11,7 +11,8 @@ import argparse
 import asyncio
 import time
 
-from ops.bench.common import payload, run_async
+from ops.bench.backlog import payload
+from ops.bench.common import run_async
 from stream_jobs.app import App
 from stream_jobs.client import Job
 

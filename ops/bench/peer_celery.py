@@ -8,13 +8,11 @@ worker with `celery -A ops.bench.peer_celery worker --pool <pool> --concurrency 
 
 from __future__ import annotations
 
-import argparse
-import json
 from typing import Any
 
 from celery import Celery
 
-from ops.bench.peer_common import QUEUE, REDIS_URL, tally, timed_enqueue
+from ops.bench.peer_common import QUEUE, REDIS_URL, enqueue_main, tally
 
 app = Celery("bench", broker=REDIS_URL)
 app.conf.update(
@@ -36,14 +34,5 @@ def noop(job: dict[str, Any]) -> None:
     tally()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Enqueue Celery no-op tasks.")
-    parser.add_argument("command", choices=["enqueue"])
-    parser.add_argument("--n", type=int, required=True)
-    args = parser.parse_args()
-    noop.delay({"warm": True})  # connection pool warm; counted by the bench
-    print(json.dumps(timed_enqueue(noop.delay, args.n - 1)))
-
-
 if __name__ == "__main__":
-    main()
+    enqueue_main("Celery", noop.delay)

@@ -99,6 +99,17 @@ def wait(n: int, timeout_s: float) -> dict[str, float]:
             "processes": len(rows)}
 
 
+def enqueue_main(peer: str, send: Callable[[dict[str, Any]], object]) -> None:
+    """A peer module's command line, `enqueue --n N`: one task to warm the connections
+    (counted by the bench), then N - 1 timed, the figures printed as JSON."""
+    parser = argparse.ArgumentParser(description=f"Enqueue {peer} no-op tasks.")
+    parser.add_argument("command", choices=["enqueue"])
+    parser.add_argument("--n", type=int, required=True)
+    args = parser.parse_args()
+    send({"warm": True})
+    print(json.dumps(timed_enqueue(send, args.n - 1)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Wait for the peers' tally.")
     parser.add_argument("command", choices=["wait"])

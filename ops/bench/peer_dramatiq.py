@@ -7,14 +7,12 @@ defaults on this box (one process per core, eight threads each).
 
 from __future__ import annotations
 
-import argparse
-import json
 from typing import Any
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
-from ops.bench.peer_common import QUEUE, REDIS_URL, tally, timed_enqueue
+from ops.bench.peer_common import QUEUE, REDIS_URL, enqueue_main, tally
 
 broker = RedisBroker(url=REDIS_URL)
 dramatiq.set_broker(broker)
@@ -26,14 +24,5 @@ def noop(job: dict[str, Any]) -> None:
     tally()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Enqueue Dramatiq no-op messages.")
-    parser.add_argument("command", choices=["enqueue"])
-    parser.add_argument("--n", type=int, required=True)
-    args = parser.parse_args()
-    noop.send({"warm": True})  # connection warm; counted by the bench
-    print(json.dumps(timed_enqueue(noop.send, args.n - 1)))
-
-
 if __name__ == "__main__":
-    main()
+    enqueue_main("Dramatiq", noop.send)

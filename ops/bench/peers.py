@@ -13,24 +13,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from ops.bench.common import (
-    BENCH_DIR,
-    CODE_DIR,
-    Bench,
-    BenchError,
-    fill,
-    rewind_worker_group,
-    rotated,
-    run_async,
-)
+from ops.bench.backlog import new_backlog, rewind_worker_group
+from ops.bench.common import Bench, BenchError, rotated, run_async, stop_sessions
 from ops.bench.ours import awaited_enqueue, drain
+from ops.bench.snapshot import BENCH_DIR, CODE_DIR
 
 PEERS_VENV = BENCH_DIR / ".venv-peers"
 PEERS_PYTHON = PEERS_VENV / "bin" / "python"
@@ -155,19 +147,6 @@ def _worker_argv(peer: str, queue: str, index: int) -> list[str]:
             str(DRAMATIQ_PROCESSES), "--threads", str(DRAMATIQ_THREADS), "--queues", queue]
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM each worker's own process group (we started it with a new session)."""
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=20)
-
-
 def peer_run(peer: str, queue: str, n: int, log_dir: Path) -> dict[str, float]:
     env = _peer_env(queue)
     redis_command("FLUSHALL")
@@ -184,7 +163,7 @@ def peer_run(peer: str, queue: str, n: int, log_dir: Path) -> dict[str, float]:
         done = _json_of([str(PEERS_PYTHON), "-m", "ops.bench.peer_common", "wait", "--n",
                          str(n), "--timeout", str(int(120 + n / 50))], env, 180 + n / 50)
     finally:
-        _stop(procs)
+        stop_sessions(procs, within_s=20)
     return {"enqueue_rate": enq["rate"], "enqueue_p50_ms": enq["p50_ms"],
             "enqueue_p99_ms": enq["p99_ms"], "process_rate": done["rate"]}
 
@@ -201,8 +180,7 @@ def peers(b: Bench) -> None:
     s = b.settings()
     backlog_n = n * 5
     run_async(b.declare("bench.beside-enqueue"), 60)
-    run_async(b.declare("bench.beside-noop"), 60)
-    run_async(fill(s, "bench.beside-noop", backlog_n), 600)
+    new_backlog(b, "bench.beside-noop", backlog_n)
     with RedisServer(binary, b.out_dir / "redis") as server:
         b.results.meta.setdefault("versions", {})["redis-server"] = server.version()
         for run in range(b.scale.runs):

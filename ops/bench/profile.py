@@ -11,7 +11,8 @@ import re
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from ops.bench.common import Bench, fill, run_async
+from ops.bench.backlog import new_backlog
+from ops.bench.common import Bench, run_async
 from ops.bench.ours import drain
 
 if TYPE_CHECKING:  # pyinstrument is the `bench` extra, imported when the section runs
@@ -71,8 +72,7 @@ def profile(b: Bench) -> None:
     s = b.settings()
     job_type = "bench.profile"
     n = b.scale.profile_n
-    run_async(b.declare(job_type), 60)
-    run_async(fill(s, job_type, n), 600)
+    new_backlog(b, job_type, n)
     profiler = Profiler(interval=0.001, async_mode="disabled")
     # Sampling runs from the first job to the last, so start-up and the idle check at the
     # end are not in the profile.

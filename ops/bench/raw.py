@@ -14,7 +14,8 @@ from collections.abc import Awaitable
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from ops.bench.common import FETCH_RECORDS, BenchError, payload
+from ops.bench.backlog import payload
+from ops.bench.common import FETCH_RECORDS, BenchError
 from stream_jobs.client import Job, JobClient
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka.connection import kafka_client_kwargs

@@ -27,16 +27,8 @@ from typing import Any
 
 import asyncpg
 
-from ops.bench.common import (
-    Bench,
-    BenchError,
-    Tally,
-    fill,
-    payload,
-    rewind_worker_group,
-    rotated,
-    run_async,
-)
+from ops.bench.backlog import fill, payload, rewind_worker_group
+from ops.bench.common import Bench, BenchError, Tally, rotated, run_async
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext
@@ -48,7 +40,7 @@ from stream_jobs.results.store import FinishRows
 from stream_jobs.settings import Settings
 
 HEADING = "Results and batches"
-# The section's opening sentence and the figures' prefix (ops/bench/report.py renders it).
+# The section's opening sentence and the figures' prefix (ops/bench/report/ renders it).
 INTRO = ("What `keep_result` and batch membership cost, unused and used, side by side on "
          "one backlog in one run (ops/bench/results.py says how).")
 PREFIX = "results."
@@ -194,14 +186,12 @@ def results(b: Bench) -> None:
 
 
 
-RATIOS = [
-    ("kept result / no-op", "results.kept", "results.noop"),
-    ("kept result / one insert through ctx.once_deferred()", "results.kept",
-     "results.deferred"),
-    ("batch member / no-op", "results.member", "results.noop"),
-    ("batch member / one insert through ctx.once_deferred()", "results.member",
-     "results.deferred"),
-]
+# Each of the two against each baseline: kept result / no-op, kept result / one insert
+# through ctx.once_deferred(), then the batch member's two.
+RATIOS = [(f"{what} / {against}", f"results.{num}", f"results.{den}")
+          for what, num in (("kept result", "kept"), ("batch member", "member"))
+          for against, den in (("no-op", "noop"),
+                               ("one insert through ctx.once_deferred()", "deferred"))]
 
 
 __all__ = ["GOALS", "HEADING", "INTRO", "PREFIX", "RATIOS", "results", "unused_cost_us"]

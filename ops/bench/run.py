@@ -45,43 +45,42 @@ from ops.bench import (
     fencing,
     gateway,
     kafka_tools,
+    latency,
     memory,
     ours,
     outbox,
     peers,
     processes,
     profile,
+    retry,
     scaling,
     schedules,
     sync_noop,
     tester,
 )
 from ops.bench import results as results_section  # `results` names the run's Results
+from ops.bench.backlog import ENQUEUE_BATCH, payload_bytes
 from ops.bench.common import (
-    BENCH_DIR,
-    CODE_DIR,
-    ENQUEUE_BATCH,
     FETCH_RECORDS,
     FULL,
-    OUT_DIR,
     PARTITIONS,
     QUICK,
-    REPO_DIR,
-    SNAPSHOT_ENV,
     Bench,
     BenchError,
     Results,
     delete_topics,
     event_loop_name,
-    payload_bytes,
     run_async,
 )
 from ops.bench.raw import record_bytes, typical_record
 from ops.bench.report import OWN_HEADINGS, merge_sections, render
+from ops.bench.snapshot import BENCH_DIR, CODE_DIR, OUT_DIR, REPO_DIR, SNAPSHOT_ENV
 from stream_jobs.kafka.admin import admin_client
+from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.settings import Settings, load_settings
 from stream_jobs.stack import KafkaCluster, PostgresServer
 from stream_jobs.stack.kafka import kafka_version, ops_dir
+from stream_jobs.testing.stack import drop_schema
 
 Section = tuple[str, Callable[[Bench], None]]
 
@@ -211,19 +210,6 @@ def _settings_table(b: Bench) -> dict[str, Any]:
     }
 
 
-async def _make_schema(settings: Settings, *, drop: bool) -> None:
-    conn = await asyncpg.connect(settings.database_url)
-    try:
-        if drop:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{settings.database_schema}" CASCADE')
-        else:
-            await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{settings.database_schema}"')
-    finally:
-        await conn.close()
-    if not drop:
-        await ours.migrate(settings)
-
-
 def _sections() -> list[Section]:
     return [
         ("kafka tools", lambda b: kafka_tools.kafka_tools(
@@ -233,8 +219,8 @@ def _sections() -> list[Section]:
         ("sync", sync_noop.sync_handlers),
         ("exactly-once", ours.exactly_once),
         ("fencing", fencing.fencing),
-        ("latency", ours.latency),
-        ("retry", ours.retry),
+        ("latency", latency.latency),
+        ("retry", retry.retry),
         ("peers", peers.peers),
         ("schedules", schedules.schedules),
         ("profile", profile.profile),
@@ -286,6 +272,71 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _names(variable: str) -> set[str]:
+    """The comma-separated section names in an environment variable."""
+    return {name.strip() for name in os.environ.get(variable, "").split(",") if name.strip()}
+
+
+def _run_sections(b: Bench, only: set[str], skipped: set[str], json_path: Path) -> None:
+    """Each chosen section in turn; one that fails is recorded and the next still runs."""
+    results = b.results
+    for name, section in _sections():
+        if (only and name not in only) or name in skipped:
+            continue
+        print(f"[bench] {name} ...", flush=True)
+        t0 = time.monotonic()
+        try:
+            section(b)
+        except Exception as exc:
+            results.errors[name] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        results.timings_s[name] = round(time.monotonic() - t0, 1)
+        results.details.setdefault("load_avg_after", {})[name] = os.getloadavg()[0]
+        state = "FAILED" if name in results.errors else "done"
+        print(f"[bench] {name} {state} in {results.timings_s[name]:.0f} s", flush=True)
+        results.save(json_path)
+
+
+def _finish(b: Bench, began: float, measured_digest: str) -> None:
+    """Remove the run's topics and schema, and note how the run ended."""
+    try:
+        run_async(delete_topics(b.settings(), b.prefix), 120)
+        run_async(drop_schema(b.settings()), 60)
+    except Exception as exc:
+        print(f"[bench] cleanup failed: {exc}", file=sys.stderr)
+    meta = b.results.meta
+    meta["machine"]["load_avg_at_end"] = os.getloadavg()
+    now_digest = _code_digest(REPO_DIR)
+    meta["versions"]["stream_jobs/ digest (measured)"] = measured_digest
+    if now_digest != measured_digest:
+        meta["versions"]["stream_jobs/ digest (checkout at the end)"] = (
+            f"{now_digest}: stream_jobs/ changed during the run; the figures are of the "
+            "snapshot taken at the start")
+    meta["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    meta["total_s"] = round(time.monotonic() - began, 1)
+
+
+def _bench(quick: bool) -> Bench:
+    """This run's context: a fresh prefix and out/run-<prefix>, on the dev stack."""
+    base = _on_the_dev_stack(load_settings())
+    _loopback_only(base)
+    prefix = f"bench{time.strftime('%m%d%H%M')}{uuid.uuid4().hex[:4]}"
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    for old in OUT_DIR.glob("run-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    out_dir = OUT_DIR / f"run-{prefix}"
+    out_dir.mkdir(parents=True)
+    b = Bench(scale=QUICK if quick else FULL, quick=quick, prefix=prefix, out_dir=out_dir,
+              base=base, results=Results())
+    b.results.meta.update(started_at=time.strftime("%Y-%m-%d %H:%M:%S %Z"), quick=quick,
+                          machine=_machine(), versions=_versions(base))
+    b.results.meta["settings"] = _settings_table(b)
+    # Every client's full-metadata fetch grows with this; other users' topics count too.
+    b.results.meta["machine"]["topics on the broker at start"] = run_async(
+        _broker_topics(base), 60)
+    return b
+
+
 def main() -> int:
     if not os.environ.get(SNAPSHOT_ENV):
         return _run_from_snapshot()
@@ -296,71 +347,28 @@ def main() -> int:
         raise BenchError(f"stream_jobs was imported from {stream_jobs.__file__}, not the "
                          f"snapshot in {CODE_DIR}")
     quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
-    only = {name.strip() for name in os.environ.get("BENCH_ONLY", "").split(",") if name.strip()}
+    only = _names("BENCH_ONLY")
     # BENCH_SKIP=scaling: a full run without the (long) scaling section, which keeps its
     # last results in RESULTS.md.
-    skipped = {name.strip() for name in os.environ.get("BENCH_SKIP", "").split(",")
-               if name.strip()}
-    base = _on_the_dev_stack(load_settings())
-    _loopback_only(base)
-    prefix = f"bench{time.strftime('%m%d%H%M')}{uuid.uuid4().hex[:4]}"
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    for old in OUT_DIR.glob("run-*"):
-        shutil.rmtree(old, ignore_errors=True)
-    out_dir = OUT_DIR / f"run-{prefix}"
-    out_dir.mkdir(parents=True)
-    results = Results()
-    b = Bench(scale=QUICK if quick else FULL, quick=quick, prefix=prefix, out_dir=out_dir,
-              base=base, results=results)
+    skipped = _names("BENCH_SKIP")
     json_path = OUT_DIR / ("results-quick.json" if quick else "results-partial.json" if only
                            else "results.json")
     md_path = OUT_DIR / "RESULTS-quick.md" if quick else BENCH_DIR / "RESULTS.md"
     measured_digest = _code_digest(CODE_DIR)
+    b = _bench(quick)
     began = time.monotonic()
-    results.meta.update(started_at=time.strftime("%Y-%m-%d %H:%M:%S %Z"), quick=quick,
-                        machine=_machine(), versions=_versions(base))
-    results.meta["settings"] = _settings_table(b)
-    # Every client's full-metadata fetch grows with this; other users' topics count too.
-    results.meta["machine"]["topics on the broker at start"] = run_async(_broker_topics(base), 60)
-    print(f"[bench] prefix {prefix}, {'quick' if quick else 'full'} run, results in {json_path}",
-          flush=True)
-    run_async(_make_schema(b.settings(), drop=False), 60)
+    print(f"[bench] prefix {b.prefix}, {'quick' if quick else 'full'} run, results in "
+          f"{json_path}", flush=True)
+    run_async(prepare_schema(b.settings()), 60)
     try:
-        for name, section in _sections():
-            if (only and name not in only) or name in skipped:
-                continue
-            print(f"[bench] {name} ...", flush=True)
-            t0 = time.monotonic()
-            try:
-                section(b)
-            except Exception as exc:
-                results.errors[name] = f"{type(exc).__name__}: {exc}"
-                traceback.print_exc()
-            results.timings_s[name] = round(time.monotonic() - t0, 1)
-            results.details.setdefault("load_avg_after", {})[name] = os.getloadavg()[0]
-            state = "FAILED" if name in results.errors else "done"
-            print(f"[bench] {name} {state} in {results.timings_s[name]:.0f} s", flush=True)
-            results.save(json_path)
+        _run_sections(b, only, skipped, json_path)
     finally:
-        try:
-            run_async(delete_topics(b.settings(), prefix), 120)
-            run_async(_make_schema(b.settings(), drop=True), 60)
-        except Exception as exc:
-            print(f"[bench] cleanup failed: {exc}", file=sys.stderr)
-        results.meta["machine"]["load_avg_at_end"] = os.getloadavg()
-        now_digest = _code_digest(REPO_DIR)
-        results.meta["versions"]["stream_jobs/ digest (measured)"] = measured_digest
-        if now_digest != measured_digest:
-            results.meta["versions"]["stream_jobs/ digest (checkout at the end)"] = (
-                f"{now_digest}: stream_jobs/ changed during the run; the figures are of the "
-                "snapshot taken at the start")
-        results.meta["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-        results.meta["total_s"] = round(time.monotonic() - began, 1)
-        results.save(json_path)
-    written = _write_report(render(results.to_json()), md_path, only, quick, skipped)
-    print(f"[bench] wrote {', '.join(map(str, written))} in {results.meta['total_s']:.0f} s",
+        _finish(b, began, measured_digest)
+        b.results.save(json_path)
+    written = _write_report(render(b.results.to_json()), md_path, only, quick, skipped)
+    print(f"[bench] wrote {', '.join(map(str, written))} in {b.results.meta['total_s']:.0f} s",
           flush=True)
-    return 1 if results.errors else 0
+    return 1 if b.results.errors else 0
 
 
 if __name__ == "__main__":

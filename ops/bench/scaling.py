@@ -23,9 +23,7 @@ sampled during the run and cut to the same window.
 from __future__ import annotations
 
 import itertools
-import json
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -35,24 +33,22 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
+from ops.bench.backlog import fill, rewind_worker_group
 from ops.bench.common import (
-    CODE_DIR,
-    PROJECT_CLI,
     Bench,
     BenchError,
+    declare_one,
     delete_topics,
-    fill,
-    rewind_worker_group,
     rotated,
     run_async,
+    stop_sessions,
 )
 from ops.bench.cpu import machine_busy_s, postgres_cpu_s, process_cpu_s
 from ops.bench.ours import effects_count, prepare_effects
 from ops.bench.scaling_app import NOOP_TYPE, ONCE_TYPE, STAMPS_ENV, read_stamps
+from ops.bench.snapshot import CODE_DIR, PROJECT_CLI
 from stream_jobs.errors import PortInUse
-from stream_jobs.job_types import load_job_types
 from stream_jobs.kafka.admin import group_state
-from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import worker_group
 from stream_jobs.runtime.throttle import publish_rate
 from stream_jobs.settings import Settings
@@ -69,6 +65,10 @@ JOIN_TIMEOUT_S = 180.0
 # The rate that holds the workers while they start: one job per process (a fresh token
 # bucket holds one token), then nothing for 1,000 s.
 HOLD_RATE_PER_S = 0.001
+# Its section of RESULTS.md (ops/bench/report/scaling.py). No goals: how throughput grows
+# with processes on a shared 2-core box is described, not judged against a target.
+HEADING = "Scaling"
+GOALS: list[tuple[str, str, str | None, str, float, str]] = []
 
 
 # -- pure: the steady window and the CPU in it ----------------------------------------------
@@ -212,13 +212,9 @@ class Setup:
 
 async def declare(settings: Settings, job_type: str, replication: int) -> None:
     """topics/<type>.toml with 12 partitions in the setup's folder, and Kafka made to match."""
-    table: dict[str, object] = {"partitions": PARTITIONS, "replication_factor": replication,
-                                "retry_tiers": ["5s"], "max_attempts": 2, "retention": "2h"}
-    settings.topics_dir.mkdir(parents=True, exist_ok=True)
-    (settings.topics_dir / f"{job_type}.toml").write_text(
-        "".join(f"{name} = {json.dumps(value)}\n" for name, value in table.items()))
-    types = load_job_types(settings.topics_dir)
-    await apply(settings, {job_type: types[job_type]})
+    await declare_one(settings, job_type, partitions=PARTITIONS,
+                      replication_factor=replication, retry_tiers=["5s"], max_attempts=2,
+                      retention="2h")
 
 
 def start_cluster(kafka: KafkaCluster, attempts: int = 5) -> None:
@@ -277,19 +273,6 @@ async def throttle(settings: Settings, job_type: str, rate_per_s: float | None) 
                        reset=rate_per_s is None)
 
 
-def stop_workers(procs: Sequence[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM each worker still running (its own session), then SIGKILL after 30 s."""
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-
-
 def log_tail(path: Path) -> str:
     return path.read_text(errors="replace")[-600:] if path.is_file() else "(no log)"
 
@@ -328,7 +311,7 @@ def drain_with_processes(b: Bench, setup: Setup, handler: str, processes: int, n
             time.sleep(SAMPLE_S)  # a sampling period, not a wait for a condition
             samples.append(setup.services.sample([p.pid for p in procs]))
     finally:
-        stop_workers(procs)
+        stop_sessions(procs, within_s=30)
         run_async(throttle(s, job_type, None), 60)
     outcomes: dict[str, int] = {}
     stamps: list[list[float]] = []
@@ -390,15 +373,20 @@ def _measure_setup(b: Bench, setup: Setup, sizes: dict[str, int],
                 runs.append({**result, "repeat": run})
 
 
+def run_details(b: Bench, runs: list[dict[str, Any]], **sizes: object) -> dict[str, Any]:
+    """What a run of worker processes (this section's, or the processes section's) says of
+    itself in results.json: when, how big, how often, on how many cores and how busy,
+    and its `runs` as they come."""
+    return {"measured_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "partitions": PARTITIONS,
+            **sizes, "repeats": b.scale.scaling_runs, "quick": b.quick,
+            "nproc": os.cpu_count(), "load_avg_before": os.getloadavg()[0], "runs": runs}
+
+
 def scaling(b: Bench) -> None:
     began = time.monotonic()
     sizes = {"noop": b.scale.scaling_noop_n, "once": b.scale.scaling_once_n}
     runs: list[dict[str, Any]] = []
-    details: dict[str, Any] = {
-        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "partitions": PARTITIONS,
-        "backlogs": sizes, "repeats": b.scale.scaling_runs, "quick": b.quick,
-        "nproc": os.cpu_count(), "load_avg_before": os.getloadavg()[0], "runs": runs}
-    b.results.details["scaling"] = details
+    details = b.results.details["scaling"] = run_details(b, runs, backlogs=sizes)
     run_async(prepare_effects(b.settings(), truncate=True), 60)
     base = b.stack_settings()
     setups = broker_setups(os.environ.get(BROKERS_ENV, ""))

@@ -25,12 +25,11 @@ import time
 from functools import partial
 from pathlib import Path
 
-from ops.bench.common import Bench, BenchError, percentile, rotated, run_async
+from ops.bench.common import Bench, BenchError, percentile, rotated, run_async, stop_sessions
 from ops.bench.peers import (
     PEERS_VENV,
     RedisServer,
     _peer_env,
-    _stop,
     ensure_peers_venv,
     ensure_redis_server,
     redis_command,
@@ -133,10 +132,10 @@ def celery_run(queue: str, window_s: float, log_dir: Path) -> dict[str, float]:
                     cwd=env["PYTHONPATH"], env={**env, "BENCH_BEAT_NAME": name},
                     stdout=log, stderr=log, start_new_session=True))
         time.sleep(window_s)  # the measurement window
-        _stop(procs[1:])
+        stop_sessions(procs[1:], within_s=20)
         time.sleep(PERIOD_S * 2)  # the worker runs what the beats sent last
     finally:
-        _stop(procs)
+        stop_sessions(procs, within_s=20)
     streams: dict[str, list[float]] = {}
     text = runs_file.read_text() if runs_file.exists() else ""
     for line in text.splitlines():

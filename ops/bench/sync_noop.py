@@ -11,21 +11,12 @@ the `def`) and ordering=key, as `stream-jobs worker` runs them.
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import time
 from typing import Any
 
-from ops.bench.common import (
-    Bench,
-    BenchError,
-    Tally,
-    fill,
-    rewind_worker_group,
-    rotated,
-    run_async,
-)
-from ops.bench.ours import drain
+from ops.bench.backlog import new_backlog, rewind_worker_group
+from ops.bench.common import Bench, Tally, rotated, run_async
+from ops.bench.ours import drain, until_idle
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
 from stream_jobs.settings import Settings
@@ -46,7 +37,7 @@ class ThreadTally(Tally):
 async def drain_sync(settings: Settings, job_type: str, n: int, *, concurrency: int = 64,
                      timeout_s: float = 900.0) -> dict[str, float]:
     """`ours.drain` for a no-op `def` handler: the rate from the first call to the last,
-    and the start-up."""
+    the start-up and the idle tail."""
     app = App(settings)
     tally = ThreadTally()
 
@@ -54,25 +45,14 @@ async def drain_sync(settings: Settings, job_type: str, n: int, *, concurrency: 
     def noop(job: dict[str, Any], ctx: JobContext) -> None:
         tally.hit()
 
-    worker = app.worker(job_type)
-    began = time.perf_counter()
-    try:
-        await asyncio.wait_for(worker.run(until_idle=True), timeout_s)
-    except TimeoutError as exc:
-        raise BenchError(f"{job_type}: the sync worker ran {tally.count} of {n} jobs in "
-                         f"{timeout_s:.0f} s") from exc
-    if tally.count != n:
-        raise BenchError(f"{job_type}: {tally.count} sync handler calls for {n} jobs "
-                         f"(outcomes {dict(worker.outcomes)})")
-    return {"rate": tally.rate(), "startup_s": tally.first - began}
+    return await until_idle(app, job_type, n, tally, timeout_s)
 
 
 def sync_handlers(b: Bench) -> None:
     s = b.settings()
     job_type = "bench.sync"
     n = b.scale.backlog_n
-    run_async(b.declare(job_type), 60)
-    b.results.details["sync_fill_jobs_per_s"] = run_async(fill(s, job_type, n), 1200)
+    b.results.details["sync_fill_jobs_per_s"] = new_backlog(b, job_type, n, 1200)
     rates: dict[str, list[float]] = {"async": [], "sync": []}
     for run in range(b.scale.runs):
         for kind in rotated(["async", "sync"], run):

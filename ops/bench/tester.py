@@ -16,17 +16,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ops.bench.common import (
-    ENQUEUE_BATCH,
-    Bench,
-    BenchError,
-    Tally,
-    fill,
-    payload,
-    rewind_worker_group,
-    rotated,
-    run_async,
-)
+from ops.bench.backlog import ENQUEUE_BATCH, fill, payload, rewind_worker_group
+from ops.bench.common import Bench, BenchError, Tally, rotated, run_async
 from ops.bench.ours import drain
 from stream_jobs import App, JobContext, PermanentError
 from stream_jobs.client import Job
@@ -35,7 +26,7 @@ from stream_jobs.settings import Settings
 from stream_jobs.testing import JobTester
 
 HEADING = "Handler tests in memory"
-# The section's opening sentence and the figures' prefix (ops/bench/report.py renders it).
+# The section's opening sentence and the figures' prefix (ops/bench/report/ renders it).
 INTRO = ("`JobTester` runs the real worker and relay on an in-memory broker, on virtual "
          "time; measured side by side with the same work on the real stack in one run "
          "(ops/bench/tester.py says how).")
@@ -48,6 +39,7 @@ GOALS = [  # (text, numerator or figure, denominator or None, op, target, unit)
     ("no-op jobs in memory >= 1x a real worker on the stack", "tester.noop_memory",
      "tester.noop_stack", ">=", 1.0, "x"),
 ]
+RATIOS: list[tuple[str, str, str]] = []  # none side by side beyond the goals
 _TOUR_JOBS = [{"kind": "ok"}, {"kind": "flaky"}, {"kind": "refused"}]
 
 
@@ -142,4 +134,4 @@ def tester(b: Bench) -> None:
           noop["stack"], f"{n:,} jobs backlog, ordering=key, concurrency 64")
 
 
-__all__ = ["GOALS", "HEADING", "INTRO", "PREFIX", "tester"]
+__all__ = ["GOALS", "HEADING", "INTRO", "PREFIX", "RATIOS", "tester"]

@@ -1,8 +1,8 @@
 """The batch-callback trial: a batch's callbacks run once, after the last member, with the
 right counts, while workers are killed with SIGKILL.
 
-    .venv/bin/python -m ops.chaos.batches        # 5,000 members, 3 workers, 6 kills
-    BATCH_MEMBERS=20000 BATCH_KILLS=10 .venv/bin/python -m ops.chaos.batches
+    CHAOS_ONLY=batches make chaos                 # 5,000 members, 3 workers, 6 kills
+    CHAOS_ONLY=batches CHAOS_JOBS=20000 make chaos
 
 A run gets a fresh prefix and schema. `client.batch` writes the members (through the
 outbox, in one transaction) with `on_success` and `on_complete` callbacks; three
@@ -11,21 +11,17 @@ relay), a fiftieth of the members failing their first attempt. Each time another
 of the members is done a random worker gets SIGKILL and a new one starts. Once every
 member is done and the callbacks ran, the runner waits until nothing is left to do (the
 outbox empty, every lane and tier read to its end by its group), stops the workers, and
-`batch_verdict.judge` decides from the tables. `make chaos` runs it (`CHAOS_ONLY=batch`);
-tests/integration/test_batch_faults.py runs it small.
+`batch_verdict.judge` decides from the tables. `make chaos` runs it (`TRIAL`, the
+protocol of ops/chaos/protocol.py); tests/integration/test_batch_faults.py runs it small.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import os
 import random
 import time
-import uuid
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,23 +32,26 @@ import orjson
 from ops.chaos.batch_app import ALBUM, FAIL_EVERY_ENV, HOLD_MS_ENV, MEMBER, TABLES
 from ops.chaos.batch_verdict import BatchEvidence, BatchVerdict, CallbackRow, judge
 from ops.chaos.faults import until
+from ops.chaos.fresh import fresh_settings, settle
+from ops.chaos.protocol import OwnTrial, TrialRow, row
+from ops.chaos.trial import Stack
 from ops.chaos.workers import STREAM_JOBS, WorkerGroup
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.job_ids import new_job_id
-from stream_jobs.job_types import JobTypePolicy, load_job_types
+from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka import TopicPartition
-from stream_jobs.kafka.admin import admin_client, open_admin
+from stream_jobs.kafka.admin import open_admin
 from stream_jobs.kafka.consumer import open_reader
-from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import relay_group, worker_group
 from stream_jobs.outbox.depth import read_depth
 from stream_jobs.postgres.migrate import prepare_schema
-from stream_jobs.settings import Settings, load_settings
+from stream_jobs.settings import Settings
+from stream_jobs.testing.stack import declare_type
 from stream_jobs.workflows.progress import read_progress
 
 log = logging.getLogger("ops.chaos.batches")
-SCENARIO = "batch"
+MEMBERS = 5_000
 TITLE = "a batch's callbacks through kill -9"
 METHOD = ("a batch of 5,000 members (`client.batch`, through the outbox) with `on_success` "
           "and `on_complete` callbacks, on 3 `stream-jobs worker` processes, 2 % of members "
@@ -61,7 +60,6 @@ METHOD = ("a batch of 5,000 members (`client.batch`, through the outbox) with `o
           "tables: every member's effect exactly once, each callback's effect exactly once "
           "and later than the last member's, the counts the callbacks saw.")
 APP_SPEC = "ops.chaos.batch_app:app"
-OUT_DIR = Path(__file__).resolve().parent / "out"
 
 
 @dataclass
@@ -79,55 +77,17 @@ class BatchTrialResult:
     def ok(self) -> bool:
         return self.verdict.ok and not self.notes
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**{k: v for k, v in asdict(self).items() if k != "verdict"},
-                "verdict": {**asdict(self.verdict), "ok": self.verdict.ok}, "ok": self.ok}
 
-
-def batch_row(result: BatchTrialResult, run: int) -> dict[str, Any]:
-    """One run as results.json keeps it."""
-    return {"run": run, "started": time.time() - result.seconds, **result.to_dict()}
-
-
-def batch_section(rows: list[dict[str, Any]]) -> list[str]:
-    """The `## Batch callbacks` section of RESULTS.md: a line per run, and the method."""
-    lines = ["## Batch callbacks", "", f"**{SCENARIO}** ({TITLE}): {METHOD}", "",
-             "| run | members | workers | kill -9 | lost | dup effects | on_success | "
-             "on_complete | callback deliveries | run s | ok |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        v = r["verdict"]
-        lines.append(f"| {r['run']} | {r['members']:,} | {r['workers']} | {r['kills']} | "
-                     f"{v['lost']} | {v['duplicate_effects']} | "
-                     f"{v['callbacks'].get('success', 0)} | {v['callbacks'].get('complete', 0)} "
-                     f"| {v['callback_runs']} | {r['seconds']:.0f} | "
-                     f"{'yes' if r['ok'] else 'NO'} |")
-    problems = [(r["run"], p) for r in rows for p in [*r["verdict"]["problems"], *r["notes"]]]
-    if problems:
-        lines += ["", *[f"- {SCENARIO} run {n}: {p}" for n, p in problems]]
-    return lines
-
-
-def _declare(folder: Path) -> Path:
-    topics = folder / "topics"
-    topics.mkdir(parents=True)
-    (topics / f"{MEMBER}.toml").write_text('partitions = 6\nretry_tiers = ["1s"]\n'
-                                           "max_attempts = 3\n")
-    (topics / f"{ALBUM}.toml").write_text('partitions = 1\nretry_tiers = ["1s"]\n')
-    return topics
-
-
-async def batch_trial(base: Settings, out_dir: Path, *, members: int = 5_000, workers: int = 3,
+async def batch_trial(base: Settings, out_dir: Path, *, members: int = MEMBERS, workers: int = 3,
                       kills: int = 6, fail_every: int = 50, hold_ms: int = 2,
                       within_s: float = 600.0) -> BatchTrialResult:
     """One trial against the services `base` names (see the module's docstring)."""
-    name = f"bt{uuid.uuid4().hex[:10]}"
-    folder = out_dir / name
-    settings = base.model_copy(update={"database_schema": name, "topic_prefix": name,
-                                       "topics_dir": _declare(folder)})
+    settings, folder = fresh_settings(base, out_dir, "batches")
+    name = settings.topic_prefix
     await prepare_schema(settings, TABLES)
-    types = load_job_types(settings.topics_dir)
-    await apply(settings, types)
+    types = [await declare_type(settings, MEMBER, partitions=6, retry_tiers=["1s"],
+                                max_attempts=3),
+             await declare_type(settings, ALBUM, partitions=1, retry_tiers=["1s"])]
     group = WorkerGroup(settings, folder, argv=(str(STREAM_JOBS), "worker", APP_SPEC),
                         env={FAIL_EVERY_ENV: str(fail_every), HOLD_MS_ENV: str(hold_ms)})
     began = time.monotonic()
@@ -144,7 +104,7 @@ async def batch_trial(base: Settings, out_dir: Path, *, members: int = 5_000, wo
         await _kill_as_it_goes(settings, group, batch_id, members, kills, within_s)
         await until(lambda: _pending_is(settings, batch_id, 0), within_s, "every member done")
         await until(lambda: _callbacks(settings, 2), within_s, "both callbacks")
-        await until(lambda: _quiet(settings, types.values()), within_s, "nothing left to do")
+        await until(lambda: _quiet(settings, types), within_s, "nothing left to do")
         for worker in group.live():
             group.terminate(worker)
         for worker in group.members:
@@ -157,9 +117,8 @@ async def batch_trial(base: Settings, out_dir: Path, *, members: int = 5_000, wo
     verdict = judge(await _evidence(settings, batch_id, member_ids))
     result = BatchTrialResult(members, workers, len(group.killed),
                               round(time.monotonic() - began, 1), verdict, notes)
-    if result.ok:
-        await _drop(settings, types.values())
-    else:
+    await settle(settings, folder, [*verdict.problems, *notes])
+    if not result.ok:
         log.error("batch trial %s kept its topics and schema for a look: %s", name,
                   verdict.problems + notes)
     return result
@@ -202,7 +161,7 @@ async def _callbacks(settings: Settings, at_least: int) -> bool:
     return int(rows[0]["n"]) >= at_least
 
 
-async def _quiet(settings: Settings, policies: Sequence[JobTypePolicy] | Any) -> bool:
+async def _quiet(settings: Settings, policies: Iterable[JobTypePolicy]) -> bool:
     """The outbox is empty and every lane and tier is read to its end by its group."""
     if (await read_depth(settings)).depth:
         return False
@@ -236,37 +195,34 @@ async def _evidence(settings: Settings, batch_id: str, member_ids: tuple[str, ..
               for r in callbacks), int(runs[0]["n"]))
 
 
-async def _drop(settings: Settings, policies: Any) -> None:
-    """A clean run leaves nothing behind (a failed one keeps its topics and schema)."""
-    with contextlib.suppress(Exception):
-        async with admin_client(settings) as admin:
-            await admin.delete_topics([s.name for policy in policies
-                                       for s in policy.all_topics(settings.topic_prefix)])
-    with contextlib.suppress(Exception):
-        conn = await asyncpg.connect(settings.database_url)
-        try:
-            await conn.execute(f'DROP SCHEMA "{settings.database_schema}" CASCADE')
-        finally:
-            await conn.close()
-
-
-async def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    result = await batch_trial(load_settings(), OUT_DIR,
-                               members=int(os.environ.get("BATCH_MEMBERS", "5000")),
-                               workers=int(os.environ.get("BATCH_WORKERS", "3")),
-                               kills=int(os.environ.get("BATCH_KILLS", "6")))
-    OUT_DIR.mkdir(exist_ok=True)
-    (OUT_DIR / "batch.json").write_bytes(orjson.dumps(result.to_dict(),
-                                                      option=orjson.OPT_INDENT_2))
+def batch_row(result: BatchTrialResult, run: int, started: float) -> TrialRow:
+    """One run as results.json keeps it (what stopped it is a problem too)."""
     v = result.verdict
-    print(f"batch of {v.members:,} members, {result.workers} workers, {result.kills} kill -9: "
-          f"lost {v.lost}, duplicate effects {v.duplicate_effects}, callbacks {v.callbacks} "
-          f"({v.callback_runs} deliveries), {result.seconds:.0f} s: "
-          f"{'ok' if result.ok else 'PROBLEMS: ' + '; '.join(v.problems + result.notes)}")
-    return 0 if result.ok else 1
+    return row(run, started, [*v.problems, *result.notes], members=result.members,
+               workers=result.workers, kills=result.kills, lost=v.lost,
+               duplicate_effects=v.duplicate_effects, callbacks=v.callbacks,
+               callback_runs=v.callback_runs)
 
 
-if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+async def _run(stack: Stack, out_dir: Path, run: int, jobs: int | None) -> TrialRow:
+    started = time.time()
+    result = await batch_trial(stack.settings, out_dir, members=jobs or MEMBERS)
+    return batch_row(result, run, started)
+
+
+def _cells(r: TrialRow) -> list[str]:
+    return [f"{r['members']:,}", str(r["workers"]), str(r["kills"]), str(r["lost"]),
+            str(r["duplicate_effects"]), str(r["callbacks"].get("success", 0)),
+            str(r["callbacks"].get("complete", 0)), str(r["callback_runs"]),
+            f"{r['seconds']:.0f}", "yes" if r["ok"] else "NO"]
+
+
+def _summary(r: TrialRow) -> str:
+    return (f"{r['members']:,} members, lost {r['lost']}, dup effects "
+            f"{r['duplicate_effects']}, callbacks {r['callbacks']}, {r['kills']} kills")
+
+
+TRIAL = OwnTrial(
+    "batches", "Batch callbacks", TITLE, METHOD, _run,
+    ("members", "workers", "kill -9", "lost", "dup effects", "on_success", "on_complete",
+     "callback deliveries", "run s", "ok"), _cells, _summary)

@@ -1,7 +1,7 @@
-"""Cancels racing runs while workers are killed: `python -m ops.chaos.cancels`.
+"""Cancels racing runs while workers are killed: `CHAOS_ONLY=cancels make chaos`.
 
-Real `stream-jobs worker ops.chaos.app:app` processes (3 by default) drain
-`CANCEL_CHAOS_JOBS` jobs (20,000) whose effect is a row written through `ctx.once()` (even
+Real `stream-jobs worker ops.chaos.app:app` processes (3 by default) drain 20,000 jobs
+(CHAOS_JOBS sets another number) whose effect is a row written through `ctx.once()` (even
 jobs) or `ctx.once_deferred()` (odd ones), each transaction held open a few milliseconds
 so that cancels and kills land inside it. Meanwhile this process cancels a third of the
 jobs, in random order, as they run, and kills a worker with SIGKILL every few seconds (and
@@ -12,10 +12,8 @@ What it checks, once drained: every job is exactly one of done or cancelled. Don
 effect row (the table has no unique constraint, so a second would show), and a cancel of
 it (if any) answered "already finished". Cancelled: no effect row, and its cancel answered
 "cancelled". No job is lost (neither), and every cancel's answer matches the tables.
-`tests/integration/test_cancel_chaos.py` runs the same trial at CI size.
-
-    STREAM_JOBS_DATABASE_URL=... .venv/bin/python -m ops.chaos.cancels
-    CANCEL_CHAOS_JOBS=5000 CANCEL_CHAOS_KILLS=3 .venv/bin/python -m ops.chaos.cancels
+`make chaos` runs it (`TRIAL`, the protocol of ops/chaos/protocol.py);
+`tests/integration/test_cancel_chaos.py` runs it at CI size.
 """
 
 from __future__ import annotations
@@ -23,29 +21,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import asyncpg
-import orjson
 
 from ops.chaos import collect
 from ops.chaos.app import EFFECTS_TABLE, JOB_TYPE
+from ops.chaos.fresh import fresh_settings, settle
 from ops.chaos.observe import group_stable
+from ops.chaos.protocol import OwnTrial, TrialRow, row
+from ops.chaos.trial import Stack
 from ops.chaos.workers import WorkerGroup
 from stream_jobs.cancels.rules import CancelAnswer
 from stream_jobs.client import Job, JobClient
-from stream_jobs.job_types import load_job_types
-from stream_jobs.kafka.topics import apply
 from stream_jobs.postgres.migrate import prepare_schema
-from stream_jobs.settings import Settings, load_settings
+from stream_jobs.settings import Settings
+from stream_jobs.testing.stack import declare_type
 
 log = logging.getLogger("ops.chaos.cancels")
-OUT_DIR = Path(__file__).resolve().parent / "out"
+JOBS = 20_000
+KILLS = 5
+TITLE = "cancel a third of the jobs as they run, through kill -9"
+METHOD = ("3 `stream-jobs worker ops.chaos.app:app` processes drain 20,000 jobs whose "
+          "effect is a row written through `ctx.once()` (even jobs) or "
+          "`ctx.once_deferred()` (odd ones), each transaction held open 3 ms; meanwhile "
+          "the runner cancels a third of the jobs, in random order, as they run, and kills "
+          "a worker with SIGKILL 5 times, 0.5-2 s apart (another starting each time), so the "
+          "cancels meet jobs waiting, running, inside an open transaction, and jobs of a "
+          "dead worker waiting for their next owner. Judged once drained: every job is "
+          "exactly one of done (one effect row; a cancel of it answered \"already "
+          "finished\") or cancelled (no effect row; its cancel answered \"cancelled\"), "
+          "none lost, and the cancels table holds exactly the cancels that won.")
 CANCEL_SHARE = 3  # one job in three is cancelled
 CANCELLERS = 4
 
@@ -101,50 +110,49 @@ async def _drained(settings: Settings, jobs: int, cancelled: int, within_s: floa
     return False
 
 
-async def cancel_trial(base: Settings, out_dir: Path, *, jobs: int, kills: int,
-                       workers: int = 3, hold_ms: int = 3) -> CancelTrialResult:
-    """One run (see the module's docstring); a clean run drops its topics' schema."""
-    began = time.monotonic()
-    result = CancelTrialResult(jobs, kills)
-    prefix = f"cchaos{uuid.uuid4().hex[:10]}"
-    folder = out_dir / prefix
-    topics_dir = folder / "topics"
-    topics_dir.mkdir(parents=True)
-    (topics_dir / f"{JOB_TYPE}.toml").write_text(
-        'partitions = 6\nretry_tiers = ["1s", "5s"]\nmax_attempts = 8\n')
-    settings = base.model_copy(update={"topic_prefix": prefix, "database_schema": prefix,
-                                       "topics_dir": topics_dir})
-    types = load_job_types(topics_dir)
-    await prepare_schema(settings, [collect.SCHEMA_SQL])
-    await apply(settings, types)
-    group = WorkerGroup(settings, folder, hold_ms=hold_ms)
+async def _race(client: JobClient, group: WorkerGroup, jobs: int,
+                kills: int) -> tuple[list[str], dict[str, CancelAnswer], int]:
+    """Enqueue the jobs, then cancel a third of them in random order while a worker is
+    killed now and then: (the job IDs, each cancel's answer, the kills)."""
     rng = random.Random(jobs)
     answers: dict[str, CancelAnswer] = {}
+    async with client:
+        ids: list[str] = []
+        for start in range(0, jobs, 1000):
+            ids += await client.enqueue_many(Job(JOB_TYPE, {"n": i})
+                                             for i in range(start, min(jobs, start + 1000)))
+        chosen = rng.sample(ids, len(ids) // CANCEL_SHARE)
+        killing = asyncio.create_task(_kill_now_and_then(group, kills, rng))
+        # Cancels spread over the kills' time, so that they meet dead workers' jobs.
+        over_s = 1.25 * kills + 1.0
+        paced = time.monotonic()
+
+        async def canceller(share: list[str]) -> None:
+            for i, job_id in enumerate(share):
+                due = paced + over_s * i / max(1, len(share))
+                await asyncio.sleep(max(0.0, due - time.monotonic()))  # the pace
+                answers[job_id] = (await client.cancel(job_id, job_type=JOB_TYPE)).answer
+
+        await asyncio.gather(*(canceller(chosen[k::CANCELLERS]) for k in range(CANCELLERS)))
+        return ids, answers, await killing
+
+
+async def cancel_trial(base: Settings, out_dir: Path, *, jobs: int, kills: int,
+                       workers: int = 3, hold_ms: int = 3) -> CancelTrialResult:
+    """One run (see the module's docstring); a clean run leaves nothing behind."""
+    began = time.monotonic()
+    result = CancelTrialResult(jobs, kills)
+    settings, folder = fresh_settings(base, out_dir, "cancels")
+    await prepare_schema(settings, [collect.SCHEMA_SQL])
+    policy = await declare_type(settings, JOB_TYPE, partitions=6, retry_tiers=["1s", "5s"],
+                                max_attempts=8)
+    group = WorkerGroup(settings, folder, hold_ms=hold_ms)
     try:
         for _ in range(workers):
             group.start()
         await group_stable(settings, JOB_TYPE, workers, within_s=120)
-        client = JobClient(settings, types)
-        async with client:
-            ids: list[str] = []
-            for start in range(0, jobs, 1000):
-                ids += await client.enqueue_many(Job(JOB_TYPE, {"n": i})
-                                                 for i in range(start, min(jobs, start + 1000)))
-            chosen = rng.sample(ids, len(ids) // CANCEL_SHARE)
-            killing = asyncio.create_task(_kill_now_and_then(group, kills, rng))
-            # Cancels spread over the kills' time, so that they meet dead workers' jobs.
-            over_s = 1.25 * kills + 1.0
-            paced = time.monotonic()
-
-            async def canceller(share: list[str]) -> None:
-                for i, job_id in enumerate(share):
-                    due = paced + over_s * i / max(1, len(share))
-                    await asyncio.sleep(max(0.0, due - time.monotonic()))  # the pace
-                    answers[job_id] = (await client.cancel(job_id, job_type=JOB_TYPE)).answer
-
-            await asyncio.gather(*(canceller(chosen[k::CANCELLERS])
-                                   for k in range(CANCELLERS)))
-            result.kills = await killing
+        ids, answers, result.kills = await _race(JobClient(settings, {JOB_TYPE: policy}),
+                                                 group, jobs, kills)
         won = sum(1 for a in answers.values() if a is CancelAnswer.CANCELLED)
         if not await _drained(settings, jobs, won, 600):
             result.problems.append("not drained within 600 s")
@@ -155,14 +163,7 @@ async def cancel_trial(base: Settings, out_dir: Path, *, jobs: int, kills: int,
         group.close()
     _judge(result, ids, answers, effects, cancels)
     result.seconds = round(time.monotonic() - began, 1)
-    if result.ok:
-        conn = await asyncpg.connect(settings.database_url)
-        try:
-            await conn.execute(f'DROP SCHEMA "{prefix}" CASCADE')
-        finally:
-            await conn.close()
-    else:
-        (folder / "problems.txt").write_text("\n".join(result.problems) + "\n")
+    await settle(settings, folder, result.problems)
     return result
 
 
@@ -193,21 +194,26 @@ def _judge(result: CancelTrialResult, ids: list[str], answers: dict[str, CancelA
         problems.append("the cancels did not race the runs (all won, or none did)")
 
 
-async def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    jobs = int(os.environ.get("CANCEL_CHAOS_JOBS", "20000"))
-    kills = int(os.environ.get("CANCEL_CHAOS_KILLS", "5"))
-    OUT_DIR.mkdir(exist_ok=True)
-    result = await cancel_trial(load_settings(), OUT_DIR, jobs=jobs, kills=kills)
-    (OUT_DIR / "cancels.json").write_bytes(orjson.dumps(asdict(result),
-                                                        option=orjson.OPT_INDENT_2))
-    verdict = "ok" if result.ok else "PROBLEMS: " + "; ".join(result.problems)
-    print(f"{result.jobs} jobs, {result.kills} workers killed, {result.seconds} s: "
-          f"{result.cancelled} cancelled, {result.finished_first} finished before their "
-          f"cancel, {result.done} done, {result.duplicate_effects} duplicate effects, "
-          f"{result.lost} lost: {verdict}")
-    return 0 if result.ok else 1
+async def _run(stack: Stack, out_dir: Path, run: int, jobs: int | None) -> TrialRow:
+    started = time.time()
+    result = await cancel_trial(stack.settings, out_dir, jobs=jobs or JOBS, kills=KILLS)
+    counts = {k: v for k, v in asdict(result).items() if k not in ("seconds", "problems")}
+    return row(run, started, result.problems, **counts)
 
 
-if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+def _cells(r: TrialRow) -> list[str]:
+    return [f"{r['jobs']:,}", str(r["kills"]), f"{r['cancelled']:,}",
+            f"{r['finished_first']:,}", f"{r['done']:,}", str(r["duplicate_effects"]),
+            str(r["lost"]), f"{r['seconds']:.0f}", "yes" if r["ok"] else "NO"]
+
+
+def _summary(r: TrialRow) -> str:
+    return (f"{r['jobs']:,} jobs, {r['kills']} kills: {r['cancelled']} cancelled, "
+            f"{r['finished_first']} finished before their cancel, {r['done']} done, "
+            f"dup effects {r['duplicate_effects']}, lost {r['lost']}")
+
+
+TRIAL = OwnTrial(
+    "cancels", "Cancels racing runs", TITLE, METHOD, _run,
+    ("jobs", "kill -9", "cancelled", "finished before their cancel", "done", "dup effects",
+     "lost", "run s", "ok"), _cells, _summary)

@@ -1,4 +1,4 @@
-"""The outbox while Kafka is away: `python -m ops.chaos.outbox` (a 30 s outage by default).
+"""The outbox while Kafka is away: `CHAOS_ONLY=outbox make chaos` (a 30 s outage).
 
 A broker of its own (a folder and free loopback ports of its own, never the stack's),
 the stack's Postgres with a fresh schema, one relay in this process. Writers commit jobs
@@ -6,46 +6,53 @@ through `enqueue(conn=...)` before, during and after the outage; the broker is k
 with SIGKILL and started again on the same data after `OUTBOX_OUTAGE_S` seconds. What it
 checks: the callers' commits never waited on Kafka, the rows waited in the outbox, and
 once the broker was back every committed job reached Kafka (duplicates allowed, none
-lost). `tests/integration/test_outbox_faults.py` runs the same trial with a short outage.
-
-    STREAM_JOBS_DATABASE_URL=... .venv/bin/python -m ops.chaos.outbox
-    OUTBOX_OUTAGE_S=10 OUTBOX_JOBS_PER_S=500 .venv/bin/python -m ops.chaos.outbox
+lost). `make chaos` runs it (`TRIAL`, the protocol of ops/chaos/protocol.py);
+`tests/integration/test_outbox_faults.py` runs the same trial with a short outage.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 import shutil
 import socket
 import tempfile
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import asyncpg
-import orjson
 
+from ops.chaos.fresh import fresh_settings
+from ops.chaos.protocol import OwnTrial, TrialRow, row
+from ops.chaos.trial import Stack
 from stream_jobs.app import App
 from stream_jobs.client import Job
-from stream_jobs.job_types import load_job_types
 from stream_jobs.kafka import scan
 from stream_jobs.kafka.consumer import open_reader
-from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import lane_topic
 from stream_jobs.outbox.depth import read_depth
 from stream_jobs.outbox.relay import OutboxRelay
 from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.record import HEADER_JOB_ID
-from stream_jobs.settings import Settings, load_settings
+from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster
+from stream_jobs.testing.stack import declare_type, drop_schema
 
 log = logging.getLogger("ops.chaos.outbox")
 JOB_TYPE = "chaos.outbox"
-OUT_DIR = Path(__file__).resolve().parent / "out"
+OUTAGE_S = 30.0
+JOBS_PER_S = 200.0
+TITLE = "Kafka killed for 30 s under transactional enqueues"
+METHOD = ("A broker of its own (a folder and loopback ports of its own, never the stack's), "
+          "the stack's Postgres with a fresh schema, one outbox relay in the runner. Writers "
+          "commit 10 jobs a transaction through `enqueue(conn=...)`, 200 jobs/s, before, "
+          "during and after the outage; the broker is killed with SIGKILL and started again "
+          "on the same data after 30 s. Judged: jobs were committed while Kafka was down, "
+          "their rows waited in the outbox, and once the broker was back every committed "
+          "job reached Kafka (duplicates allowed, none lost); the slowest commit shows that "
+          "the callers' transactions never waited on Kafka.")
 
 
 @dataclass
@@ -144,54 +151,68 @@ async def _delivered(settings: Settings) -> list[str]:
     return found
 
 
+async def _kill_and_restart(broker: OwnBroker, settings: Settings, outage_s: float,
+                            before_s: float) -> tuple[float, float, int]:
+    """Kill the broker after `before_s` of traffic, keep it down `outage_s` while sampling
+    the outbox's depth, start it again: (when it went down, seconds until it answered
+    again, the most rows waiting)."""
+    await asyncio.sleep(before_s)  # traffic flows before the fault
+    broker.kill()
+    down_at = time.time()
+    max_depth = 0
+    deadline = time.monotonic() + outage_s
+    while time.monotonic() < deadline:  # the outage's length, sampling the depth
+        max_depth = max(max_depth, (await read_depth(settings)).depth)
+        await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    await broker.up()
+    return down_at, time.time() - down_at, max_depth
+
+
+async def _emptied(settings: Settings, since: float, within_s: float) -> float | None:
+    """Seconds from `since` (monotonic) until the outbox is empty; None when rows still
+    wait `within_s` after it."""
+    while (await read_depth(settings)).depth:
+        if time.monotonic() - since > within_s:
+            return None
+        await asyncio.sleep(0.2)
+    return time.monotonic() - since
+
+
 async def outage_trial(broker: OwnBroker, database_url: str, *, outage_s: float,
-                       jobs_per_s: float = 200.0, before_s: float = 2.0,
+                       jobs_per_s: float = JOBS_PER_S, before_s: float = 2.0,
                        recovery_within_s: float = 120.0) -> OutageResult:
     """One trial on `broker` (started by the caller) and the database at `database_url`."""
-    name = f"oc{uuid.uuid4().hex[:10]}"
-    topics = Path(tempfile.mkdtemp(prefix="outbox-chaos-topics-"))
-    (topics / f"{JOB_TYPE}.toml").write_text("partitions = 3\n")
-    settings = Settings(kafka_bootstrap=broker.bootstrap, database_url=database_url,
-                        database_schema=name, topic_prefix=name, topics_dir=topics,
-                        kafka_request_timeout_ms=5_000, outbox_sweep_interval_s=1.0)
+    scratch = Path(tempfile.mkdtemp(prefix="outbox-chaos-"))
+    settings, _ = fresh_settings(
+        Settings(kafka_bootstrap=broker.bootstrap, database_url=database_url,
+                 kafka_request_timeout_ms=5_000, outbox_sweep_interval_s=1.0),
+        scratch, "outbox")
     await prepare_schema(settings)
-    await apply(settings, load_job_types(topics))
-    app = App(settings)
+    await declare_type(settings, JOB_TYPE, partitions=3)
     committed: list[tuple[float, str]] = []
     slowest = [0.0]
     stop_writing, stop_relay = asyncio.Event(), asyncio.Event()
-    relay = OutboxRelay(settings)
-    relaying = asyncio.create_task(relay.run(stop_relay))
-    writing = asyncio.create_task(_writer(app, settings, jobs_per_s, stop_writing, committed,
-                                          slowest))
+    relaying = asyncio.create_task(OutboxRelay(settings).run(stop_relay))
+    writing = asyncio.create_task(_writer(App(settings), settings, jobs_per_s, stop_writing,
+                                          committed, slowest))
     problems: list[str] = []
     try:
-        await asyncio.sleep(before_s)  # traffic flows before the fault
-        broker.kill()
-        down_at = time.time()
-        max_depth = 0
-        deadline = time.monotonic() + outage_s
-        while time.monotonic() < deadline:  # the outage's length, sampling the depth
-            max_depth = max(max_depth, (await read_depth(settings)).depth)
-            await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-        await broker.up()
+        down_at, down_s, max_depth = await _kill_and_restart(broker, settings, outage_s,
+                                                             before_s)
         back_at = time.monotonic()
-        down_s = time.time() - down_at
         await asyncio.sleep(1.0)  # a little traffic after the broker is back
         stop_writing.set()
         await writing
-        while (await read_depth(settings)).depth:
-            if time.monotonic() - back_at > recovery_within_s:
-                problems.append(f"rows still waiting {recovery_within_s:.0f} s after the "
-                                "broker came back")
-                break
-            await asyncio.sleep(0.2)
-        recovery_s = time.monotonic() - back_at
+        recovery_s = await _emptied(settings, back_at, recovery_within_s)
     finally:
         stop_writing.set()
         stop_relay.set()
         await asyncio.gather(writing, relaying, return_exceptions=True)
-        shutil.rmtree(topics, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+    if recovery_s is None:
+        problems.append(f"rows still waiting {recovery_within_s:.0f} s after the broker came "
+                        "back")
+        recovery_s = time.monotonic() - back_at
     seen = await _delivered(settings)
     ids = {job_id for _, job_id in committed}
     lost = len(ids - set(seen))
@@ -202,37 +223,42 @@ async def outage_trial(broker: OwnBroker, database_url: str, *, outage_s: float,
         problems.append("no job was committed while Kafka was down")
     if max_depth == 0:
         problems.append("no row waited in the outbox during the outage")
-    conn = await asyncpg.connect(database_url)
-    try:
-        await conn.execute(f'DROP SCHEMA "{name}" CASCADE')
-    finally:
-        await conn.close()
+    await drop_schema(settings)  # its topics go with its broker
     return OutageResult(outage_s, round(down_s, 1), len(ids), during, max_depth, len(set(seen)),
                         len(seen) - len(set(seen)), lost, round(slowest[0], 3),
                         round(recovery_s, 2), problems)
 
 
-async def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    outage_s = float(os.environ.get("OUTBOX_OUTAGE_S", "30"))
-    per_s = float(os.environ.get("OUTBOX_JOBS_PER_S", "200"))
-    database_url = load_settings().database_url
+async def _run(stack: Stack, out_dir: Path, run: int, jobs: int | None) -> TrialRow:
+    """One run at `make chaos`'s size (the outage is a time: CHAOS_JOBS does not apply)."""
+    started = time.time()
     broker = OwnBroker()
     try:
         await broker.up()
-        result = await outage_trial(broker, database_url, outage_s=outage_s, jobs_per_s=per_s)
+        result = await outage_trial(broker, stack.settings.database_url, outage_s=OUTAGE_S)
     finally:
         broker.remove()
-    OUT_DIR.mkdir(exist_ok=True)
-    (OUT_DIR / "outbox.json").write_bytes(orjson.dumps(asdict(result), option=orjson.OPT_INDENT_2))
-    verdict = "ok" if result.ok else "PROBLEMS: " + "; ".join(result.problems)
-    print(f"Kafka down {result.down_s:g} s: {result.committed} committed "
-          f"({result.committed_during_outage} during the outage, up to {result.max_depth} "
-          f"rows waiting), {result.delivered} delivered, {result.duplicates} duplicates, "
-          f"{result.lost} lost; slowest commit {result.slowest_commit_s} s; outbox empty "
-          f"{result.recovery_s} s after the broker was back: {verdict}")
-    return 0 if result.ok else 1
+    counts = {k: v for k, v in asdict(result).items() if k != "problems"}
+    return row(run, started, result.problems, **counts)
 
 
-if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+def _cells(r: TrialRow) -> list[str]:
+    return [f"{r['down_s']:g}", f"{r['committed']:,}", f"{r['committed_during_outage']:,}",
+            f"{r['max_depth']:,}", f"{r['delivered']:,}", str(r["duplicates"]),
+            str(r["lost"]), f"{r['slowest_commit_s']:g}", f"{r['recovery_s']:g}",
+            f"{r['seconds']:.0f}", "yes" if r["ok"] else "NO"]
+
+
+def _summary(r: TrialRow) -> str:
+    return (f"Kafka down {r['down_s']:g} s: {r['committed']} committed "
+            f"({r['committed_during_outage']} during the outage, up to {r['max_depth']} rows "
+            f"waiting), {r['delivered']} delivered, {r['duplicates']} duplicates, "
+            f"{r['lost']} lost; slowest commit {r['slowest_commit_s']} s; outbox empty "
+            f"{r['recovery_s']} s after the broker was back")
+
+
+TRIAL = OwnTrial(
+    "outbox", "The outbox through a Kafka outage", TITLE, METHOD, _run,
+    ("Kafka down s", "committed", "committed during the outage", "most rows waiting",
+     "delivered", "duplicates", "lost", "slowest commit s",
+     "outbox empty s after the broker was back", "run s", "ok"), _cells, _summary)

@@ -1,4 +1,4 @@
-"""RESULTS.md: every run of every scenario, the method, and the machine it ran on.
+"""RESULTS.md: every run of every scenario and trial, the method, and the machine it ran on.
 
 Runs are kept in `out/results.json`; a run of some scenarios only (CHAOS_ONLY) replaces
 those scenarios' rows and keeps the others', each row saying when it ran.
@@ -11,13 +11,13 @@ import os
 import platform
 import statistics
 import subprocess
+from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypedDict
 
-from ops.chaos import batches, failover
-from ops.chaos.failover import FailoverResult
+from ops.chaos.protocol import OwnTrial, TrialRow, section
 from ops.chaos.scenarios import SCENARIOS
 from ops.chaos.trial import TrialResult
 
@@ -94,78 +94,6 @@ class RunJSON(TypedDict):
     faults: list[dict[str, Any]]
 
 
-class FailoverRowJSON(TypedDict):
-    """One run of the scheduler failover scenario, as results.json keeps it."""
-
-    run: int
-    started: float  # epoch seconds
-    seconds: float
-    window_s: float
-    lease_s: float
-    ok: bool
-    firings: int
-    missed: int
-    duplicate_effects: int
-    enqueued_twice: int
-    duplicate_outcomes: int
-    faults: list[str]
-    takeovers_s: list[float | None]
-    gaps_s: list[float]
-    late_ms: list[float | None]  # p50, p99, max
-    problems: list[str]
-
-
-def failover_row(result: FailoverResult) -> FailoverRowJSON:
-    v = result.verdict
-    return {"run": result.run, "started": result.started, "seconds": result.seconds,
-            "window_s": result.window_s, "lease_s": result.lease_s, "ok": v.ok,
-            "firings": v.firings, "missed": len(v.missed),
-            "duplicate_effects": v.duplicate_effects, "enqueued_twice": v.enqueued_twice,
-            "duplicate_outcomes": v.duplicate_outcomes,
-            "faults": [f.kind for f in result.faults], "takeovers_s": v.takeovers_s,
-            "gaps_s": v.gaps_s, "late_ms": [v.late(50), v.late(99), v.late(100)],
-            "problems": [*v.problems, *result.notes]}
-
-
-def _each(values: list[float | None], kinds: list[str], kind: str) -> str:
-    picked = [v for v, k in zip(values, kinds, strict=False) if k == kind]
-    return ", ".join(_fmt(v) if v is None else f"{v:.2f}" for v in picked) or "-"
-
-
-def failover_section(rows: list[FailoverRowJSON]) -> list[str]:
-    """The `## Scheduler failover` section: one line per run, and how it is judged."""
-    lines = ["## Scheduler failover", "", f"**{failover.SCENARIO}** ({failover.TITLE}): "
-             f"{failover.METHOD}", "",
-             "| run | when (UTC) | window s | firings | missed | dup effects | enqueued "
-             "twice / duplicate outcomes | takeover s after kill -9 | takeover s after "
-             "SIGSTOP (lease) | failover gap s after kill -9 | failover gap s after SIGSTOP | "
-             "firing late ms p50 / p99 / max | run s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        when = datetime.fromtimestamp(r["started"], UTC).strftime("%m-%d %H:%M")
-        gaps: list[float | None] = list(r["gaps_s"])
-        late = " / ".join(_fmt(v) for v in r["late_ms"])
-        lines.append(
-            f"| {r['run']} | {when} | {r['window_s']:.0f} | {r['firings']} | {r['missed']} | "
-            f"{r['duplicate_effects']} | {r['enqueued_twice']} / {r['duplicate_outcomes']} | "
-            f"{_each(r['takeovers_s'], r['faults'], 'kill -9')} | "
-            f"{_each(r['takeovers_s'], r['faults'], 'SIGSTOP')} ({r['lease_s']:.0f}) | "
-            f"{_each(gaps, r['faults'], 'kill -9')} | {_each(gaps, r['faults'], 'SIGSTOP')} | "
-            f"{late} | {r['seconds']:.0f} |")
-    problems = [(r["run"], p) for r in rows for p in r["problems"]]
-    if problems:
-        lines += ["", *[f"- {failover.SCENARIO} run {n}: {p}" for n, p in problems]]
-    lines += ["", "The failover gap is the time from a fault to the next firing any "
-              "scheduler enqueued; with a 1 s schedule it includes the wait for the next "
-              "fire time (up to 1 s). After kill -9 the lock is free as soon as Postgres "
-              "sees the socket close, and the waiting scheduler, blocked in "
-              "`pg_advisory_lock`, has it at once; after SIGSTOP the frozen leader's "
-              "socket stays open, so the lock is released when its session has been idle "
-              "for the lease (`idle_session_timeout`), and the firings due meanwhile run "
-              "late, not missed (a firing up to 30 s overdue always runs).", ""]
-    return lines
-
-
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
@@ -177,36 +105,9 @@ def row(result: TrialResult) -> RunJSON:
             "verdict": asdict(result.verdict), "faults": [asdict(f) for f in result.faults]}
 
 
-def _ok(r: RunJSON) -> bool:
-    return bool(r["ok"]) and not (SCENARIOS[r["scenario"]].no_redelivery
-                                  and r["verdict"]["duplicate_deliveries"])
-
-
-def render(rows: list[RunJSON], meta: MetaJSON,
-           failover_rows: list[FailoverRowJSON] | None = None,
-           batch_rows: list[dict[str, Any]] | None = None) -> str:
+def _process_table(rows: list[RunJSON]) -> list[str]:
+    """The process-fault scenarios: a line per run, the problems, what each scenario does."""
     lines = [
-        "# Fault injection results",
-        "",
-        f"`make chaos` ({meta['date']}, commit {meta.get('commit') or 'unknown'}): "
-        f"N = {meta['jobs']:,} jobs per run, "
-        f"{meta['runs']} runs per scenario, {meta['minutes']:.0f} min for the invocation "
-        "that wrote this file.",
-        "",
-        f"**Machine caveat.** {meta['machine']}. Kafka, Postgres, the workers and the "
-        "runner share it, and other work ran on it at the same time, so throughput and "
-        "recovery times are this machine's at that moment, not the system's; the counts "
-        "(lost, duplicate effects) do not depend on it.",
-        "",
-    ]
-    if meta.get("n_note"):
-        lines += [meta["n_note"], ""]
-    ok = (all(r["ok"] for r in rows) and all(r["ok"] for r in failover_rows or [])
-          and all(r["ok"] for r in batch_rows or []))
-    lines += [
-        f"**Verdict: {'0 lost and 0 duplicate effects in every run' if ok else 'PROBLEMS FOUND'}"
-        "**" + ("." if ok else " (see the problems below)."),
-        "",
         "| scenario | run | when (UTC) | N | lost | dup effects | dup deliveries | "
         "dead-lettered | commits past unfinished | in flight at faults / not redelivered | "
         "faults | recovery s (median / max) | drain s | jobs/s | run s |",
@@ -232,11 +133,39 @@ def render(rows: list[RunJSON], meta: MetaJSON,
     lines += ["", "## Scenarios", ""]
     for name in dict.fromkeys(r["scenario"] for r in rows):
         s = SCENARIOS[name]
-        lines.append(f"- **{name}** ({s.title}): {s.method}")
-    if failover_rows:
-        lines += ["", *failover_section(failover_rows)]
-    if batch_rows:
-        lines += ["", *batches.batch_section(batch_rows)]
+        lines.append(f"- **{name}** ({s.title}): {s.description}")
+    return lines
+
+
+def render(rows: list[RunJSON], meta: MetaJSON,
+           trials: Sequence[tuple[OwnTrial, list[TrialRow]]] = ()) -> str:
+    """The whole file: the invocation, the machine, the verdict, the process-fault table,
+    a section per trial that has runs, and the method."""
+    lines = [
+        "# Fault injection results",
+        "",
+        f"`make chaos` ({meta['date']}, commit {meta.get('commit') or 'unknown'}): "
+        f"N = {meta['jobs']:,} jobs per run, "
+        f"{meta['runs']} runs per scenario, {meta['minutes']:.0f} min for the invocation "
+        "that wrote this file.",
+        "",
+        f"**Machine caveat.** {meta['machine']}. Kafka, Postgres, the workers and the "
+        "runner share it, and other work ran on it at the same time, so throughput and "
+        "recovery times are this machine's at that moment, not the system's; the counts "
+        "(lost, duplicate effects) do not depend on it.",
+        "",
+    ]
+    if meta.get("n_note"):
+        lines += [meta["n_note"], ""]
+    ok = all(r["ok"] for r in rows) and all(r["ok"] for _, runs in trials for r in runs)
+    lines.append(
+        f"**Verdict: {'0 lost and 0 duplicate effects in every run' if ok else 'PROBLEMS FOUND'}"
+        "**" + ("." if ok else " (see the problems below)."))
+    if rows:
+        lines += ["", *_process_table(rows)]
+    for trial, runs in trials:
+        if runs:
+            lines += ["", *section(trial, runs)]
     lines += ["", METHOD]
     return "\n".join(lines) + "\n"
 
@@ -283,37 +212,27 @@ def merged(previous: Path, fresh: list[RunJSON]) -> list[RunJSON]:
     return sorted([*kept, *fresh], key=lambda r: (order.index(r["scenario"]), r["run"]))
 
 
-def merged_failover(previous: Path, fresh: list[FailoverRowJSON]) -> list[FailoverRowJSON]:
-    """This invocation's failover runs, or the previous invocation's when it ran none."""
-    if fresh or not previous.is_file():
-        return fresh
-    try:
-        kept: list[FailoverRowJSON] = json.loads(previous.read_text()).get("failover", [])
-    except ValueError:
-        return []
-    return kept
-
-
-def merged_batch(previous: Path, fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """This invocation's batch runs, or the previous invocation's when it ran none."""
-    if fresh or not previous.is_file():
-        return fresh
-    try:
-        kept: list[dict[str, Any]] = json.loads(previous.read_text()).get("batch", [])
-    except ValueError:
-        return []
-    return kept
+def merged_trials(previous: Path, fresh: dict[str, list[TrialRow]],
+                  trials: Sequence[OwnTrial]) -> list[tuple[OwnTrial, list[TrialRow]]]:
+    """Each trial with this invocation's runs, or the previous invocation's when it ran
+    none."""
+    kept: dict[str, list[TrialRow]] = {}
+    if previous.is_file():
+        try:
+            kept = json.loads(previous.read_text()).get("trials", {})
+        except ValueError:
+            kept = {}
+    return [(t, fresh.get(t.name) or kept.get(t.name, [])) for t in trials]
 
 
 def write(path: Path, rows: list[RunJSON], meta: MetaJSON,
-          failover_rows: list[FailoverRowJSON] | None = None,
-          batch_rows: list[dict[str, Any]] | None = None) -> None:
-    path.write_text(render(rows, meta, failover_rows, batch_rows))
+          trials: Sequence[tuple[OwnTrial, list[TrialRow]]] = ()) -> None:
+    path.write_text(render(rows, meta, trials))
     out = path.parent / "out"
     out.mkdir(exist_ok=True)
     (out / "results.json").write_text(json.dumps(
-        {"meta": meta, "runs": rows, "failover": failover_rows or [],
-         "batch": batch_rows or []}, indent=2) + "\n")
+        {"meta": meta, "runs": rows, "trials": {t.name: runs for t, runs in trials}},
+        indent=2) + "\n")
 
 
 def today() -> str:

@@ -1,10 +1,17 @@
-"""`make chaos` / `python -m ops.chaos.run`: every scenario, several runs each, then
-`ops/chaos/RESULTS.md`.
+"""`make chaos` / `python -m ops.chaos.run`: every scenario and trial, several runs each,
+then `ops/chaos/RESULTS.md`.
 
-Environment knobs: CHAOS_JOBS (jobs per run, default DEFAULT_JOBS), CHAOS_RUNS (runs per
-scenario, default 3), CHAOS_ONLY (comma-separated scenario names, default all). The stack
-is the one the project's settings name (`stream-jobs dev up` on its ports); the 3-node
-cluster for the broker scenarios is started here and stopped afterwards.
+In this order: the process-fault scenarios on the stack's single broker (`scenarios.py`,
+one trial procedure for all: `trial.py`), the trials with procedures of their own
+(`TRIALS`: scheduler failover, batch callbacks, cancels racing runs, the outbox through a
+Kafka outage; `protocol.py`), then the broker scenarios on a 3-node cluster started here
+and stopped afterwards. RESULTS.md is written after every run.
+
+Environment knobs: CHAOS_RUNS (runs of each, default 3), CHAOS_ONLY (comma-separated
+names of scenarios and trials, default all), CHAOS_JOBS (jobs per run: DEFAULT_JOBS for
+the scenarios, the trials' own sizes for batches and cancels; the failover and outbox
+trials last a set time whatever it says). The stack is the one the project's settings
+name (`stream-jobs dev up` on its ports).
 """
 
 from __future__ import annotations
@@ -14,10 +21,11 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from ops.chaos import batches, failover, report
+from ops.chaos import batches, cancels, failover, outbox, report
+from ops.chaos.protocol import OwnTrial, TrialRow
 from ops.chaos.scenarios import SCENARIOS, Scenario
 from ops.chaos.trial import Stack, TrialResult, run_trial
 from stream_jobs.settings import Settings
@@ -27,24 +35,49 @@ from stream_jobs.stack import KafkaCluster, PostgresServer
 DEFAULT_JOBS = 10_000
 CHAOS_DIR = Path(__file__).resolve().parent
 OUT_DIR = CHAOS_DIR / "out"
+TRIALS: dict[str, OwnTrial] = {t.name: t for t in (
+    failover.TRIAL, batches.TRIAL, cancels.TRIAL, outbox.TRIAL)}
 
 log = logging.getLogger("ops.chaos")
 
 
-_OWN = (failover.SCENARIO, batches.SCENARIO)  # scenarios with trials of their own
-
-
-def chosen(only: str) -> tuple[list[Scenario], set[str]]:
-    """The job scenarios CHAOS_ONLY names (all by default), and which of the scenarios
-    with trials of their own (scheduler failover, batch callbacks) are among them."""
+def chosen(only: str) -> tuple[list[Scenario], list[OwnTrial]]:
+    """The scenarios and the trials CHAOS_ONLY names (all by default)."""
     if not only.strip():
-        return list(SCENARIOS.values()), set(_OWN)
+        return list(SCENARIOS.values()), list(TRIALS.values())
     names = [n.strip() for n in only.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SCENARIOS and n not in _OWN]
+    unknown = [n for n in names if n not in SCENARIOS and n not in TRIALS]
     if unknown:
         raise SystemExit(f"CHAOS_ONLY names unknown scenarios {unknown}; "
-                         f"choose from {', '.join([*SCENARIOS, *_OWN])}.")
-    return [SCENARIOS[n] for n in names if n in SCENARIOS], {n for n in names if n in _OWN}
+                         f"choose from {', '.join([*SCENARIOS, *TRIALS])}.")
+    return ([SCENARIOS[n] for n in names if n in SCENARIOS],
+            [t for name, t in TRIALS.items() if name in names])
+
+
+@dataclass
+class Invocation:
+    """What this `make chaos` has run so far, and RESULTS.md written from it."""
+
+    meta: report.MetaJSON
+    began: float = field(default_factory=time.time)
+    results: list[TrialResult] = field(default_factory=list)
+    trials: dict[str, list[TrialRow]] = field(default_factory=dict)
+
+    def write(self) -> None:
+        if not self.results and not self.trials:
+            return
+        self.meta["minutes"] = (time.time() - self.began) / 60
+        previous = OUT_DIR / "results.json"
+        rows = report.merged(previous, [report.row(r) for r in self.results])
+        report.write(CHAOS_DIR / "RESULTS.md", rows, self.meta,
+                     report.merged_trials(previous, self.trials, list(TRIALS.values())))
+
+    def runs(self) -> int:
+        return len(self.results) + sum(len(rows) for rows in self.trials.values())
+
+    def with_problems(self) -> int:
+        return (sum(1 for r in self.results if not r.verdict.ok)
+                + sum(1 for rows in self.trials.values() for r in rows if not r["ok"]))
 
 
 async def run_scenario(stack: Stack, scenario: Scenario, run: int, jobs: int) -> TrialResult:
@@ -63,28 +96,17 @@ async def run_scenario(stack: Stack, scenario: Scenario, run: int, jobs: int) ->
     return result
 
 
-async def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    jobs = int(os.environ.get("CHAOS_JOBS", DEFAULT_JOBS))
-    runs = int(os.environ.get("CHAOS_RUNS", "3"))
-    scenarios, own = chosen(os.environ.get("CHAOS_ONLY", ""))
-    began = time.time()
-    base = Settings()
-    kafka = KafkaCluster(base, 1)
-    postgres = PostgresServer(base)
-    log.info("starting the stack (single broker and Postgres)")
-    await asyncio.to_thread(kafka.up)
-    await asyncio.to_thread(postgres.up)
-    single = Stack(base.model_copy(update={"kafka_bootstrap": kafka.bootstrap,
-                                           "database_url": postgres.dsn}), postgres)
-    results: list[TrialResult] = []
-    failovers: list[report.FailoverRowJSON] = []
-    batch_rows: list[dict[str, Any]] = []
-    meta: report.MetaJSON = {
+async def run_own(trial: OwnTrial, stack: Stack, run: int, jobs: int | None) -> TrialRow:
+    found = await trial.run(stack, OUT_DIR, run, jobs)
+    log.info("%s run %d: %s, %.0f s%s", trial.name, run, trial.summary(found),
+             found["seconds"], "" if found["ok"] else f" PROBLEMS: {found['problems']}")
+    return found
+
+
+def _meta(jobs: int, runs: int) -> report.MetaJSON:
+    return {
         "date": report.today(), "commit": report.commit(), "jobs": jobs, "runs": runs,
-        "minutes": 0.0,
-        "machine": report.machine(),
+        "minutes": 0.0, "machine": report.machine(),
         "n_note": (f"N is {jobs:,}, not the issue's 100,000. Most of a run's time is "
                    "its faults (20 kills, a 30 s outage, five broker restarts), not its "
                    "jobs, but a run still processes its N with exactly-once effects at "
@@ -93,69 +115,63 @@ async def main() -> int:
                    "2-core machine instead of the ~35 minutes asked for. "
                    "CHAOS_JOBS=100000 runs it at the issue's N."
                    if jobs < 100_000 else "")}
-    plain = [s for s in scenarios if not s.cluster]
-    clustered = [s for s in scenarios if s.cluster]
+
+
+async def _single_stack(base: Settings) -> Stack:
+    kafka = KafkaCluster(base, 1)
+    postgres = PostgresServer(base)
+    log.info("starting the stack (single broker and Postgres)")
+    await asyncio.to_thread(kafka.up)
+    await asyncio.to_thread(postgres.up)
+    return Stack(base.model_copy(update={"kafka_bootstrap": kafka.bootstrap,
+                                         "database_url": postgres.dsn}), postgres)
+
+
+async def _on_the_cluster(done: Invocation, base: Settings, single: Stack,
+                          scenarios: list[Scenario], runs: int, jobs: int) -> None:
+    cluster = KafkaCluster(base, 3)
+    log.info("starting the 3-node cluster on %s", cluster.bootstrap)
+    await asyncio.to_thread(cluster.up)
+    stack = Stack(single.settings.model_copy(update={"kafka_bootstrap": cluster.bootstrap}),
+                  single.postgres, cluster)
     try:
-        for scenario in plain:
+        for scenario in scenarios:
             for run in range(1, runs + 1):
-                results.append(await run_scenario(single, scenario, run, jobs))
-                _write(results, meta, began, failovers, batch_rows)
-        for run in range(1, runs + 1 if failover.SCENARIO in own else 1):
-            failovers.append(await run_failover_scenario(single, run))
-            _write(results, meta, began, failovers, batch_rows)
-        for run in range(1, runs + 1 if batches.SCENARIO in own else 1):
-            batch_rows.append(await run_batch_scenario(single, run))
-            _write(results, meta, began, failovers, batch_rows)
-        if clustered:
-            cluster = KafkaCluster(base, 3)
-            log.info("starting the 3-node cluster on %s", cluster.bootstrap)
-            await asyncio.to_thread(cluster.up)
-            stack = Stack(single.settings.model_copy(
-                update={"kafka_bootstrap": cluster.bootstrap}), postgres, cluster)
-            try:
-                for scenario in clustered:
-                    for run in range(1, runs + 1):
-                        results.append(await run_scenario(stack, scenario, run, jobs))
-                        _write(results, meta, began, failovers, batch_rows)
-            finally:
-                await asyncio.to_thread(cluster.down)
+                done.results.append(await run_scenario(stack, scenario, run, jobs))
+                done.write()
     finally:
-        _write(results, meta, began, failovers, batch_rows)
-    bad = ([r for r in results if not r.verdict.ok] + [f for f in failovers if not f["ok"]]
-           + [b for b in batch_rows if not b["ok"]])
-    total = len(results) + len(failovers) + len(batch_rows)
-    print(f"{total} runs, {len(bad)} with problems; see {CHAOS_DIR / 'RESULTS.md'}")
-    return 1 if bad else 0
+        await asyncio.to_thread(cluster.down)
 
 
-async def run_failover_scenario(stack: Stack, run: int) -> report.FailoverRowJSON:
-    result = await failover.run_failover(stack.settings, OUT_DIR, run=run)
-    row = report.failover_row(result)
-    log.info("%s run %d: missed %d, dup effects %d, takeovers %s, gaps %s, %.0f s%s",
-             failover.SCENARIO, run, row["missed"], row["duplicate_effects"],
-             row["takeovers_s"], [round(g, 2) for g in row["gaps_s"]], row["seconds"],
-             "" if row["ok"] else f" PROBLEMS: {row['problems']}")
-    return row
-
-
-async def run_batch_scenario(stack: Stack, run: int) -> dict[str, Any]:
-    result = await batches.batch_trial(stack.settings, OUT_DIR / "batch")
-    v = result.verdict
-    log.info("%s run %d: lost %d, dup effects %d, callbacks %s, %d kills, %.0f s%s",
-             batches.SCENARIO, run, v.lost, v.duplicate_effects, v.callbacks, result.kills,
-             result.seconds, "" if result.ok else f" PROBLEMS: {v.problems + result.notes}")
-    return batches.batch_row(result, run)
-
-
-def _write(results: list[TrialResult], meta: report.MetaJSON, began: float,
-           failovers: list[report.FailoverRowJSON], batch_rows: list[dict[str, Any]]) -> None:
-    if not results and not failovers and not batch_rows:
-        return
-    meta["minutes"] = (time.time() - began) / 60
-    rows = report.merged(OUT_DIR / "results.json", [report.row(r) for r in results])
-    report.write(CHAOS_DIR / "RESULTS.md", rows, meta,
-                 report.merged_failover(OUT_DIR / "results.json", failovers),
-                 report.merged_batch(OUT_DIR / "results.json", batch_rows))
+async def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    asked = os.environ.get("CHAOS_JOBS", "").strip()
+    jobs = int(asked) if asked else None
+    runs = int(os.environ.get("CHAOS_RUNS", "3"))
+    scenarios, trials = chosen(os.environ.get("CHAOS_ONLY", ""))
+    n = jobs or DEFAULT_JOBS
+    done = Invocation(_meta(n, runs))
+    base = Settings()
+    single = await _single_stack(base)
+    try:
+        for scenario in [s for s in scenarios if not s.cluster]:
+            for run in range(1, runs + 1):
+                done.results.append(await run_scenario(single, scenario, run, n))
+                done.write()
+        for trial in trials:
+            for run in range(1, runs + 1):
+                done.trials.setdefault(trial.name, []).append(
+                    await run_own(trial, single, run, jobs))
+                done.write()
+        clustered = [s for s in scenarios if s.cluster]
+        if clustered:
+            await _on_the_cluster(done, base, single, clustered, runs, n)
+    finally:
+        done.write()
+    print(f"{done.runs()} runs, {done.with_problems()} with problems; "
+          f"see {CHAOS_DIR / 'RESULTS.md'}")
+    return 1 if done.with_problems() else 0
 
 
 if __name__ == "__main__":

@@ -32,6 +32,14 @@ class Scenario:
     # The goal beyond "0 lost, 0 duplicate effects": also 0 duplicate deliveries.
     no_redelivery: bool = False
 
+    @property
+    def description(self) -> str:
+        """The method, and how the jobs arrive when they are spread out."""
+        if self.enqueue_over_s is None:
+            return self.method
+        return (f"{self.method} Jobs are enqueued throughout (spread over "
+                f"{self.enqueue_over_s:.0f} s).")
+
 
 # -- helpers ---------------------------------------------------------------------------
 
@@ -251,47 +259,40 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("kill9", "kill -9 workers, 20 times",
              "A random one of 3 workers is SIGKILLed 20 times, every 0.5-4 s (spread over "
              "the run); every other kill follows a commit the sampler saw land. A "
-             "replacement starts at once. Jobs are enqueued throughout (spread over 50 s).",
-             kill_nine(), enqueue_over_s=50.0),
+             "replacement starts at once.", kill_nine(), enqueue_over_s=50.0),
     Scenario("zombie", "SIGSTOP a worker past the session timeout",
              "One of 3 workers is SIGSTOPped for 25 s (session timeout 10 s, handler "
              "timeout 15 s); the group rebalances without it, its open transactions keep "
              "their row locks, and the new owner's runs of its jobs wait on them. Then "
              "SIGCONT: its handlers' timeouts fire at once, and its late results and "
-             "commits must not duplicate or lose anything. Jobs are enqueued throughout "
-             "(spread over 45 s).", zombie(pause_s=25.0), handler_timeout_s=15.0,
-             enqueue_over_s=45.0),
+             "commits must not duplicate or lose anything.", zombie(pause_s=25.0),
+             handler_timeout_s=15.0, enqueue_over_s=45.0),
     Scenario("leader-kill", "kill -9 the lane partition's leader broker, 5 times",
              "3-node cluster, RF 3, min ISR 2: the leader of lane partition 0 is SIGKILLed, "
              "kept down 5 s, restarted, and the next kill waits until every partition is "
-             "back in sync. Jobs are enqueued throughout (spread over 150 s), so the "
-             "kills hit producers as well as consumers.", leader_kills(), cluster=True,
-             enqueue_over_s=150.0),
+             "back in sync; the kills hit producers as well as consumers.",
+             leader_kills(), cluster=True, enqueue_over_s=150.0),
     Scenario("broker-pause", "SIGSTOP the lane partition's leader broker for 15 s",
-             "3-node cluster, RF 3, min ISR 2: SIGSTOP, 15 s, SIGCONT. Jobs are enqueued "
-             "throughout (spread over 40 s).", broker_pause(), cluster=True,
-             enqueue_over_s=40.0),
+             "3-node cluster, RF 3, min ISR 2: SIGSTOP, 15 s, SIGCONT.", broker_pause(),
+             cluster=True, enqueue_over_s=40.0),
     Scenario("pg-restart", "restart Postgres",
              "`pg_ctl stop -m fast` then start (the stack's own controls), during "
-             "processing. Jobs are enqueued throughout (spread over 20 s).",
-             postgres_restart(), enqueue_over_s=20.0),
+             "processing.", postgres_restart(), enqueue_over_s=20.0),
     Scenario("pg-outage", "Postgres down for 30 s",
              "Postgres stopped for 30 s during processing: every connection is refused.",
              postgres_outage()),
     Scenario("tier-outage", "retry and DLQ writes refused for 20 s",
              "5 % of the jobs fail their first attempt; meanwhile the delay tiers and the "
              "DLQ refuse every write for 20 s (their max.message.bytes set to 16, so "
-             "every produce fails with MESSAGE_TOO_LARGE). Jobs are enqueued throughout "
-             "(spread over 30 s).", tier_outage(), fail_fraction=0.05, enqueue_over_s=30.0),
+             "every produce fails with MESSAGE_TOO_LARGE).", tier_outage(),
+             fail_fraction=0.05, enqueue_over_s=30.0),
     Scenario("rolling", "rolling clean restart",
              "Each of 3 workers in turn: SIGTERM, wait for its exit, start a new one, wait "
-             "for the group to be stable. Goal: 0 duplicate deliveries. Jobs are enqueued "
-             "throughout (spread over 45 s).", rolling_restart(), no_redelivery=True,
-             enqueue_over_s=45.0),
+             "for the group to be stable. Goal: 0 duplicate deliveries.", rolling_restart(),
+             no_redelivery=True, enqueue_over_s=45.0),
     Scenario("storm", "rebalance storm",
              "12 membership changes 1-4 s apart: a worker joins or one leaves (SIGTERM), "
-             "between 1 and 5 members. Jobs are enqueued throughout (spread over 45 s).",
-             rebalance_storm(), enqueue_over_s=45.0),
+             "between 1 and 5 members.", rebalance_storm(), enqueue_over_s=45.0),
 )}
 
 

@@ -9,7 +9,6 @@ import contextlib
 import logging
 import random
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,18 +19,18 @@ from ops.chaos import collect
 from ops.chaos.app import EFFECTS_TABLE, JOB_TYPE
 from ops.chaos.checks import Verdict, judge
 from ops.chaos.evidence import Evidence, Fault
+from ops.chaos.fresh import fresh_settings, settle
 from ops.chaos.observe import Commits, Throughput, group_stable
 from ops.chaos.workers import WorkerGroup
 from stream_jobs.client import Job, JobClient
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.job_ids import new_job_id
-from stream_jobs.job_types import JobTypePolicy, load_job_types
-from stream_jobs.kafka.admin import admin_client
-from stream_jobs.kafka.topics import apply
+from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.naming import lane_topic, relay_group, worker_group
 from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.settings import Settings
 from stream_jobs.stack import KafkaCluster, PostgresServer
+from stream_jobs.testing.stack import declare_type
 
 log = logging.getLogger("ops.chaos")
 
@@ -127,19 +126,12 @@ async def run_trial(stack: Stack, *, scenario: str, run: int, jobs: int, inject:
                     enqueue_over_s: float | None = None, hold_ms: int = 1,
                     drain_timeout_s: float = 600.0) -> TrialResult:
     began = time.time()
-    prefix = f"chaos{uuid.uuid4().hex[:10]}"
-    folder = out_dir / f"{scenario}-{run}-{prefix}"
-    topics_dir = folder / "topics"
-    topics_dir.mkdir(parents=True)
-    settings = stack.settings.model_copy(update={
-        "topic_prefix": prefix, "database_schema": prefix, "topics_dir": topics_dir})
-    (topics_dir / f"{JOB_TYPE}.toml").write_text(
-        f"partitions = {PARTITIONS}\nreplication_factor = {replication}\n"
-        f"retry_tiers = {RETRY_TIERS!r}\nmax_attempts = {MAX_ATTEMPTS}\n".replace("'", '"'))
-    types = load_job_types(topics_dir)
-    policy = types[JOB_TYPE]
+    settings, folder = fresh_settings(stack.settings, out_dir, f"{scenario}-{run}")
+    prefix = settings.topic_prefix
     await prepare_schema(settings, [collect.SCHEMA_SQL])
-    await apply(settings, types)
+    policy = await declare_type(settings, JOB_TYPE, partitions=PARTITIONS,
+                                replication_factor=replication, retry_tiers=RETRY_TIERS,
+                                max_attempts=MAX_ATTEMPTS)
     group = WorkerGroup(settings, folder, hold_ms=hold_ms, handler_timeout_s=handler_timeout_s)
     trial = Trial(scenario, run, jobs, stack, settings, policy, folder, group,
                   Throughput(settings), Commits(settings, worker_group(prefix, JOB_TYPE),
@@ -178,10 +170,7 @@ async def run_trial(stack: Stack, *, scenario: str, run: int, jobs: int, inject:
         await asyncio.gather(*samplers, return_exceptions=True)
         group.close()
     verdict = judge(evidence)
-    if verdict.problems:
-        (folder / "problems.txt").write_text("\n".join(verdict.problems) + "\n")
-    else:
-        await _drop(settings, policy)
+    await settle(settings, folder, verdict.problems)
     return TrialResult(scenario, run, verdict, time.time() - began, trial.notes, trial.faults,
                        began)
 
@@ -291,17 +280,3 @@ async def _collect(trial: Trial) -> Evidence:
         relay_committed=relayed, tier_ends=tier_ends,
         throughput=list(trial.throughput.series), faults=list(trial.faults),
         expected_failures=set(trial.failing))
-
-
-async def _drop(settings: Settings, policy: JobTypePolicy) -> None:
-    """A clean run leaves nothing behind: its topics and schema go (a failed one keeps
-    them for a look)."""
-    with contextlib.suppress(Exception):
-        async with admin_client(settings) as admin:
-            await admin.delete_topics([s.name for s in policy.all_topics(settings.topic_prefix)])
-    with contextlib.suppress(Exception):
-        conn = await asyncpg.connect(settings.database_url)
-        try:
-            await conn.execute(f'DROP SCHEMA "{settings.database_schema}" CASCADE')
-        finally:
-            await conn.close()

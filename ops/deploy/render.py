@@ -128,15 +128,14 @@ def compose(types: Mapping[str, JobTypePolicy], opts: Options) -> str:
 # -- systemd ------------------------------------------------------------------------------
 
 
-def systemd_unit(opts: Options) -> str:
-    bin_dir = f"{opts.install_dir}/.venv/bin"
+def _systemd(opts: Options, comment: str, description: str, service: str) -> str:
+    """A unit: `comment` at its top, and in [Service], between the lines both units share,
+    the lines that are its own (`service`)."""
     return f"""\
 # {GENERATED}.
-# One process of one job type: `systemctl enable --now stream-jobs-worker@email.send`.
-# The instance name is the type; /etc/stream-jobs/<type>.env says which app runs it.
-# Every type in one unit, on all CPUs, instead: stream-jobs-workers.service.
+{comment}
 [Unit]
-Description=stream-jobs worker for job type %i
+Description={description}
 After=network-online.target
 Wants=network-online.target
 
@@ -146,10 +145,7 @@ User=stream-jobs
 Group=stream-jobs
 WorkingDirectory={opts.install_dir}
 EnvironmentFile=/etc/stream-jobs/stream-jobs.env
-EnvironmentFile=/etc/stream-jobs/%i.env
-ExecStart={bin_dir}/stream-jobs worker ${{STREAM_JOBS_APP}} --type %i
-# SIGTERM drains: no new jobs, running ones get their grace period, offsets commit.
-KillSignal=SIGTERM
+{service}
 TimeoutStopSec={STOP_GRACE_S}
 Restart=on-failure
 RestartSec=5
@@ -161,42 +157,33 @@ PrivateTmp=yes
 [Install]
 WantedBy=multi-user.target
 """
+
+
+def systemd_unit(opts: Options) -> str:
+    bin_dir = f"{opts.install_dir}/.venv/bin"
+    return _systemd(opts, """\
+# One process of one job type: `systemctl enable --now stream-jobs-worker@email.send`.
+# The instance name is the type; /etc/stream-jobs/<type>.env says which app runs it.
+# Every type in one unit, on all CPUs, instead: stream-jobs-workers.service.""",
+                    "stream-jobs worker for job type %i", f"""\
+EnvironmentFile=/etc/stream-jobs/%i.env
+ExecStart={bin_dir}/stream-jobs worker ${{STREAM_JOBS_APP}} --type %i
+# SIGTERM drains: no new jobs, running ones get their grace period, offsets commit.
+KillSignal=SIGTERM""")
 
 
 def systemd_all_types_unit(opts: Options) -> str:
     bin_dir = f"{opts.install_dir}/.venv/bin"
-    return f"""\
-# {GENERATED}.
+    return _systemd(opts, f"""\
 # Every job type of {opts.app} in one unit, one worker process per CPU under a supervisor
 # that restarts any that dies: `systemctl enable --now stream-jobs-workers`. Use it or the
-# per-type template stream-jobs-worker@.service for a type, not both on one host.
-[Unit]
-Description=stream-jobs workers for every job type of {opts.app}
-After=network-online.target
-Wants=network-online.target
-
-[Service]
-Type=exec
-User=stream-jobs
-Group=stream-jobs
-WorkingDirectory={opts.install_dir}
-EnvironmentFile=/etc/stream-jobs/stream-jobs.env
+# per-type template stream-jobs-worker@.service for a type, not both on one host.""",
+                    f"stream-jobs workers for every job type of {opts.app}", f"""\
 ExecStart={bin_dir}/stream-jobs worker {opts.app} --processes auto
 # SIGTERM to the supervisor drains every worker process (it forwards the signal and waits
 # up to 30 s); mixed: only the supervisor gets it, the rest get SIGKILL at the timeout.
 KillSignal=SIGTERM
-KillMode=mixed
-TimeoutStopSec={STOP_GRACE_S}
-Restart=on-failure
-RestartSec=5
-NoNewPrivileges=yes
-ProtectSystem=strict
-ProtectHome=yes
-PrivateTmp=yes
-
-[Install]
-WantedBy=multi-user.target
-"""
+KillMode=mixed""")
 
 
 def systemd_shared_env(opts: Options) -> str:
@@ -265,29 +252,23 @@ spec:
 
 
 def k8s_type(policy: JobTypePolicy, opts: Options) -> str:
-    name = f"stream-jobs-worker-{slug(policy.job_type)}"
+    """The type's Deployment, and the KEDA ScaledObject that scales it on its lag."""
     labels = [
         "app.kubernetes.io/name: stream-jobs-worker",
         f"stream-jobs/job-type: {q(policy.job_type)}",
     ]
+    return _k8s_deployment(policy, opts, labels) + "---\n" + _k8s_scaler(policy, opts, labels)
+
+
+def _indented(lines: list[str], by: int) -> str:
+    return "\n".join(" " * by + line for line in lines)
+
+
+def _k8s_deployment(policy: JobTypePolicy, opts: Options, labels: list[str]) -> str:
     group = worker_group(opts.prefix, policy.job_type)
-    triggers = []
-    for topic in policy.lane_topics(opts.prefix).values():
-        triggers += [
-            "    - type: kafka",
-            "      metadata:",
-            f"        bootstrapServers: {q(opts.bootstrap)}",
-            f"        consumerGroup: {q(group)}",
-            f"        topic: {q(topic)}",
-            f"        lagThreshold: {q(str(opts.lag_threshold))}",
-            # A group that never committed has all of the lane to do (the worker reads
-            # from the earliest offset too).
-            "        offsetResetPolicy: earliest",
-        ]
-    trigger_text = "\n".join(triggers)
-    label_text = "\n".join(f"    {label}" for label in labels)
-    pod_labels = "\n".join(f"        {label}" for label in labels)
-    selector = "\n".join(f"      {label}" for label in labels)
+    name = f"stream-jobs-worker-{slug(policy.job_type)}"
+    label_text, selector = _indented(labels, 4), _indented(labels, 6)
+    pod_labels = _indented(labels, 8)
     return f"""\
 # {GENERATED}.
 # Job type {policy.job_type}: its handlers (group {group}) and its delay relay.
@@ -328,7 +309,28 @@ spec:
               memory: 256Mi
             limits:
               memory: 512Mi
----
+"""
+
+
+def _k8s_scaler(policy: JobTypePolicy, opts: Options, labels: list[str]) -> str:
+    group = worker_group(opts.prefix, policy.job_type)
+    name = f"stream-jobs-worker-{slug(policy.job_type)}"
+    label_text = _indented(labels, 4)
+    triggers = []
+    for topic in policy.lane_topics(opts.prefix).values():
+        triggers += [
+            "    - type: kafka",
+            "      metadata:",
+            f"        bootstrapServers: {q(opts.bootstrap)}",
+            f"        consumerGroup: {q(group)}",
+            f"        topic: {q(topic)}",
+            f"        lagThreshold: {q(str(opts.lag_threshold))}",
+            # A group that never committed has all of the lane to do (the worker reads
+            # from the earliest offset too).
+            "        offsetResetPolicy: earliest",
+        ]
+    trigger_text = "\n".join(triggers)
+    return f"""\
 # Scales the Deployment on the lag of {group}, lane by lane
 # (the most any lane asks for): about one replica per {opts.lag_threshold} jobs waiting,
 # between 1 and the partition count.

@@ -1,5 +1,5 @@
 """Cancels racing runs while a worker is killed, at CI size: real `stream-jobs worker`
-processes, SIGKILL, and the verdict of `python -m ops.chaos.cancels` (which runs 20,000
+processes, SIGKILL, and the verdict of `make chaos`'s `cancels` trial (which runs 20,000
 jobs and five kills): every job exactly one of done or cancelled, none lost, no effect
 twice, every cancel's answer matching the tables.
 """

@@ -2,7 +2,7 @@
 mid-batch, Kafka down (a broker of the test's own), Postgres down (a server of the
 test's own), and the relay every `stream-jobs worker` runs.
 
-The 30 s Kafka outage is `python -m ops.chaos.outbox`; here the same trial runs short.
+The 30 s Kafka outage is `make chaos`'s `outbox` trial; here the same trial runs short.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def own_broker() -> Iterator[OwnBroker]:
 
 
 async def test_kafka_down_rows_wait_then_all_go(own_broker: OwnBroker, stack: Stack) -> None:
-    # CI-sized: a 6 s outage (`python -m ops.chaos.outbox` runs 30 s).
+    # CI-sized: a 6 s outage (`make chaos` runs 30 s).
     result = await outage_trial(own_broker, stack.database_url, outage_s=6.0,
                                 jobs_per_s=200.0, before_s=1.5)
     print(f"\n[kafka down] {result}")

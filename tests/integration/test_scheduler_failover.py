@@ -1,5 +1,5 @@
-"""The scheduler failover fault test at CI size (the 60 s run is `make chaos`, scenario
-scheduler-failover): two `stream-jobs scheduler` processes on a 1 s schedule, the
+"""The scheduler failover fault test at CI size (the 60 s run is `make chaos`, trial
+failover): two `stream-jobs scheduler` processes on a 1 s schedule, the
 leader SIGKILLed twice (a replacement starting each time) and then SIGSTOPped past its
 lease. Every firing of the window runs exactly once, and each fault is followed by
 another scheduler taking the lock."""

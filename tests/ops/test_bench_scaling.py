@@ -8,15 +8,14 @@ from typing import Any
 import pytest
 
 from ops.bench.common import BenchError, rotated
-from ops.bench.report import (
+from ops.bench.report.merge import merge_sections, split_sections
+from ops.bench.report.scaling import (
     SCALING_COLUMNS,
     ScalingPoint,
     efficiency,
-    merge_sections,
     scaling_points,
     scaling_rows,
     scaling_section,
-    split_sections,
 )
 from ops.bench.scaling import (
     CpuSample,
@@ -189,7 +188,7 @@ def test_section_has_the_table_and_the_limit() -> None:
             for b in (1, 3) for h in ("noop", "once") for p in (1, 2, 4) for r in (0, 1)]
     text = "\n".join(scaling_section({"runs": runs, "nproc": 2, "backlogs": {"noop": 10,
                                                                                "once": 5},
-                                      "partitions": 12, "repeats": 2}))
+                                      "partitions": 12, "repeats": 2}, {}))
     assert text.startswith("## Scaling\n")
     assert text.count("| 4 | 3 | exactly-once |") == 1
     assert "### What limits it on this machine" in text
@@ -200,7 +199,7 @@ def test_section_has_the_table_and_the_limit() -> None:
 
 
 def test_section_reports_a_failure() -> None:
-    text = "\n".join(scaling_section({"runs": []}, "BenchError: broker gone"))
+    text = "\n".join(scaling_section({"runs": []}, {}, "BenchError: broker gone"))
     assert "**The scaling run failed**: BenchError: broker gone" in text
     assert "| processes |" not in text
 

@@ -3,6 +3,7 @@ is named, and a clean run has none."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -61,15 +62,19 @@ def test_with_dead_letters_on_success_must_not_run() -> None:
 
 
 def test_the_chaos_report_has_a_line_per_batch_run() -> None:
-    from ops.chaos.batches import BatchTrialResult, batch_row, batch_section
+    from ops.chaos.batches import TRIAL, BatchTrialResult, batch_row
+    from ops.chaos.protocol import section
 
+    started = time.time() - 52.0
     result = BatchTrialResult(5_000, 3, 6, 52.0, judge(_clean()))
-    lines = batch_section([batch_row(result, 1)])
+    lines = section(TRIAL, [batch_row(result, 1, started)])
     assert lines[0] == "## Batch callbacks"
+    assert "**Verdict: every run passed its checks (1 of 1).**" in lines
     assert "| 1 | 5,000 | 3 | 6 | 0 | 0 | 1 | 1 | 2 | 52 | yes |" in lines
     failed = BatchTrialResult(5_000, 3, 6, 52.0, judge(replace(_clean(), callbacks=())),
                               ["FaultError: timed out"])
-    text = "\n".join(batch_section([batch_row(failed, 2)]))
+    text = "\n".join(section(TRIAL, [batch_row(failed, 2, started)]))
     assert "| NO |" in text
-    assert "batch run 2: the on_complete callback ran 0 times, not 1" in text
-    assert "batch run 2: FaultError: timed out" in text
+    assert "**Verdict: PROBLEMS in run 2 (see below).**" in text
+    assert "batches run 2: the on_complete callback ran 0 times, not 1" in text
+    assert "batches run 2: FaultError: timed out" in text

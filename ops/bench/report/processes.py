@@ -1,4 +1,4 @@
-"""The `## Worker processes` section of RESULTS.md: `stream-jobs worker --processes 2`
+"""`## Worker processes` in RESULTS.md: `stream-jobs worker --processes 2`
 against `--processes 1` (ops/bench/processes.py), with its goals, the CPU split and what
 limits it. Pure: `processes_section(details, figures) -> lines`."""
 
@@ -7,19 +7,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ops.bench.report import (
-    PROCESSES_GOALS,
-    PROCESSES_HEADING,
-    SCALING_COLUMNS,
-    FigureJSON,
-    ScalingPoint,
-    fmt,
-    goal_rows,
-    ratio_of,
-    scaling_points,
-    scaling_rows,
-    table,
-)
+from ops.bench import processes as processes_bench
+from ops.bench.report.scaling import SCALING_COLUMNS, ScalingPoint, scaling_points, scaling_rows
+from ops.bench.report.tables import FigureJSON, fmt, goals_of, goals_table, ratio_of, table
 
 METHOD = (
     "`stream-jobs worker ops.bench.scaling_app:app --type bench.scale-noop --processes N "
@@ -32,6 +22,19 @@ METHOD = (
     "length, from /proc: **worker cores** is the command's whole process tree (for N = 2 "
     "the supervisor and its children, reaped ones included), then the broker, Postgres "
     "and the whole machine (every process on the box, other sessions' included).")
+
+
+EXPECTATIONS = [
+    "Why: a worker process is one Python event loop, so it uses one core at most, and the "
+    "broker, Postgres and everyone else's work share the same 2 cores. The second process "
+    "can only add the CPU the first left idle: on a quiet box most of the second core "
+    "(minus what the broker takes for the extra fetches and commits); on a busy one, "
+    "whatever share the kernel gives it. The per-core ratio takes that out: near 1.00, a "
+    "job costs the same CPU in a supervised child as in a single process (the supervisor "
+    "does nothing per job). On a machine with a core per worker process and the broker "
+    "elsewhere, `--processes auto` should scale like separate processes do in Scaling, "
+    "up to the partitions of the busiest type.",
+]
 
 
 def _split_sentences(points: list[ScalingPoint], details: dict[str, Any],
@@ -64,25 +67,12 @@ def _split_sentences(points: list[ScalingPoint], details: dict[str, Any],
     return out
 
 
-EXPECTATIONS = [
-    "Why: a worker process is one Python event loop, so it uses one core at most, and the "
-    "broker, Postgres and everyone else's work share the same 2 cores. The second process "
-    "can only add the CPU the first left idle: on a quiet box most of the second core "
-    "(minus what the broker takes for the extra fetches and commits); on a busy one, "
-    "whatever share the kernel gives it. The per-core ratio takes that out: near 1.00, a "
-    "job costs the same CPU in a supervised child as in a single process (the supervisor "
-    "does nothing per job). On a machine with a core per worker process and the broker "
-    "elsewhere, `--processes auto` should scale like separate processes do in Scaling, "
-    "up to the partitions of the busiest type.",
-]
-
-
 def processes_section(details: dict[str, Any], figures: dict[str, FigureJSON],
                       error: str | None = None) -> list[str]:
     """`## Worker processes`: the method, the goals, the table, the CPU split."""
     cores = int(details.get("nproc") or 1)
     quick = " (BENCH_QUICK smoke run: not for quoting)" if details.get("quick") else ""
-    out = [f"## {PROCESSES_HEADING}", ""]
+    out = [f"## {processes_bench.HEADING}", ""]
     out.append(f"Measured on {details.get('measured_at')}{quick} in "
                f"{details.get('took_s', 0) / 60:.1f} min: {details.get('backlog', 0):,} "
                f"no-op jobs on a {details.get('partitions')}-partition topic of the stack's "
@@ -91,8 +81,7 @@ def processes_section(details: dict[str, Any], figures: dict[str, FigureJSON],
                f"{details.get('load_avg_before', 0):.1f} to "
                f"{details.get('load_avg_after', 0):.1f} on {cores} cores.")
     out += ["", METHOD, ""]
-    out.append(table(["goal", "measured (median)", "spread", "status", "by how much",
-                      "runs meeting it"], goal_rows(figures, PROCESSES_GOALS)))
+    out.append(goals_table(figures, goals_of(processes_bench.GOALS)))
     runs = list(details.get("runs", []))
     points = scaling_points(runs)
     if points:
