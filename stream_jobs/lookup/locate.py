@@ -15,14 +15,8 @@ from stream_jobs.job_types import JobTypePolicy, get_job_type
 from stream_jobs.kafka import TopicPartition, scan
 from stream_jobs.kafka.admin import open_admin
 from stream_jobs.kafka.consumer import open_reader
-from stream_jobs.lookup.location import (
-    JobLocation,
-    Sighting,
-    cancelled_location,
-    judge,
-    sighting_of,
-    superseded_location,
-)
+from stream_jobs.lookup import location as locations
+from stream_jobs.lookup.location import JobLocation, Sighting, judge, sighting_of
 from stream_jobs.naming import TopicRole, relay_group, worker_group
 from stream_jobs.postgres.pool import DRIVER_ERRORS, MISSING_TABLE
 from stream_jobs.results.rules import StoredResult
@@ -156,10 +150,10 @@ async def _stopped(settings: Settings, job_id: str, notes: list[str]) -> JobLoca
     try:
         cancelled = await asyncio.wait_for(cancels.cancelled(job_id), 15)
         if cancelled is not None:
-            return cancelled_location(job_id, *cancelled, notes)
+            return locations.cancelled_location(job_id, *cancelled, notes)
         by = await asyncio.wait_for(keys.superseded_by(job_id), 15)
         if by is not None:
-            return superseded_location(job_id, by, notes)
+            return locations.superseded_location(job_id, by, notes)
     except (StreamJobsError, TimeoutError) as exc:
         notes.append(f"Cancels were not checked ({exc}).")
     finally:
