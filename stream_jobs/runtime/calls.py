@@ -74,7 +74,7 @@ class LoopCaller:
         except asyncio.CancelledError:
             if runner.expired:
                 return timed_out(runner, self._timeout_s)
-            if ctx._cancelled:
+            if ctx.cancelled:
                 return JobInterrupted("The run was stopped for a cancel that did not complete.")
             raise  # revoked past the grace period, or the worker is being torn down
         except Exception as exc:
@@ -82,7 +82,7 @@ class LoopCaller:
         finally:
             runner.ctx = None
             runner.deadline = math.inf
-            if ctx._cancelled and runner.task is not None:
+            if ctx.cancelled and runner.task is not None:
                 runner.task.uncancel()  # the cancellation the cancel asked for is consumed
             if durations is not None:
                 durations.observe(time.perf_counter() - started)

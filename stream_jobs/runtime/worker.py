@@ -361,7 +361,7 @@ class Worker(FlowControlled):
             error = await self._call_finished(finish, runner, payload, ctx)
         else:  # a cancel meanwhile finds the run in `runner.ctx`, and stops it
             error = await self._call_handler(runner, payload, ctx)
-        if ctx._cancelled and await self.admission.confirmed(job):
+        if ctx.cancelled and await self.admission.confirmed(job):
             # Whatever the run did: its ctx.once() could not commit (the cancel holds the
             # dedup row), and a failure is not retried.
             return Outcome.CANCELLED
