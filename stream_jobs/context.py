@@ -39,8 +39,7 @@ class JobContext:
     # `_fencing` is left unset until `fencing_token` is first read: a handler that never
     # reads it pays nothing for it, not even a store here.
     __slots__ = ("_cancelled", "_children", "_conn", "_dedup", "_enqueued", "_fencing",
-                 "_finish", "_job", "_lend_slot", "_offset", "_partition", "_topic", "_writes",
-                 "returned")
+                 "_finish", "_job", "_lend_slot", "_offset", "_partition", "_topic", "_writes")
 
     def __init__(self, job: JobRecord, *, topic: str, partition: int, offset: int,
                  dedup: Dedup,
@@ -60,7 +59,6 @@ class JobContext:
         self._enqueued = 0
         # The job's finish transaction (keep_result, batch member, chain step), else None.
         self._finish = finish
-        self.returned: object = None  # what the handler returned (set by the worker)
         # Set through `stop_for_cancel` when a cancel for this job arrives while it runs.
         self._cancelled = False
 

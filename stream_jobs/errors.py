@@ -143,6 +143,15 @@ class JobInterrupted(StreamJobsError):
     """A run stopped for a cancel that did not complete: it failed, and is retried."""
 
 
+class RunFailed(StreamJobsError):
+    """A job's run ended with an error, carried as `error` (the handler's own, a timeout,
+    an interrupt); the worker's handler calls raise it, so that they return the value."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 class LeadershipLost(StreamJobsError):
     """A scheduler's lock session ended or failed: it no longer leads its type's schedules."""
 

@@ -32,7 +32,7 @@ from stream_jobs.context import JobContext
 from stream_jobs.dedup.cancel_watch import CancelFeed
 from stream_jobs.dedup.keys import Keys
 from stream_jobs.dedup.store import Dedup, DedupStore
-from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError
+from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError, RunFailed
 from stream_jobs.failures import FailureInfo
 from stream_jobs.handlers import JobHandler
 from stream_jobs.histogram import DurationHistogram
@@ -357,10 +357,14 @@ class Worker(FlowControlled):
         ctx = JobContext(job, topic=record.topic, partition=record.partition,
                          offset=record.offset, dedup=self.dedup, lend_slot=self.lend_slot,
                          children=self.children, finish=finish)
-        if finish is not None:
-            error = await self._call_finished(finish, runner, payload, ctx)
-        else:  # a cancel meanwhile finds the run in `runner.ctx`, and stops it
-            error = await self._call_handler(runner, payload, ctx)
+        error: Exception | None = None
+        try:
+            if finish is not None:
+                await self._call_finished(finish, runner, payload, ctx)
+            else:  # a cancel meanwhile finds the run in `runner.ctx`, and stops it
+                await self._call_handler(runner, payload, ctx)
+        except RunFailed as failed:
+            error = failed.error
         if ctx.cancelled and await self.admission.confirmed(job):
             # Whatever the run did: its ctx.once() could not commit (the cancel holds the
             # dedup row), and a failure is not retried.
@@ -380,17 +384,23 @@ class Worker(FlowControlled):
         return await self._failed(job, record, error, reason)
 
     async def _call_finished(self, finish: Finish, runner: Runner, payload: Any,
-                             ctx: JobContext) -> Exception | None:
+                             ctx: JobContext) -> None:
         """The handler of a job with a finish transaction (stream_jobs.workflows.finish):
-        its result, dedup row, effects and counters commit when it returns."""
+        its result, dedup row, effects and counters commit when it returns. `RunFailed`
+        with the handler's error, `AlreadyDone` for a duplicate, or why the finish failed."""
         error: Exception | None = await finish.before()
+        returned: object = None
         if error is None:
             try:
-                error = await self._call_handler(runner, payload, ctx)
+                returned = await self._call_handler(runner, payload, ctx)
+            except RunFailed as failed:
+                error = failed.error
             except BaseException:
                 await finish.abandon()  # revoked or torn down: nothing of it commits
                 raise
-        return await finish.after(error, ctx.returned, self.lend_slot)
+        error = await finish.after(error, returned, self.lend_slot)
+        if error is not None:
+            raise RunFailed(error)
 
     async def _failed(self, job: JobRecord, record: Record, exc: BaseException,
                       reason: str) -> Outcome:
