@@ -8,8 +8,11 @@ ends in exactly one outcome (see `Outcome`); its offset is marked finished only 
 outcome is durable (a retry or dead letter acknowledged by the broker), so no path drops
 a job.
 
-Cancels, unique keys and debounce: checked before a job starts, and a unique key given
-back once it finished (`stream_jobs.runtime.admission`, docs/control.md).
+A job goes through three phases (`Worker.handle`): *admit* (debounce, cancel, expiry:
+`stream_jobs.runtime.admission`, docs/control.md), *run* (its handler, in its finish
+transaction if it has one: `stream_jobs.workflows.finish`) and *end*, the one place its
+outcome is counted, a dead letter's reason too, its kept row written and its unique key
+given back.
 
 Flow control (docs/flow-control.md): lanes are served by their weights; the type's
 rate limit is shared across the group and heartbeats are written into every lane
@@ -24,6 +27,7 @@ import random
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from stream_jobs.client import JobClient
@@ -70,9 +74,12 @@ from stream_jobs.runtime.stalls import LoopWatch
 from stream_jobs.runtime.throttle import ControlFollower
 from stream_jobs.schedules import Scheduler
 from stream_jobs.settings import Settings
-from stream_jobs.workflows.finish import Finish, Finisher, record_ending
+from stream_jobs.workflows.finish import Finish, Finisher, ending_row, record_ending
 
 log = logging.getLogger("stream_jobs.worker")
+
+# How a job ends: its outcome, or the failure it was dead-lettered with.
+Ended = Outcome | FailureInfo
 
 
 # Records a partition may have fetched but not finished before it is paused. Well above
@@ -121,7 +128,7 @@ class Worker(FlowControlled):
         self._cancelled = self.admission.cancelled
         self.relay = (Relay(settings, policy, self.producer, grace_s=grace_s, kafka=kafka,
                             cancelled=self._cancelled, outcomes=self.outcomes,
-                            ended=self._ended_unrun)
+                            ended=partial(self._record_end, outcome=Outcome.CANCELLED))
                       if relay else None)
         if self.relay is not None:
             self.admission.subscribe(self.relay.on_cancel)
@@ -278,7 +285,7 @@ class Worker(FlowControlled):
         members: list[GroupMember] = [self] if self.relay is None else [self, self.relay]
         return all(await asyncio.gather(*(member.caught_up() for member in members)))
 
-    # -- one job ----------------------------------------------------------------------------
+    # -- one job: admitted, run, ended ------------------------------------------------------
 
     def chain_of(self, record: Record) -> Hashable:
         ordering = self.handler.ordering
@@ -289,67 +296,50 @@ class Worker(FlowControlled):
         return record.offset
 
     async def handle(self, work: PartitionWork, record: Record, runner: Runner) -> None:
-        outcome = await self._run_job(record, runner)
-        if outcome is not None:
-            self.outcomes[outcome] += 1
-
-    async def _run_job(self, record: Record, runner: Runner) -> Outcome | None:
+        """One record's job, in three phases: `_admit` (may it run?), `_run` (its handler)
+        and `_end` (its outcome recorded). A record that is not a job is dead-lettered."""
         try:
             job = decode_record(key=record.key, value=record.value, headers=record.headers,
                                 expected_type=self.policy.job_type,
                                 max_payload_bytes=self.policy.payload_limit(self.settings),
                                 check_json=False)
         except BadRecord as bad:
-            if is_heartbeat(record.key, record.headers):
-                # Written by a worker whose TOML turned heartbeats on: not a job, not bad.
-                self._beat(TopicPartition(record.topic, record.partition), record.timestamp)
-                return None
-            await self.dead_letter_raw(record, bad)
-            self.dead_letter_reasons[bad.reason] += 1
-            log.warning("record %s/%d/%d is not a job, dead-lettered without a run: %s",
-                        record.topic, record.partition, record.offset, bad.reason,
-                        extra=job_fields(None, record, reason=bad.reason))
-            return Outcome.DEAD_LETTERED
-        outcome = await self._start(job, record, runner)
-        if (job.unique_key is not None or job.debounce_key is not None) \
-                and outcome is not Outcome.RETRIED:
-            await self.admission.give_back(job)  # finished: its unique key is free again
-        if outcome is Outcome.CANCELLED or outcome is Outcome.SUPERSEDED:
-            await self._ended_unrun(job, outcome)
-        return outcome
+            await self._not_a_job(record, bad)
+            return
+        ended: Ended | None = await self._admit(job)
+        if ended is None:
+            ended = await self._run(job, record, runner)
+        await self._end(job, ended)
 
-    async def _ended_unrun(self, job: JobRecord, outcome: Outcome = Outcome.CANCELLED) -> None:
-        """Record a cancelled or superseded job's end where it counts: its kept result's
-        row (client.result raises JobCancelled) and its batch's counters."""
-        reason = ("superseded by a newer job of its debounce key"
-                  if outcome is Outcome.SUPERSEDED else "cancelled")
-        await record_ending(self.finisher, job, str(outcome), reason, self.stopping)
-
-    async def _start(self, job: JobRecord, record: Record, runner: Runner) -> Outcome:
+    async def _admit(self, job: JobRecord) -> Outcome | None:
+        """None if `job` may run, else how it ends unrun: superseded by a newer job of its
+        debounce key, cancelled, or expired. The debounce question is the one await: from
+        the cancel check on nothing awaits until the handler runs (a chain step reads its
+        parent's result first), so a cancel is seen here or finds the run in `runner.ctx`
+        and stops it."""
         if job.debounce_key is not None and await self.admission.superseded(job):
             return Outcome.SUPERSEDED
-        # No await from here to the handler call, so a cancel is seen here or stops the run.
         cancelled = self._cancelled
         if cancelled and job.job_id in cancelled:
             return Outcome.CANCELLED
-        now = now_ms()
-        if job.expires_at_ms is not None and now >= job.expires_at_ms:
-            await record_ending(self.finisher, job, "expired", "expired before it ran",
-                                self.stopping)
+        expires_at = job.expires_at_ms
+        if expires_at is not None and now_ms() >= expires_at:
             return Outcome.EXPIRED
+        return None
+
+    async def _run(self, job: JobRecord, record: Record, runner: Runner) -> Ended:
+        """The handler's run on the job's payload, in its finish transaction if it has one,
+        and how it ended: succeeded, duplicate, cancelled, or retried or dead-lettered (a
+        payload that does not fit the handler's model, without a run)."""
         try:
             payload = self.handler.parse_payload(job.payload)
         except BadRecord as bad:
-            failure = FailureInfo.from_exception(bad, bad.reason, now)
-            await self.write(dlq_topic(self.settings.topic_prefix, job.job_type),
-                             self._with_failure(job, record, failure))
-            await record_ending(self.finisher, job, "failed", _reason_text(failure),
-                                self.stopping)
-            self.dead_letter_reasons[bad.reason] += 1
+            failure = FailureInfo.from_exception(bad, bad.reason, now_ms())
+            await self._dead_letter(job, record, failure)
             log.warning("job %s (%s) dead-lettered without a run: %s", job.job_id,
                         job.job_type, bad.reason,
                         extra=job_fields(job, record, reason=bad.reason))
-            return Outcome.DEAD_LETTERED
+            return failure
         if job.attempt > 1:
             log.info("job %s (%s) retry: attempt %d starts", job.job_id, job.job_type,
                      job.attempt, extra=job_fields(job, record))
@@ -374,14 +364,51 @@ class Worker(FlowControlled):
         if isinstance(error, AlreadyDone):
             met_cancel = await self.admission.cancelled_instead(job)
             return Outcome.CANCELLED if met_cancel else Outcome.DUPLICATE
-        if isinstance(error, TimeoutError):
-            reason = Reason.TIMEOUT
-            log.warning("job %s (%s) attempt %d ran past its timeout of %g s", job.job_id,
-                        job.job_type, job.attempt, self.handler.timeout_s,
-                        extra=job_fields(job, record, timeout_s=self.handler.timeout_s))
+        return await self._failed(job, record, error)
+
+    async def _end(self, job: JobRecord | None, ended: Ended) -> None:
+        """The one place a job's end is recorded, once its outcome is durable (a retry or
+        a dead letter acknowledged by the broker): the row of a job that keeps one and did
+        not succeed (its result says why, its batch counts it), its unique key given back
+        unless it waits in a delay tier, then its outcome and a dead letter's reason
+        counted. `job` is None for a record that is not a job."""
+        if isinstance(ended, FailureInfo):
+            outcome, failure = Outcome.DEAD_LETTERED, ended
         else:
-            reason = Reason.PERMANENT if isinstance(error, PermanentError) else Reason.HANDLER_ERROR
-        return await self._failed(job, record, error, reason)
+            outcome, failure = ended, None
+        if job is not None:
+            if outcome is not Outcome.SUCCEEDED:
+                await self._record_end(job, outcome, failure)
+            if (job.unique_key is not None or job.debounce_key is not None) \
+                    and outcome is not Outcome.RETRIED:
+                await self.admission.give_back(job)  # finished: its unique key is free again
+        if failure is not None:
+            self.dead_letter_reasons[failure.reason] += 1
+        self.outcomes[outcome] += 1
+
+    async def _record_end(self, job: JobRecord, outcome: Outcome,
+                          failure: FailureInfo | None = None) -> None:
+        """The row of a job that keeps one (a kept result, a batch member, a chain step)
+        and did not succeed: its result says why, its batch counts it. Also the relay's,
+        for a job cancelled in a delay tier (which the relay counts)."""
+        ending = ending_row(outcome, failure)
+        if ending is not None:
+            await record_ending(self.finisher, job, *ending, self.stopping)
+
+    # -- what the phases use ----------------------------------------------------------------
+
+    async def _not_a_job(self, record: Record, bad: BadRecord) -> None:
+        """A record that failed to decode: a heartbeat is taken in, anything else is
+        dead-lettered as it was and ended."""
+        if is_heartbeat(record.key, record.headers):
+            # Written by a worker whose TOML turned heartbeats on: not a job, not bad.
+            self._beat(TopicPartition(record.topic, record.partition), record.timestamp)
+            return
+        failure = await self.dead_letter_raw(record, bad)
+        log.warning("record %s/%d/%d is not a job, dead-lettered without a run: %s",
+                    record.topic, record.partition, record.offset, bad.reason,
+                    extra=job_fields(None, record, reason=bad.reason))
+        await self._end(None, failure)
 
     async def _call_finished(self, finish: Finish, runner: Runner, payload: Any,
                              ctx: JobContext) -> None:
@@ -402,40 +429,41 @@ class Worker(FlowControlled):
         if error is not None:
             raise RunFailed(error)
 
-    async def _failed(self, job: JobRecord, record: Record, exc: BaseException,
-                      reason: str) -> Outcome:
+    async def _failed(self, job: JobRecord, record: Record, error: Exception) -> Ended:
+        """A failed run's retry, in the delay tier its attempt calls for, or dead letter."""
+        if isinstance(error, TimeoutError):
+            reason = Reason.TIMEOUT
+            log.warning("job %s (%s) attempt %d ran past its timeout of %g s", job.job_id,
+                        job.job_type, job.attempt, self.handler.timeout_s,
+                        extra=job_fields(job, record, timeout_s=self.handler.timeout_s))
+        else:
+            reason = Reason.PERMANENT if isinstance(error, PermanentError) else Reason.HANDLER_ERROR
         now = now_ms()
         decision = decide(self.retry_policy, attempt=job.attempt,
-                          permanent=isinstance(exc, PermanentError), now_ms=now,
+                          permanent=isinstance(error, PermanentError), now_ms=now,
                           rand=random.random())
-        prefix = self.settings.topic_prefix
         if isinstance(decision, DeadLetter):
-            failure = FailureInfo.from_exception(exc, decision.reason, now)
-            await self.write(dlq_topic(prefix, job.job_type),
-                             self._with_failure(job, record, failure))
-            await record_ending(self.finisher, job, "failed", _reason_text(failure),
-                                self.stopping)
-            self.dead_letter_reasons[decision.reason] += 1
+            failure = FailureInfo.from_exception(error, decision.reason, now)
+            await self._dead_letter(job, record, failure)
             log.warning("job %s (%s) dead-lettered after attempt %d: %s", job.job_id,
-                        job.job_type, job.attempt, type(exc).__name__,
+                        job.job_type, job.attempt, type(error).__name__,
                         extra=job_fields(job, record, reason=decision.reason))
-            return Outcome.DEAD_LETTERED
-        failure = FailureInfo.from_exception(exc, reason, now)
+            return failure
+        failure = FailureInfo.from_exception(error, reason, now)
         retry = replace(self._with_failure(job, record, failure), attempt=decision.attempt,
                         not_before_ms=decision.not_before_ms)
-        await self.write(tier_topic(prefix, job.job_type, decision.tier), retry)
+        await self.write(tier_topic(self.settings.topic_prefix, job.job_type, decision.tier),
+                         retry)
         log.info("job %s (%s) attempt %d failed (%s, %s); attempt %d waits in delay tier %s",
-                 job.job_id, job.job_type, job.attempt, reason, type(exc).__name__,
+                 job.job_id, job.job_type, job.attempt, reason, type(error).__name__,
                  decision.attempt, decision.tier,
                  extra=job_fields(job, record, reason=reason, tier=decision.tier))
         return Outcome.RETRIED
 
+    async def _dead_letter(self, job: JobRecord, record: Record, failure: FailureInfo) -> None:
+        await self.write(dlq_topic(self.settings.topic_prefix, job.job_type),
+                         self._with_failure(job, record, failure))
+
     def _with_failure(self, job: JobRecord, record: Record, failure: FailureInfo) -> JobRecord:
         origin = job.origin or dead_letter_origin(record.topic, record.partition, record.offset)
         return replace(job, failure=failure, origin=origin)
-
-
-def _reason_text(failure: FailureInfo) -> str:
-    """A dead letter's reason as a kept result's `error` says it."""
-    return f"{failure.reason}: {failure.error_class}: {failure.message}"
-
