@@ -42,7 +42,10 @@ CONFIRM_WITHIN_S = 1.0
 
 
 class Admission:
-    """Cancels, unique keys and debounce for one worker of `job_type`."""
+    """Cancels, unique keys and debounce for one worker of `job_type` (a service of the
+    worker's, `stream_jobs.runtime.services`: started before its first fetch)."""
+
+    name = "cancels and keys"
 
     def __init__(self, settings: Settings, job_type: str, *, interruptible: bool,
                  stopping: asyncio.Event, runners: Callable[[], Iterable[Runner]],
@@ -77,7 +80,7 @@ class Admission:
         if self.watch is not None:
             await self.watch.start()
 
-    async def close(self) -> None:
+    async def stop(self) -> None:
         if self.watch is not None and self._owns_watch:
             await self.watch.stop()
         await self._store.close()

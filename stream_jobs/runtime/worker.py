@@ -70,6 +70,7 @@ from stream_jobs.runtime.idle import IdleWatch, run_until_idle
 from stream_jobs.runtime.member import GroupMember
 from stream_jobs.runtime.relay import Relay
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
+from stream_jobs.runtime.services import Loop, Service, running
 from stream_jobs.runtime.stalls import LoopWatch
 from stream_jobs.runtime.throttle import ControlFollower
 from stream_jobs.schedules import Scheduler
@@ -160,47 +161,52 @@ class Worker(FlowControlled):
         await self.producer.warm([*self.topics, dlq_topic(prefix, self.policy.job_type),
                                   *(tier_topic(prefix, self.policy.job_type, tier)
                                     for tier in self.policy.retry_tiers)])
-        follower = ControlFollower(self.settings, self._on_control) if self.control else None
-        background: list[asyncio.Task[None]] = []
+        first, beside = self._services()
         try:
-            # The control topic is read to its end while the consumer starts, so a type
-            # throttled at run time never starts a job at its TOML rate.
-            await asyncio.gather(self.start(), self._catch_up(follower),
-                                 self.admission.start())
+            # Joined while the cancels and the control topic are read: the first fetch knows
+            # every cancel, and a type throttled at run time never starts a job at its TOML
+            # rate.
+            await asyncio.gather(self.start(), *(service.start() for service in first))
             self.loop_watch.start()
-            if self.relay is not None:
-                await self.relay.start()
-            background.append(asyncio.create_task(self._report_every()))
-            if follower is not None:
-                background.append(asyncio.create_task(follower.follow()))
-            if self.heartbeat_interval_s is not None:
-                background.append(asyncio.create_task(self._heartbeat_every()))
-            if self.scheduler is not None:
-                background.append(asyncio.create_task(self.scheduler.run()))
-            try:
-                with worker_collector(self.settings.worker_gc_young_threshold):
-                    if until_idle:
-                        await run_until_idle(IdleWatch([self]), self._loop, self.request_stop)
-                    else:
-                        await self._loop()
-            finally:
-                if self.relay is not None:
-                    await self.relay.stop()
-                await self.stop()
-                for task in background:
-                    task.cancel()
-                await asyncio.gather(*background, return_exceptions=True)
-                await self._report(final=True)
+            async with running(beside):
+                try:
+                    with worker_collector(self.settings.worker_gc_young_threshold):
+                        if until_idle:
+                            await run_until_idle(IdleWatch([self]), self._loop,
+                                                 self.request_stop)
+                        else:
+                            await self._loop()
+                finally:
+                    await self.stop()  # drained while the services beside it still run
         finally:
             self.loop_watch.stop()
+            for service in reversed(first):  # started or not: the gather may have failed
+                await service.stop()
             if self.threads is not None:
                 self.threads.close()
-            if follower is not None:
-                await follower.stop()
             await self.producer.stop()
             if self._owns_dedup:
                 await self.dedup.close()
-            await self.admission.close()
+
+    def _services(self) -> tuple[list[Service], list[Service]]:
+        """What runs beside the lanes, each list in start order (stopped in reverse): what
+        the first fetch needs, started while the consumer joins (the cancels, the control
+        topic), then what starts once it joined and stops once it drained (the reports,
+        whose last is the final one, the delay relay, heartbeats, the type's schedules)."""
+        first: list[Service] = [self.admission]
+        if self.control:
+            follower = ControlFollower(self.settings, self._on_control)
+            first.append(Loop("control", follower.follow,
+                              ready=partial(self._catch_up, follower), ended=follower.stop))
+        beside: list[Service] = [Loop("reports", self._report_every,
+                                      ended=partial(self._report, final=True))]
+        if self.relay is not None:
+            beside.append(self.relay)
+        if self.heartbeat_interval_s is not None:
+            beside.append(Loop("heartbeats", self._heartbeat_every))
+        if self.scheduler is not None:
+            beside.append(Loop("schedules", self.scheduler.run))
+        return first, beside
 
     def report(self, *, final: bool = False) -> WorkerReport:
         """This worker's counters now (what it publishes to `P._stats`)."""
