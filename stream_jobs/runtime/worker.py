@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections import Counter
 from collections.abc import Hashable, Sequence
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -36,7 +34,7 @@ from stream_jobs.context import JobContext
 from stream_jobs.dedup.cancel_watch import CancelFeed
 from stream_jobs.dedup.keys import Keys
 from stream_jobs.dedup.store import Dedup, DedupStore
-from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError, RunFailed
+from stream_jobs.errors import AlreadyDone, BadRecord, RunFailed
 from stream_jobs.failures import FailureInfo
 from stream_jobs.handlers import JobHandler
 from stream_jobs.histogram import DurationHistogram
@@ -50,15 +48,13 @@ from stream_jobs.naming import (
     tier_topic,
     worker_group,
 )
-from stream_jobs.outcomes import Outcome, Reason
+from stream_jobs.outcomes import Outcome
 from stream_jobs.record import (
     HEADER_WORKFLOW,
     JobRecord,
     Record,
-    dead_letter_origin,
     decode_record,
 )
-from stream_jobs.retry import DeadLetter, RetryPolicy, decide
 from stream_jobs.runtime.admission import Admission, holds_key
 from stream_jobs.runtime.calls import handler_call
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
@@ -70,6 +66,7 @@ from stream_jobs.runtime.idle import IdleWatch, run_until_idle
 from stream_jobs.runtime.member import GroupMember
 from stream_jobs.runtime.relay import Relay
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
+from stream_jobs.runtime.retries import Retries
 from stream_jobs.runtime.services import Loop, Service, running
 from stream_jobs.runtime.stalls import LoopWatch
 from stream_jobs.runtime.throttle import ControlFollower
@@ -114,8 +111,8 @@ class Worker(FlowControlled):
         self.kafka = kafka
         self.policy = policy
         self.handler = handler
-        self.retry_policy = RetryPolicy(tiers=policy.retry_tiers,
-                                        max_attempts=policy.max_attempts)
+        # A failed run's retry or dead letter, written (and a payload that does not fit).
+        self.retries = Retries(self, prefix, policy, handler.timeout_s)
         self.dedup: Dedup = dedup or DedupStore(settings)
         self._owns_dedup = dedup is None
         self.children = children  # checks and makes the child jobs of ctx.enqueue()
@@ -341,7 +338,7 @@ class Worker(FlowControlled):
             payload = self.handler.parse_payload(job.payload)
         except BadRecord as bad:
             failure = FailureInfo.from_exception(bad, bad.reason, now_ms())
-            await self._dead_letter(job, record, failure)
+            await self.retries.dead_letter(job, record, failure)
             log.warning("job %s (%s) dead-lettered without a run: %s", job.job_id,
                         job.job_type, bad.reason,
                         extra=job_fields(job, record, reason=bad.reason))
@@ -370,7 +367,7 @@ class Worker(FlowControlled):
         if isinstance(error, AlreadyDone):
             met_cancel = await self.admission.cancelled_instead(job)
             return Outcome.CANCELLED if met_cancel else Outcome.DUPLICATE
-        return await self._failed(job, record, error)
+        return await self.retries.failed(job, record, error)
 
     async def _end(self, job: JobRecord | None, ended: Ended) -> None:
         """The one place a job's end is recorded, once its outcome is durable (a retry or
@@ -434,42 +431,3 @@ class Worker(FlowControlled):
         error = await finish.after(error, returned, self.lend_slot)
         if error is not None:
             raise RunFailed(error)
-
-    async def _failed(self, job: JobRecord, record: Record, error: Exception) -> Ended:
-        """A failed run's retry, in the delay tier its attempt calls for, or dead letter."""
-        if isinstance(error, TimeoutError):
-            reason = Reason.TIMEOUT
-            log.warning("job %s (%s) attempt %d ran past its timeout of %g s", job.job_id,
-                        job.job_type, job.attempt, self.handler.timeout_s,
-                        extra=job_fields(job, record, timeout_s=self.handler.timeout_s))
-        else:
-            reason = Reason.PERMANENT if isinstance(error, PermanentError) else Reason.HANDLER_ERROR
-        now = now_ms()
-        decision = decide(self.retry_policy, attempt=job.attempt,
-                          permanent=isinstance(error, PermanentError), now_ms=now,
-                          rand=random.random())
-        if isinstance(decision, DeadLetter):
-            failure = FailureInfo.from_exception(error, decision.reason, now)
-            await self._dead_letter(job, record, failure)
-            log.warning("job %s (%s) dead-lettered after attempt %d: %s", job.job_id,
-                        job.job_type, job.attempt, type(error).__name__,
-                        extra=job_fields(job, record, reason=decision.reason))
-            return failure
-        failure = FailureInfo.from_exception(error, reason, now)
-        retry = replace(self._with_failure(job, record, failure), attempt=decision.attempt,
-                        not_before_ms=decision.not_before_ms)
-        await self.write(tier_topic(self.settings.topic_prefix, job.job_type, decision.tier),
-                         retry)
-        log.info("job %s (%s) attempt %d failed (%s, %s); attempt %d waits in delay tier %s",
-                 job.job_id, job.job_type, job.attempt, reason, type(error).__name__,
-                 decision.attempt, decision.tier,
-                 extra=job_fields(job, record, reason=reason, tier=decision.tier))
-        return Outcome.RETRIED
-
-    async def _dead_letter(self, job: JobRecord, record: Record, failure: FailureInfo) -> None:
-        await self.write(dlq_topic(self.settings.topic_prefix, job.job_type),
-                         self._with_failure(job, record, failure))
-
-    def _with_failure(self, job: JobRecord, record: Record, failure: FailureInfo) -> JobRecord:
-        origin = job.origin or dead_letter_origin(record.topic, record.partition, record.offset)
-        return replace(job, failure=failure, origin=origin)
