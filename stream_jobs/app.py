@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar, Unpack
 
 from pydantic import BaseModel, ValidationError
 
@@ -40,7 +40,7 @@ from stream_jobs.settings import Settings, load_settings
 if TYPE_CHECKING:
     from stream_jobs.client import JobClient, SyncJobClient
     from stream_jobs.client_stores import ClientStores
-    from stream_jobs.runtime.worker import Worker
+    from stream_jobs.runtime.worker import Worker, WorkerOptions
     from stream_jobs.schedules import PayloadFunc, Scheduler
 
 # `@app.job` hands the function back as it was, so its own type is kept.
@@ -148,9 +148,11 @@ class App:
         return sorted(t for t, p in types.items() if p.schedules or self.periodic_jobs.get(t))
 
     def scheduler(self, job_type: str, *, policy: JobTypePolicy | None = None,
-                  **options: Any) -> Scheduler | None:
+                  lease_s: float | None = None, holder: str | None = None,
+                  kafka: KafkaClients | None = None) -> Scheduler | None:
         """The scheduler of `job_type` (None when it has no schedules). A TOML payload
-        that does not fit the handler's model is refused here, before anything fires."""
+        that does not fit the handler's model is refused here, before anything fires.
+        `lease_s`, `holder` and `kafka` (default: the app's) mean what `Scheduler`'s do."""
         from stream_jobs.schedules import Scheduler
 
         policy = policy or self.job_type(job_type)
@@ -168,9 +170,9 @@ class App:
                                       f"does not fit {model.__name__}: "
                                       f"{validation_summary(exc)}.") from exc
         payloads = {name: func for name, (_, func) in self.periodic_jobs.get(job_type, {}).items()}
-        options.setdefault("kafka", self.kafka)
         return Scheduler(self.settings, policy, specs, payloads=payloads, models=models,
-                         **options)
+                         lease_s=lease_s, holder=holder,
+                         kafka=self.kafka if kafka is None else kafka)
 
     def handler(self, job_type: str) -> JobHandler:
         try:
@@ -211,7 +213,9 @@ class App:
         return SyncJobClient(self.settings, self.job_types(), models=self.models(),
                              kafka=self.kafka, kept=self.kept_results(), stores=self.stores)
 
-    def worker(self, job_type: str, **options: Any) -> Worker:
+    def worker(self, job_type: str, **options: Unpack[WorkerOptions]) -> Worker:
+        """The worker of `job_type`, with the app's client for child jobs, its Kafka
+        clients and the type's scheduler unless `options` give others (`Worker`'s)."""
         from stream_jobs.runtime.worker import Worker
 
         options.setdefault("children", self.client())  # for ctx.enqueue(): every type's checks
