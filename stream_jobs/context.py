@@ -18,7 +18,7 @@ from stream_jobs.outbox.rows import child_job_id, insert_args, insert_sql
 from stream_jobs.outbox.writer import write_async
 from stream_jobs.record import JobRecord
 from stream_jobs.workflows.create import Plan, batch_plan, chain_plan, record_plan, write_plan
-from stream_jobs.workflows.finish import Finish
+from stream_jobs.results.finish import Finish
 from stream_jobs.workflows.members import workflow_id_for
 
 S = TypeVar("S")

@@ -44,7 +44,7 @@ from stream_jobs.dedup.store import DedupStore
 from stream_jobs.outbox.relay import OutboxRelay
 from stream_jobs.record import HEADER_WORKFLOW, JobRecord, decode_record
 from stream_jobs.settings import Settings
-from stream_jobs.workflows.finish import Finisher
+from stream_jobs.results.finish import Finisher
 
 HEADING = "Results and batches"
 # The section's opening sentence and the figures' prefix (ops/bench/report.py renders it).

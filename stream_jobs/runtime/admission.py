@@ -26,9 +26,9 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
-from stream_jobs.dedup.cancel_watch import CancelFeed, CancelWatch, OnCancel
-from stream_jobs.dedup.cancels import CancelStore
-from stream_jobs.dedup.keys import Keys, KeyStore, until_done
+from stream_jobs.cancels.watch import CancelFeed, CancelWatch, OnCancel
+from stream_jobs.cancels.store import CancelStore
+from stream_jobs.unique.release import Keys, KeyStore, until_done
 from stream_jobs.errors import ConfigError, StreamJobsError
 from stream_jobs.record import HEADER_UNIQUE, JobRecord
 from stream_jobs.runtime.dispatch import Runner

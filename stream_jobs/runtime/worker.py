@@ -10,7 +10,7 @@ a job.
 
 A job goes through three phases (`Worker.handle`): *admit* (debounce, cancel, expiry:
 `stream_jobs.runtime.admission`, docs/control.md), *run* (its handler, in its finish
-transaction if it has one: `stream_jobs.workflows.finish`) and *end*, the one place its
+transaction if it has one: `stream_jobs.results.finish`) and *end*, the one place its
 outcome is counted, a dead letter's reason too, its kept row written and its unique key
 given back.
 
@@ -31,8 +31,8 @@ from typing import Any, TypedDict
 from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
 from stream_jobs.context import JobContext
-from stream_jobs.dedup.cancel_watch import CancelFeed
-from stream_jobs.dedup.keys import Keys
+from stream_jobs.cancels.watch import CancelFeed
+from stream_jobs.unique.release import Keys
 from stream_jobs.dedup.store import Dedup, DedupStore
 from stream_jobs.errors import AlreadyDone, BadRecord, RunFailed
 from stream_jobs.failures import FailureInfo
@@ -64,7 +64,7 @@ from stream_jobs.runtime.heartbeats import is_heartbeat
 from stream_jobs.runtime.heartbeats import report_interval_s as heartbeat_report_interval_s
 from stream_jobs.runtime.idle import IdleWatch, run_until_idle
 from stream_jobs.runtime.member import GroupMember
-from stream_jobs.runtime.relay import Relay
+from stream_jobs.runtime.delay_relay import Relay
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
 from stream_jobs.runtime.retries import Retries
 from stream_jobs.runtime.services import Loop, Service, running
@@ -72,7 +72,7 @@ from stream_jobs.runtime.stalls import LoopWatch
 from stream_jobs.runtime.throttle import ControlFollower
 from stream_jobs.schedules import Scheduler
 from stream_jobs.settings import Settings
-from stream_jobs.workflows.finish import Finish, Finisher, ending_row, record_ending
+from stream_jobs.results.finish import Finish, Finisher, ending_row, record_ending
 
 log = logging.getLogger("stream_jobs.worker")
 
@@ -432,7 +432,7 @@ class Worker(FlowControlled):
 
     async def _call_finished(self, finish: Finish, runner: Runner, payload: Any,
                              ctx: JobContext) -> None:
-        """The handler of a job with a finish transaction (stream_jobs.workflows.finish):
+        """The handler of a job with a finish transaction (stream_jobs.results.finish):
         its result, dedup row, effects and counters commit when it returns. `RunFailed`
         with the handler's error, `AlreadyDone` for a duplicate, or why the finish failed."""
         error: Exception | None = await finish.before()

@@ -34,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from stream_jobs.dedup.deferred import DeferredWrites, Statement
 from stream_jobs.dedup.held import Held
-from stream_jobs.dedup.results import results_channel
+from stream_jobs.results.store import results_channel
 from stream_jobs.dedup.store import Dedup
 from stream_jobs.errors import (
     Abandoned,
@@ -48,7 +48,7 @@ from stream_jobs.failures import FailureInfo
 from stream_jobs.outbox.rows import channel as outbox_channel
 from stream_jobs.outcomes import Outcome
 from stream_jobs.record import JobRecord
-from stream_jobs.results import StoredResult, encode_result
+from stream_jobs.results.rules import StoredResult, encode_result
 from stream_jobs.settings import Settings
 from stream_jobs.workflows.members import Membership, parse_membership
 from stream_jobs.workflows.sql import Statements

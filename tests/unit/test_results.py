@@ -18,8 +18,8 @@ from stream_jobs.errors import (
 )
 from stream_jobs.failures import FailureInfo
 from stream_jobs.outcomes import Outcome
-from stream_jobs.results import StoredResult, encode_result
-from stream_jobs.workflows.finish import ending_row
+from stream_jobs.results.rules import StoredResult, encode_result
+from stream_jobs.results.finish import ending_row
 
 WHEN = datetime(2026, 1, 1, tzinfo=UTC)
 
