@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar, Unpack
 
 from pydantic import BaseModel, ValidationError
 
@@ -39,7 +39,7 @@ from stream_jobs.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from stream_jobs.client import JobClient, SyncJobClient
-    from stream_jobs.runtime.worker import Worker
+    from stream_jobs.runtime.worker import Worker, WorkerOptions
     from stream_jobs.schedules import PayloadFunc, Scheduler
     from stream_jobs.storage import Storage
 
@@ -164,9 +164,11 @@ class App:
         return sorted(t for t, p in types.items() if p.schedules or self.periodic_jobs.get(t))
 
     def scheduler(self, job_type: str, *, policy: JobTypePolicy | None = None,
-                  **options: Any) -> Scheduler | None:
+                  lease_s: float | None = None, holder: str | None = None,
+                  kafka: KafkaClients | None = None) -> Scheduler | None:
         """The scheduler of `job_type` (None when it has no schedules). A TOML payload
-        that does not fit the handler's model is refused here, before anything fires."""
+        that does not fit the handler's model is refused here, before anything fires.
+        `lease_s`, `holder` and `kafka` (default: the app's) mean what `Scheduler`'s do."""
         from stream_jobs.schedules import Scheduler
 
         policy = policy or self.job_type(job_type)
@@ -184,15 +186,15 @@ class App:
                                       f"does not fit {model.__name__}: "
                                       f"{validation_summary(exc)}.") from exc
         payloads = {name: func for name, (_, func) in self.periodic_jobs.get(job_type, {}).items()}
-        kafka = options.pop("kafka", self.kafka)
+        clients = self.kafka if kafka is None else kafka
 
         def client() -> JobClient:
             from stream_jobs.client import JobClient
 
-            return JobClient(self.settings, {job_type: policy}, models=models, kafka=kafka)
+            return JobClient(self.settings, {job_type: policy}, models=models, kafka=clients)
 
         return Scheduler(self.settings, policy, specs, client=client, payloads=payloads,
-                         **options)
+                         lease_s=lease_s, holder=holder)
 
     def handler(self, job_type: str) -> JobHandler:
         try:
@@ -234,7 +236,9 @@ class App:
                              kafka=self.kafka, kept=self.kept_results(),
                              stores=self.storage.client_stores())
 
-    def worker(self, job_type: str, **options: Any) -> Worker:
+    def worker(self, job_type: str, **options: Unpack[WorkerOptions]) -> Worker:
+        """The worker of `job_type`, with the app's client for child jobs, its Kafka
+        clients and the type's scheduler unless `options` give others (`Worker`'s)."""
         from stream_jobs.runtime.worker import Worker
 
         options.setdefault("children", self.client())  # for ctx.enqueue(): every type's checks

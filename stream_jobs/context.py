@@ -58,7 +58,7 @@ class JobContext:
     # plain `def` handler, by the thread pool that runs it.
     __slots__ = ("_cancelled", "_children", "_conn", "_dedup", "_enqueued", "_fencing",
                  "_finish", "_job", "_lend_slot", "_offset", "_partition", "_sync_call",
-                 "_topic", "_writes", "returned")
+                 "_topic", "_writes")
 
     _fencing: FencingToken
     _sync_call: SyncCall
@@ -81,8 +81,7 @@ class JobContext:
         self._enqueued = 0
         # The job's finish transaction (keep_result, batch member, chain step), else None.
         self._finish = finish
-        self.returned: object = None  # what the handler returned (set by the worker)
-        # Set by the worker when a cancel for this job arrives while it runs.
+        # Set through `stop_for_cancel` when a cancel for this job arrives while it runs.
         self._cancelled = False
 
     @property
@@ -133,6 +132,22 @@ class JobContext:
         the job finishes as `cancelled`, and a `ctx.once()` block it has not committed
         yet cannot commit any more."""
         return self._cancelled
+
+    # -- the runtime's side of a cancel (`stream_jobs.runtime.admission`) --------------------
+
+    def stop_for_cancel(self) -> bool:
+        """For the worker: a cancel reached this run, so `cancelled` turns True. False if
+        it already had (a run is stopped once)."""
+        if self._cancelled:
+            return False
+        self._cancelled = True
+        return True
+
+    @property
+    def in_once(self) -> bool:
+        """For the worker: whether the handler is inside its `ctx.once()` block now,
+        holding the job's dedup row (a cancel that waits for that row stops such a run)."""
+        return self._conn is not None
 
     @property
     def fencing_token(self) -> Awaitable[int]:

@@ -152,6 +152,15 @@ class RunGivenUp(StreamJobsError):
     """A handler thread asked for a fencing token after its job stopped waiting for it."""
 
 
+class RunFailed(StreamJobsError):
+    """A job's run ended with an error, carried as `error` (the handler's own, a timeout,
+    an interrupt); the worker's handler calls raise it, so that they return the value."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 class LeadershipLost(StreamJobsError):
     """A scheduler's lock session ended or failed: it no longer leads its type's schedules."""
 

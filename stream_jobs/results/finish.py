@@ -18,8 +18,8 @@ row, whichever form the handler used:
   deferred batch, so the job is `duplicate` if an earlier run finished.
 
 A result that cannot be kept (not JSON, over `max_result_bytes`) fails the job before
-anything commits. A job that ends without success (dead-lettered, expired) gets its
-terminal row through `record_ending`, retried until Postgres takes it.
+anything commits. A job that ends without success (dead-lettered, expired, cancelled,
+superseded) gets its terminal row through `record_ending`, retried until Postgres takes it.
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ from stream_jobs.errors import (
     FinishFailed,
     StreamJobsError,
 )
+from stream_jobs.failures import FailureInfo
 from stream_jobs.outbox.rows import channel as outbox_channel
+from stream_jobs.outcomes import Outcome
 from stream_jobs.record import JobRecord
 from stream_jobs.results.rules import StoredResult, encode_result
 from stream_jobs.results.store import results_channel
@@ -256,6 +258,22 @@ class _KeptBlock:
             self._finish._recorded = [*(kept or ()), *self.writes.statements]
 
 
+def ending_row(outcome: Outcome, failure: FailureInfo | None) -> tuple[str, str] | None:
+    """What `record_ending` records for a job that ended `outcome`: its state and its
+    reason (a kept result's `error`); `failure` is a dead letter's. None for an outcome
+    that records nothing here (a success commits its row in its finish; a retry or a
+    duplicate has none)."""
+    if failure is not None:
+        return "failed", f"{failure.reason}: {failure.error_class}: {failure.message}"
+    if outcome is Outcome.SUPERSEDED:
+        return str(outcome), "superseded by a newer job of its debounce key"
+    if outcome is Outcome.CANCELLED:
+        return str(outcome), "cancelled"
+    if outcome is Outcome.EXPIRED:
+        return str(outcome), "expired before it ran"
+    return None
+
+
 async def record_ending(finisher: Finisher, job: JobRecord, state: str, reason: str,
                         stopping: asyncio.Event) -> None:
     """Write the row of a job that ended without success (and its batch's counters),
@@ -279,4 +297,4 @@ async def record_ending(finisher: Finisher, job: JobRecord, state: str, reason: 
             backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
 
 
-__all__ = ["Finish", "Finisher", "record_ending"]
+__all__ = ["Finish", "Finisher", "ending_row", "record_ending"]

@@ -41,7 +41,10 @@ CONFIRM_WITHIN_S = 1.0
 
 
 class Admission:
-    """Cancels, unique keys and debounce for one worker of `job_type`."""
+    """Cancels, unique keys and debounce for one worker of `job_type` (a service of the
+    worker's, `stream_jobs.runtime.services`: started before its first fetch)."""
+
+    name = "cancels and keys"
 
     def __init__(self, settings: Settings, job_type: str, *, interruptible: bool,
                  stopping: asyncio.Event, runners: Callable[[], Iterable[Runner]],
@@ -71,7 +74,7 @@ class Admission:
         if self.watch is not None:
             await self.watch.start()
 
-    async def close(self) -> None:
+    async def stop(self) -> None:
         if self.watch is not None:
             await self.watch.stop()
         await self.keys.close()
@@ -92,14 +95,13 @@ class Admission:
         (a sync handler's block cannot be seen, so a sync run is told in any case)."""
         for runner in self.running(job_id):
             assert runner.ctx is not None
-            if not self.interruptible or runner.ctx._conn is not None:
+            if not self.interruptible or runner.ctx.in_once:
                 self._stop(runner, "asked to stop: a cancel waits for its ctx.once()")
 
     def _stop(self, runner: Runner, why: str) -> None:
         ctx = runner.ctx
-        if ctx is None or ctx._cancelled:
+        if ctx is None or not ctx.stop_for_cancel():
             return
-        ctx._cancelled = True
         self.interrupted += 1
         log.info("job %s (%s) attempt %d %s", ctx.job_id, ctx.job_type, ctx.attempt, why,
                  extra={"job_id": ctx.job_id, "job_type": ctx.job_type,

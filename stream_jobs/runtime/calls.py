@@ -2,10 +2,11 @@
 thread of the worker's pool (a plain `def`).
 
 Both callers keep one contract, so the worker's outcome paths (success, duplicate,
-retry, dead letter, timeout) are the same for both: the call returns None, or the
-exception the handler ended with; a `TimeoutError` when the runner's watchdog cut it off
-at its deadline (`stream_jobs.runtime.dispatch`). A revoked or torn-down runner's
-cancellation is raised on. The worker picks its caller once, when it is made, so the
+retry, dead letter, timeout) are the same for both: the call returns what the handler
+returned, or raises `RunFailed` with the exception the handler ended with; a
+`TimeoutError` when the runner's watchdog cut it off at its deadline
+(`stream_jobs.runtime.dispatch`). A revoked or torn-down runner's cancellation is raised
+on. The worker picks its caller once, when it is made, so the
 async path does not test for the sync one per job.
 
 An async handler past its timeout is cancelled. A thread cannot be: its call has failed
@@ -23,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
 
 from stream_jobs.context import JobContext
-from stream_jobs.errors import JobInterrupted
+from stream_jobs.errors import JobInterrupted, RunFailed
 from stream_jobs.handlers import AsyncHandlerFunc, JobHandler, SyncHandlerFunc
 from stream_jobs.histogram import DurationHistogram
 from stream_jobs.runtime.dispatch import Runner
@@ -31,8 +32,8 @@ from stream_jobs.runtime.threads import HandlerThreads, context_fields
 
 log = logging.getLogger("stream_jobs.worker")
 
-# How a worker calls its handler: None, or the exception the call ended with.
-HandlerCall = Callable[[Runner, Any, JobContext], Awaitable[Exception | None]]
+# How a worker calls its handler: what it returned (`RunFailed` if it failed).
+HandlerCall = Callable[[Runner, Any, JobContext], Awaitable[object]]
 
 
 class CallSite(Protocol):
@@ -63,32 +64,33 @@ class LoopCaller:
         self._func = func
         self._timeout_s = timeout_s
 
-    async def call(self, runner: Runner, payload: Any, ctx: JobContext) -> Exception | None:
+    async def call(self, runner: Runner, payload: Any, ctx: JobContext) -> object:
         runner.deadline = asyncio.get_running_loop().time() + self._timeout_s
         self._watch()
         durations = self._site.durations
         started = time.perf_counter() if durations is not None else 0.0
         runner.ctx = ctx  # a cancel finds the run here, and cancels the runner's task
         try:
-            ctx.returned = await self._func(payload, ctx)  # a kept result's value
+            returned = await self._func(payload, ctx)
         except asyncio.CancelledError:
             if runner.expired:
-                return timed_out(runner, self._timeout_s)
-            if ctx._cancelled:
-                return JobInterrupted("The run was stopped for a cancel that did not complete.")
+                raise RunFailed(timed_out(runner, self._timeout_s)) from None
+            if ctx.cancelled:
+                raise RunFailed(JobInterrupted(
+                    "The run was stopped for a cancel that did not complete.")) from None
             raise  # revoked past the grace period, or the worker is being torn down
         except Exception as exc:
-            return exc
+            raise RunFailed(exc) from None
         finally:
             runner.ctx = None
             runner.deadline = math.inf
-            if ctx._cancelled and runner.task is not None:
+            if ctx.cancelled and runner.task is not None:
                 runner.task.uncancel()  # the cancellation the cancel asked for is consumed
             if durations is not None:
                 durations.observe(time.perf_counter() - started)
         if runner.expired:  # the handler swallowed the cancellation and returned
             timed_out(runner, self._timeout_s)
-        return None
+        return returned
 
 
 class SyncCaller:
@@ -105,7 +107,7 @@ class SyncCaller:
         self._func = func
         self._timeout_s = timeout_s
 
-    async def call(self, runner: Runner, payload: Any, ctx: JobContext) -> Exception | None:
+    async def call(self, runner: Runner, payload: Any, ctx: JobContext) -> object:
         runner.deadline = asyncio.get_running_loop().time() + self._timeout_s
         self._watch()
         durations = self._site.durations
@@ -113,7 +115,7 @@ class SyncCaller:
         call = self._threads.start(self._func, payload, ctx)
         runner.ctx = ctx  # a cancel finds the run here, and sets ctx.cancelled
         try:
-            await call.future
+            returned = await call.future
         except asyncio.CancelledError:
             runner.hold = call.outlived()
             if runner.hold is not None:
@@ -122,9 +124,9 @@ class SyncCaller:
                             ctx.job_id, ctx.job_type, ctx.attempt, extra=context_fields(ctx))
             if not runner.expired:
                 raise  # revoked past the grace period, or the worker is being torn down
-            return timed_out(runner, self._timeout_s)
+            raise RunFailed(timed_out(runner, self._timeout_s)) from None
         except Exception as exc:
-            return exc
+            raise RunFailed(exc) from None
         finally:
             runner.ctx = None
             runner.deadline = math.inf
@@ -132,7 +134,7 @@ class SyncCaller:
                 durations.observe(time.perf_counter() - started)
         if runner.expired:  # the call returned as the watchdog fired
             timed_out(runner, self._timeout_s)
-        return None
+        return returned
 
 
 def handler_call(site: CallSite, handler: JobHandler) -> tuple[HandlerCall, HandlerThreads | None]:

@@ -47,7 +47,10 @@ _UNBOUNDED = 1_000_000
 
 
 class Relay(GroupMember):
-    """Moves due records from a type's delay tiers back to its lanes."""
+    """Moves due records from a type's delay tiers back to its lanes (a service of its
+    worker's, `stream_jobs.runtime.services`)."""
+
+    name = "delay relay"
 
     def __init__(self, settings: Settings, policy: JobTypePolicy, producer: Producer, *,
                  grace_s: float = 10.0, commit_interval_s: float = 0.5,

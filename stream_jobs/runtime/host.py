@@ -42,6 +42,7 @@ from stream_jobs.naming import tier_topic
 from stream_jobs.outbox.depth import OutboxWaiting
 from stream_jobs.outbox.relay import background_relay
 from stream_jobs.runtime.idle import IdleLink, IdleWatch, run_until_idle
+from stream_jobs.runtime.services import Service, running
 from stream_jobs.runtime.shadow import Shadow
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
@@ -52,16 +53,9 @@ log = logging.getLogger("stream_jobs.host")
 Counts = dict[str, dict[str, int]]
 
 
-class ProcessService(Protocol):
+class ProcessService(Service, Protocol):
     """Something that runs once per worker process beside its workers: started before
-    the first worker starts, stopped after the last one has drained. `start` returns once
-    the service runs (a loop of its own is a task it creates); `stop` ends it."""
-
-    name: str
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
+    the first worker starts, stopped after the last one has drained (`Service`)."""
 
 
 class MetricsService:
@@ -237,15 +231,10 @@ class WorkerHost:
             accept_stop_signals()
         if self.lifeline is not None:
             loop.add_reader(self.lifeline, self._supervisor_gone, loop)
-        started: list[ProcessService] = []
         try:
-            for service in self.services:
-                await service.start()
-                started.append(service)
-            await self._run_runners()
+            async with running(self.services):
+                await self._run_runners()
         finally:
-            for service in reversed(started):
-                await service.stop()
             if self.lifeline is not None:
                 loop.remove_reader(self.lifeline)
             for sig in signals:

@@ -204,16 +204,19 @@ class GroupMember(ABC):
         """Write `job` and wait for the ack, retrying; `Abandoned` once stopping."""
         await until_acked(lambda: self.producer.send(topic, job), self.stopping)
 
-    async def dead_letter_raw(self, record: Record, bad: BadRecord) -> None:
-        """An undecodable record goes to the type's DLQ with its bytes as they were."""
+    async def dead_letter_raw(self, record: Record, bad: BadRecord) -> FailureInfo:
+        """An undecodable record goes to the type's DLQ with its bytes as they were; the
+        failure its letter carries."""
+        failure = FailureInfo.from_exception(bad, bad.reason, now_ms())
         headers = dead_letter_headers(
             record.headers,
-            failure=FailureInfo.from_exception(bad, bad.reason, now_ms()),
+            failure=failure,
             origin=dead_letter_origin(record.topic, record.partition, record.offset),
             job_type=self.job_type)
         target = dlq_topic(self.settings.topic_prefix, self.job_type)
         await until_acked(lambda: self.producer.send_raw(target, record.key, record.value,
                                                          headers), self.stopping)
+        return failure
 
     # -- backpressure -------------------------------------------------------------------------
 

@@ -59,8 +59,8 @@ class ThreadCall:
         self._loop = loop
         self.func = func
         self.args = args
-        # Resolved when the function returns, unless the runner stopped waiting for it.
-        self.future: asyncio.Future[None] = loop.create_future()
+        # Resolved with what the function returned, unless the runner stopped waiting for it.
+        self.future: asyncio.Future[object] = loop.create_future()
         self.ended = False
         self._late: asyncio.Future[None] | None = None
         self._overdue_since = 0.0
@@ -81,6 +81,7 @@ class ThreadCall:
     def run(self, context: contextvars.Context) -> None:
         """On a pool thread: call the function and tell the loop how it ended."""
         error: BaseException | None = None
+        result: object = None
         try:
             result = context.run(self.func, *self.args)
             if inspect.isawaitable(result):
@@ -89,22 +90,20 @@ class ThreadCall:
                 name = getattr(self.func, "__qualname__", repr(self.func))
                 error = ConfigError(f"Handler {name} returned an awaitable from a plain "
                                     "`def`: declare it `async def` so the worker awaits it.")
-            else:
-                self.args[1].returned = result  # read by the loop once `future` resolves
         except BaseException as exc:  # delivered to the runner, which decides
             error = exc
         # RuntimeError: the loop is closed, the worker is gone and nobody waits for this call.
         with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._finish, error)
+            self._loop.call_soon_threadsafe(self._finish, error, result)
 
-    def _finish(self, error: BaseException | None) -> None:
+    def _finish(self, error: BaseException | None, result: object) -> None:
         self.ended = True
         pool = self._pool
         pool.busy -= 1
         future = self.future
         if not future.cancelled():
             if error is None:
-                future.set_result(None)
+                future.set_result(result)
             else:
                 future.set_exception(error)
         late = self._late

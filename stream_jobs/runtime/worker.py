@@ -8,8 +8,11 @@ ends in exactly one outcome (see `Outcome`); its offset is marked finished only 
 outcome is durable (a retry or dead letter acknowledged by the broker), so no path drops
 a job.
 
-Cancels, unique keys and debounce: checked before a job starts, and a unique key given
-back once it finished (`stream_jobs.runtime.admission`, docs/control.md).
+A job goes through three phases (`Worker.handle`): *admit* (debounce, cancel, expiry:
+`stream_jobs.runtime.admission`, docs/control.md), *run* (its handler, in its finish
+transaction if it has one: `stream_jobs.results.finish`) and *end*, the one place its
+outcome is counted, a dead letter's reason too, its kept row written and its unique key
+given back.
 
 Flow control (docs/flow-control.md): lanes are served by their weights; the type's
 rate limit is shared across the group and heartbeats are written into every lane
@@ -20,17 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections import Counter
 from collections.abc import Hashable, Sequence
-from dataclasses import replace
-from typing import Any
+from functools import partial
+from typing import Any, TypedDict
 
 from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
 from stream_jobs.context import JobContext
 from stream_jobs.dedup.store import Dedup
-from stream_jobs.errors import AlreadyDone, BadRecord, PermanentError
+from stream_jobs.errors import AlreadyDone, BadRecord, RunFailed
 from stream_jobs.failures import FailureInfo
 from stream_jobs.handlers import JobHandler
 from stream_jobs.histogram import DurationHistogram
@@ -44,16 +46,14 @@ from stream_jobs.naming import (
     tier_topic,
     worker_group,
 )
-from stream_jobs.outcomes import Outcome, Reason
+from stream_jobs.outcomes import Outcome
 from stream_jobs.record import (
     HEADER_WORKFLOW,
     JobRecord,
     Record,
-    dead_letter_origin,
     decode_record,
 )
-from stream_jobs.results.finish import Finish, Finisher, record_ending
-from stream_jobs.retry import DeadLetter, RetryPolicy, decide
+from stream_jobs.results.finish import Finish, Finisher, ending_row, record_ending
 from stream_jobs.runtime.admission import Admission, holds_key
 from stream_jobs.runtime.calls import handler_call
 from stream_jobs.runtime.delay_relay import Relay
@@ -65,6 +65,8 @@ from stream_jobs.runtime.heartbeats import report_interval_s as heartbeat_report
 from stream_jobs.runtime.idle import IdleWatch, run_until_idle
 from stream_jobs.runtime.member import GroupMember
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
+from stream_jobs.runtime.retries import Retries
+from stream_jobs.runtime.services import Loop, Service, running
 from stream_jobs.runtime.stalls import LoopWatch
 from stream_jobs.runtime.throttle import ControlFollower
 from stream_jobs.schedules import Scheduler
@@ -73,12 +75,30 @@ from stream_jobs.storage import PostgresStorage, Storage
 
 log = logging.getLogger("stream_jobs.worker")
 
+# How a job ends: its outcome, or the failure it was dead-lettered with.
+Ended = Outcome | FailureInfo
+
 
 # Records a partition may have fetched but not finished before it is paused. Well above
 # one fetch (up to 500 records): aiokafka drops the rest of a paused partition's fetch and
 # the broker then resends whole record batches, decoded again up to the position, so
 # pausing after every fetch cost a draining worker about a third of its time (measured).
 DEFAULT_MAX_BUFFERED = 2000
+
+
+class WorkerOptions(TypedDict, total=False):
+    """`Worker`'s keyword options, as `App.worker` takes them (what they mean: `Worker`)."""
+
+    grace_s: float
+    commit_interval_s: float
+    max_buffered: int | None
+    relay: bool
+    storage: Storage | None
+    report_interval_s: float
+    control: bool
+    children: JobClient | None
+    scheduler: Scheduler | None
+    kafka: KafkaClients
 
 
 class Worker(FlowControlled):
@@ -104,8 +124,8 @@ class Worker(FlowControlled):
         self.kafka = kafka
         self.policy = policy
         self.handler = handler
-        self.retry_policy = RetryPolicy(tiers=policy.retry_tiers,
-                                        max_attempts=policy.max_attempts)
+        # A failed run's retry or dead letter, written (and a payload that does not fit).
+        self.retries = Retries(self, prefix, policy, handler.timeout_s)
         # The database's part (docs/design/layout.md): the app's, or Postgres's own.
         storage = storage or PostgresStorage(settings)
         self.dedup: Dedup = storage.dedup_store()
@@ -123,7 +143,7 @@ class Worker(FlowControlled):
         self._cancelled = self.admission.cancelled
         self.relay = (Relay(settings, policy, self.producer, grace_s=grace_s, kafka=kafka,
                             cancelled=self._cancelled, outcomes=self.outcomes,
-                            ended=self._ended_unrun)
+                            ended=partial(self._record_end, outcome=Outcome.CANCELLED))
                       if relay else None)
         if self.relay is not None:
             self.admission.subscribe(self.relay.on_cancel)
@@ -155,46 +175,51 @@ class Worker(FlowControlled):
         await self.producer.warm([*self.topics, dlq_topic(prefix, self.policy.job_type),
                                   *(tier_topic(prefix, self.policy.job_type, tier)
                                     for tier in self.policy.retry_tiers)])
-        follower = ControlFollower(self.settings, self._on_control) if self.control else None
-        background: list[asyncio.Task[None]] = []
+        first, beside = self._services()
         try:
-            # The control topic is read to its end while the consumer starts, so a type
-            # throttled at run time never starts a job at its TOML rate.
-            await asyncio.gather(self.start(), self._catch_up(follower),
-                                 self.admission.start())
+            # Joined while the cancels and the control topic are read: the first fetch knows
+            # every cancel, and a type throttled at run time never starts a job at its TOML
+            # rate.
+            await asyncio.gather(self.start(), *(service.start() for service in first))
             self.loop_watch.start()
-            if self.relay is not None:
-                await self.relay.start()
-            background.append(asyncio.create_task(self._report_every()))
-            if follower is not None:
-                background.append(asyncio.create_task(follower.follow()))
-            if self.heartbeat_interval_s is not None:
-                background.append(asyncio.create_task(self._heartbeat_every()))
-            if self.scheduler is not None:
-                background.append(asyncio.create_task(self.scheduler.run()))
-            try:
-                with worker_collector(self.settings.worker_gc_young_threshold):
-                    if until_idle:
-                        await run_until_idle(IdleWatch([self]), self._loop, self.request_stop)
-                    else:
-                        await self._loop()
-            finally:
-                if self.relay is not None:
-                    await self.relay.stop()
-                await self.stop()
-                for task in background:
-                    task.cancel()
-                await asyncio.gather(*background, return_exceptions=True)
-                await self._report(final=True)
+            async with running(beside):
+                try:
+                    with worker_collector(self.settings.worker_gc_young_threshold):
+                        if until_idle:
+                            await run_until_idle(IdleWatch([self]), self._loop,
+                                                 self.request_stop)
+                        else:
+                            await self._loop()
+                finally:
+                    await self.stop()  # drained while the services beside it still run
         finally:
             self.loop_watch.stop()
+            for service in reversed(first):  # started or not: the gather may have failed
+                await service.stop()
             if self.threads is not None:
                 self.threads.close()
-            if follower is not None:
-                await follower.stop()
             await self.producer.stop()
             await self.dedup.close()
-            await self.admission.close()
+
+    def _services(self) -> tuple[list[Service], list[Service]]:
+        """What runs beside the lanes, each list in start order (stopped in reverse): what
+        the first fetch needs, started while the consumer joins (the cancels, the control
+        topic), then what starts once it joined and stops once it drained (the reports,
+        whose last is the final one, the delay relay, heartbeats, the type's schedules)."""
+        first: list[Service] = [self.admission]
+        if self.control:
+            follower = ControlFollower(self.settings, self._on_control)
+            first.append(Loop("control", follower.follow,
+                              ready=partial(self._catch_up, follower), ended=follower.stop))
+        beside: list[Service] = [Loop("reports", self._report_every,
+                                      ended=partial(self._report, final=True))]
+        if self.relay is not None:
+            beside.append(self.relay)
+        if self.heartbeat_interval_s is not None:
+            beside.append(Loop("heartbeats", self._heartbeat_every))
+        if self.scheduler is not None:
+            beside.append(Loop("schedules", self.scheduler.run))
+        return first, beside
 
     def report(self, *, final: bool = False) -> WorkerReport:
         """This worker's counters now (what it publishes to `P._stats`)."""
@@ -279,7 +304,7 @@ class Worker(FlowControlled):
         members: list[GroupMember] = [self] if self.relay is None else [self, self.relay]
         return all(await asyncio.gather(*(member.caught_up() for member in members)))
 
-    # -- one job ----------------------------------------------------------------------------
+    # -- one job: admitted, run, ended ------------------------------------------------------
 
     def chain_of(self, record: Record) -> Hashable:
         ordering = self.handler.ordering
@@ -290,67 +315,50 @@ class Worker(FlowControlled):
         return record.offset
 
     async def handle(self, work: PartitionWork, record: Record, runner: Runner) -> None:
-        outcome = await self._run_job(record, runner)
-        if outcome is not None:
-            self.outcomes[outcome] += 1
-
-    async def _run_job(self, record: Record, runner: Runner) -> Outcome | None:
+        """One record's job, in three phases: `_admit` (may it run?), `_run` (its handler)
+        and `_end` (its outcome recorded). A record that is not a job is dead-lettered."""
         try:
             job = decode_record(key=record.key, value=record.value, headers=record.headers,
                                 expected_type=self.policy.job_type,
                                 max_payload_bytes=self.policy.payload_limit(self.settings),
                                 check_json=False)
         except BadRecord as bad:
-            if is_heartbeat(record.key, record.headers):
-                # Written by a worker whose TOML turned heartbeats on: not a job, not bad.
-                self._beat(TopicPartition(record.topic, record.partition), record.timestamp)
-                return None
-            await self.dead_letter_raw(record, bad)
-            self.dead_letter_reasons[bad.reason] += 1
-            log.warning("record %s/%d/%d is not a job, dead-lettered without a run: %s",
-                        record.topic, record.partition, record.offset, bad.reason,
-                        extra=job_fields(None, record, reason=bad.reason))
-            return Outcome.DEAD_LETTERED
-        outcome = await self._start(job, record, runner)
-        if (job.unique_key is not None or job.debounce_key is not None) \
-                and outcome is not Outcome.RETRIED:
-            await self.admission.give_back(job)  # finished: its unique key is free again
-        if outcome is Outcome.CANCELLED or outcome is Outcome.SUPERSEDED:
-            await self._ended_unrun(job, outcome)
-        return outcome
+            await self._not_a_job(record, bad)
+            return
+        ended: Ended | None = await self._admit(job)
+        if ended is None:
+            ended = await self._run(job, record, runner)
+        await self._end(job, ended)
 
-    async def _ended_unrun(self, job: JobRecord, outcome: Outcome = Outcome.CANCELLED) -> None:
-        """Record a cancelled or superseded job's end where it counts: its kept result's
-        row (client.result raises JobCancelled) and its batch's counters."""
-        reason = ("superseded by a newer job of its debounce key"
-                  if outcome is Outcome.SUPERSEDED else "cancelled")
-        await record_ending(self.finisher, job, str(outcome), reason, self.stopping)
-
-    async def _start(self, job: JobRecord, record: Record, runner: Runner) -> Outcome:
+    async def _admit(self, job: JobRecord) -> Outcome | None:
+        """None if `job` may run, else how it ends unrun: superseded by a newer job of its
+        debounce key, cancelled, or expired. The debounce question is the one await: from
+        the cancel check on nothing awaits until the handler runs (a chain step reads its
+        parent's result first), so a cancel is seen here or finds the run in `runner.ctx`
+        and stops it."""
         if job.debounce_key is not None and await self.admission.superseded(job):
             return Outcome.SUPERSEDED
-        # No await from here to the handler call, so a cancel is seen here or stops the run.
         cancelled = self._cancelled
         if cancelled and job.job_id in cancelled:
             return Outcome.CANCELLED
-        now = now_ms()
-        if job.expires_at_ms is not None and now >= job.expires_at_ms:
-            await record_ending(self.finisher, job, "expired", "expired before it ran",
-                                self.stopping)
+        expires_at = job.expires_at_ms
+        if expires_at is not None and now_ms() >= expires_at:
             return Outcome.EXPIRED
+        return None
+
+    async def _run(self, job: JobRecord, record: Record, runner: Runner) -> Ended:
+        """The handler's run on the job's payload, in its finish transaction if it has one,
+        and how it ended: succeeded, duplicate, cancelled, or retried or dead-lettered (a
+        payload that does not fit the handler's model, without a run)."""
         try:
             payload = self.handler.parse_payload(job.payload)
         except BadRecord as bad:
-            failure = FailureInfo.from_exception(bad, bad.reason, now)
-            await self.write(dlq_topic(self.settings.topic_prefix, job.job_type),
-                             self._with_failure(job, record, failure))
-            await record_ending(self.finisher, job, "failed", _reason_text(failure),
-                                self.stopping)
-            self.dead_letter_reasons[bad.reason] += 1
+            failure = FailureInfo.from_exception(bad, bad.reason, now_ms())
+            await self.retries.dead_letter(job, record, failure)
             log.warning("job %s (%s) dead-lettered without a run: %s", job.job_id,
                         job.job_type, bad.reason,
                         extra=job_fields(job, record, reason=bad.reason))
-            return Outcome.DEAD_LETTERED
+            return failure
         if job.attempt > 1:
             log.info("job %s (%s) retry: attempt %d starts", job.job_id, job.job_type,
                      job.attempt, extra=job_fields(job, record))
@@ -358,11 +366,15 @@ class Worker(FlowControlled):
         ctx = JobContext(job, topic=record.topic, partition=record.partition,
                          offset=record.offset, dedup=self.dedup, lend_slot=self.lend_slot,
                          children=self.children, finish=finish)
-        if finish is not None:
-            error = await self._call_finished(finish, runner, payload, ctx)
-        else:  # a cancel meanwhile finds the run in `runner.ctx`, and stops it
-            error = await self._call_handler(runner, payload, ctx)
-        if ctx._cancelled and await self.admission.confirmed(job):
+        error: Exception | None = None
+        try:
+            if finish is not None:
+                await self._call_finished(finish, runner, payload, ctx)
+            else:  # a cancel meanwhile finds the run in `runner.ctx`, and stops it
+                await self._call_handler(runner, payload, ctx)
+        except RunFailed as failed:
+            error = failed.error
+        if ctx.cancelled and await self.admission.confirmed(job):
             # Whatever the run did: its ctx.once() could not commit (the cancel holds the
             # dedup row), and a failure is not retried.
             return Outcome.CANCELLED
@@ -371,62 +383,67 @@ class Worker(FlowControlled):
         if isinstance(error, AlreadyDone):
             met_cancel = await self.admission.cancelled_instead(job)
             return Outcome.CANCELLED if met_cancel else Outcome.DUPLICATE
-        if isinstance(error, TimeoutError):
-            reason = Reason.TIMEOUT
-            log.warning("job %s (%s) attempt %d ran past its timeout of %g s", job.job_id,
-                        job.job_type, job.attempt, self.handler.timeout_s,
-                        extra=job_fields(job, record, timeout_s=self.handler.timeout_s))
+        return await self.retries.failed(job, record, error)
+
+    async def _end(self, job: JobRecord | None, ended: Ended) -> None:
+        """The one place a job's end is recorded, once its outcome is durable (a retry or
+        a dead letter acknowledged by the broker): the row of a job that keeps one and did
+        not succeed (its result says why, its batch counts it), its unique key given back
+        unless it waits in a delay tier, then its outcome and a dead letter's reason
+        counted. `job` is None for a record that is not a job."""
+        if isinstance(ended, FailureInfo):
+            outcome, failure = Outcome.DEAD_LETTERED, ended
         else:
-            reason = Reason.PERMANENT if isinstance(error, PermanentError) else Reason.HANDLER_ERROR
-        return await self._failed(job, record, error, reason)
+            outcome, failure = ended, None
+        if job is not None:
+            if outcome is not Outcome.SUCCEEDED:
+                await self._record_end(job, outcome, failure)
+            if (job.unique_key is not None or job.debounce_key is not None) \
+                    and outcome is not Outcome.RETRIED:
+                await self.admission.give_back(job)  # finished: its unique key is free again
+        if failure is not None:
+            self.dead_letter_reasons[failure.reason] += 1
+        self.outcomes[outcome] += 1
+
+    async def _record_end(self, job: JobRecord, outcome: Outcome,
+                          failure: FailureInfo | None = None) -> None:
+        """The row of a job that keeps one (a kept result, a batch member, a chain step)
+        and did not succeed: its result says why, its batch counts it. Also the relay's,
+        for a job cancelled in a delay tier (which the relay counts)."""
+        ending = ending_row(outcome, failure)
+        if ending is not None:
+            await record_ending(self.finisher, job, *ending, self.stopping)
+
+    # -- what the phases use ----------------------------------------------------------------
+
+    async def _not_a_job(self, record: Record, bad: BadRecord) -> None:
+        """A record that failed to decode: a heartbeat is taken in, anything else is
+        dead-lettered as it was and ended."""
+        if is_heartbeat(record.key, record.headers):
+            # Written by a worker whose TOML turned heartbeats on: not a job, not bad.
+            self._beat(TopicPartition(record.topic, record.partition), record.timestamp)
+            return
+        failure = await self.dead_letter_raw(record, bad)
+        log.warning("record %s/%d/%d is not a job, dead-lettered without a run: %s",
+                    record.topic, record.partition, record.offset, bad.reason,
+                    extra=job_fields(None, record, reason=bad.reason))
+        await self._end(None, failure)
 
     async def _call_finished(self, finish: Finish, runner: Runner, payload: Any,
-                             ctx: JobContext) -> Exception | None:
+                             ctx: JobContext) -> None:
         """The handler of a job with a finish transaction (stream_jobs.results.finish):
-        its result, dedup row, effects and counters commit when it returns."""
+        its result, dedup row, effects and counters commit when it returns. `RunFailed`
+        with the handler's error, `AlreadyDone` for a duplicate, or why the finish failed."""
         error: Exception | None = await finish.before()
+        returned: object = None
         if error is None:
             try:
-                error = await self._call_handler(runner, payload, ctx)
+                returned = await self._call_handler(runner, payload, ctx)
+            except RunFailed as failed:
+                error = failed.error
             except BaseException:
                 await finish.abandon()  # revoked or torn down: nothing of it commits
                 raise
-        return await finish.after(error, ctx.returned, self.lend_slot)
-
-    async def _failed(self, job: JobRecord, record: Record, exc: BaseException,
-                      reason: str) -> Outcome:
-        now = now_ms()
-        decision = decide(self.retry_policy, attempt=job.attempt,
-                          permanent=isinstance(exc, PermanentError), now_ms=now,
-                          rand=random.random())
-        prefix = self.settings.topic_prefix
-        if isinstance(decision, DeadLetter):
-            failure = FailureInfo.from_exception(exc, decision.reason, now)
-            await self.write(dlq_topic(prefix, job.job_type),
-                             self._with_failure(job, record, failure))
-            await record_ending(self.finisher, job, "failed", _reason_text(failure),
-                                self.stopping)
-            self.dead_letter_reasons[decision.reason] += 1
-            log.warning("job %s (%s) dead-lettered after attempt %d: %s", job.job_id,
-                        job.job_type, job.attempt, type(exc).__name__,
-                        extra=job_fields(job, record, reason=decision.reason))
-            return Outcome.DEAD_LETTERED
-        failure = FailureInfo.from_exception(exc, reason, now)
-        retry = replace(self._with_failure(job, record, failure), attempt=decision.attempt,
-                        not_before_ms=decision.not_before_ms)
-        await self.write(tier_topic(prefix, job.job_type, decision.tier), retry)
-        log.info("job %s (%s) attempt %d failed (%s, %s); attempt %d waits in delay tier %s",
-                 job.job_id, job.job_type, job.attempt, reason, type(exc).__name__,
-                 decision.attempt, decision.tier,
-                 extra=job_fields(job, record, reason=reason, tier=decision.tier))
-        return Outcome.RETRIED
-
-    def _with_failure(self, job: JobRecord, record: Record, failure: FailureInfo) -> JobRecord:
-        origin = job.origin or dead_letter_origin(record.topic, record.partition, record.offset)
-        return replace(job, failure=failure, origin=origin)
-
-
-def _reason_text(failure: FailureInfo) -> str:
-    """A dead letter's reason as a kept result's `error` says it."""
-    return f"{failure.reason}: {failure.error_class}: {failure.message}"
-
+        error = await finish.after(error, returned, self.lend_slot)
+        if error is not None:
+            raise RunFailed(error)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from stream_jobs.context import JobContext
 from stream_jobs.dedup.fencing import FencingToken, TokenIssuer
 from stream_jobs.dedup.store import DedupStore
-from stream_jobs.errors import ConfigError, DatabaseUnavailable, RunGivenUp
+from stream_jobs.errors import ConfigError, DatabaseUnavailable, RunFailed, RunGivenUp
 from stream_jobs.postgres.schema import schema_ddl
 from stream_jobs.record import JobRecord, Record
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
@@ -320,8 +320,8 @@ async def test_the_handlers_thread_waits_for_its_token_while_the_loop_runs_on() 
     await until(lambda: len(dedup.made) == 1, "the thread's request reaches the loop")
     assert not call.future.done()
     dedup.made[0].set_result(41)
-    await call.future
-    assert ctx.returned == 41
+    returned = await call.future
+    assert returned == 41
     assert asked_from == ["sj-fencing-0"]
     threads.close()
 
@@ -344,8 +344,8 @@ async def test_a_failed_sync_token_is_asked_for_again_on_the_next_call() -> None
     dedup.made[0].set_exception(DatabaseUnavailable("Postgres did not answer."))
     await until(lambda: len(dedup.made) == 2, "the request made again")
     dedup.made[1].set_result(9)
-    await call.future
-    assert (ctx.returned, len(failures)) == (9, 1)
+    returned = await call.future
+    assert (returned, len(failures)) == (9, 1)
     threads.close()
 
 
@@ -359,8 +359,12 @@ class FencedMember(SyncMember):
     async def _through_caller(self, member: Member, work: PartitionWork, record: Record,
                               runner: Runner) -> None:
         ctx = _context(self.dedup)
-        self.errors[record.offset] = await self.caller.call(runner, {"offset": record.offset},
-                                                            ctx)
+        try:
+            await self.caller.call(runner, {"offset": record.offset}, ctx)
+        except RunFailed as failed:
+            self.errors[record.offset] = failed.error
+        else:
+            self.errors[record.offset] = None
 
 
 async def test_a_thread_its_job_gave_up_on_gets_no_new_token_but_keeps_its_own() -> None:

@@ -313,8 +313,9 @@ async def test_fuzz_one_record_through_the_worker(worker: Any, key: Any, value: 
     letters: list[str] = []
     writes: list[tuple[str, JobRecord]] = []
 
-    async def dead_letter_raw(record: Any, bad: BadRecord) -> None:
+    async def dead_letter_raw(record: Any, bad: BadRecord) -> FailureInfo:
         letters.append(bad.reason)
+        return FailureInfo.from_exception(bad, bad.reason, 0)
 
     async def write(topic: str, job: JobRecord) -> None:
         writes.append((topic, job))

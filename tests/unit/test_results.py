@@ -16,6 +16,9 @@ from stream_jobs.errors import (
     ResultError,
     ResultTooLarge,
 )
+from stream_jobs.failures import FailureInfo
+from stream_jobs.outcomes import Outcome
+from stream_jobs.results.finish import ending_row
 from stream_jobs.results.rules import StoredResult, encode_result
 
 WHEN = datetime(2026, 1, 1, tzinfo=UTC)
@@ -80,3 +83,16 @@ def test_a_job_that_did_not_succeed_says_why(state: str, error: type[Exception],
     copy = pickle.loads(pickle.dumps(failure))
     assert (type(copy), copy.state, copy.reason, str(copy)) == (
         type(failure), failure.state, failure.reason, str(failure))
+
+
+def test_the_row_of_a_job_that_did_not_succeed_records_its_outcome_and_why() -> None:
+    failure = FailureInfo(reason="max-attempts", error_class="ValueError", message="boom",
+                          traceback="", failed_at_ms=1)
+    assert ending_row(Outcome.DEAD_LETTERED, failure) == (
+        "failed", "max-attempts: ValueError: boom")
+    assert ending_row(Outcome.EXPIRED, None) == ("expired", "expired before it ran")
+    assert ending_row(Outcome.CANCELLED, None) == ("cancelled", "cancelled")
+    assert ending_row(Outcome.SUPERSEDED, None) == (
+        "superseded", "superseded by a newer job of its debounce key")
+    for recorded_elsewhere in (Outcome.SUCCEEDED, Outcome.RETRIED, Outcome.DUPLICATE):
+        assert ending_row(recorded_elsewhere, None) is None

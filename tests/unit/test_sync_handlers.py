@@ -16,7 +16,7 @@ from stream_jobs.app import App
 from stream_jobs.context import JobContext
 from stream_jobs.dedup.store import DedupStore
 from stream_jobs.dedup.sync_once import done_table, once_in
-from stream_jobs.errors import AlreadyDone, ConfigError, DedupWriteFailed
+from stream_jobs.errors import AlreadyDone, ConfigError, DedupWriteFailed, RunFailed
 from stream_jobs.handlers import new_handler
 from stream_jobs.record import JobRecord, Record
 from stream_jobs.runtime.calls import SyncCaller
@@ -126,8 +126,12 @@ class SyncMember(Member):
     async def _through_caller(self, member: Member, work: PartitionWork, record: Record,
                               runner: Runner) -> None:
         ctx = _ctx(f"j-{record.offset}")
-        self.errors[record.offset] = await self.caller.call(runner, {"offset": record.offset},
-                                                            ctx)
+        try:
+            await self.caller.call(runner, {"offset": record.offset}, ctx)
+        except RunFailed as failed:
+            self.errors[record.offset] = failed.error
+        else:
+            self.errors[record.offset] = None
 
 
 async def test_a_thread_past_its_timeout_fails_its_job_and_keeps_its_slot_and_key() -> None:
