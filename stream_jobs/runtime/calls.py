@@ -53,16 +53,23 @@ def timed_out(runner: Runner, timeout_s: float) -> TimeoutError:
     return TimeoutError(f"The handler ran past its timeout of {timeout_s:g} s.")
 
 
-class LoopCaller:
-    """An `async def` handler, awaited on the loop; cancelled at its deadline."""
+class _Caller:
+    """What both callers keep: where they report, the handler, and its timeout."""
 
     __slots__ = ("_func", "_site", "_timeout_s", "_watch")
 
-    def __init__(self, site: CallSite, func: AsyncHandlerFunc, timeout_s: float) -> None:
+    def __init__(self, site: CallSite, func: Any, timeout_s: float) -> None:
         self._site = site
         self._watch = site.watch
         self._func = func
         self._timeout_s = timeout_s
+
+
+class LoopCaller(_Caller):
+    """An `async def` handler, awaited on the loop; cancelled at its deadline."""
+
+    __slots__ = ()
+    _func: AsyncHandlerFunc
 
     async def call(self, runner: Runner, payload: Any, ctx: JobContext) -> object:
         runner.deadline = asyncio.get_running_loop().time() + self._timeout_s
@@ -93,19 +100,17 @@ class LoopCaller:
         return returned
 
 
-class SyncCaller:
+class SyncCaller(_Caller):
     """A plain `def` handler, run on a pool thread while the runner awaits its end. At
     its deadline the runner stops waiting; the thread runs on, holding its slot."""
 
-    __slots__ = ("_func", "_site", "_threads", "_timeout_s", "_watch")
+    __slots__ = ("_threads",)
+    _func: SyncHandlerFunc
 
     def __init__(self, site: CallSite, threads: HandlerThreads, func: SyncHandlerFunc,
                  timeout_s: float) -> None:
-        self._site = site
-        self._watch = site.watch
+        super().__init__(site, func, timeout_s)
         self._threads = threads
-        self._func = func
-        self._timeout_s = timeout_s
 
     async def call(self, runner: Runner, payload: Any, ctx: JobContext) -> object:
         runner.deadline = asyncio.get_running_loop().time() + self._timeout_s
