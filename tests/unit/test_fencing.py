@@ -19,14 +19,13 @@ from hypothesis import strategies as st
 from stream_jobs.context import JobContext
 from stream_jobs.dedup.fencing import FencingToken, TokenIssuer
 from stream_jobs.dedup.store import DedupStore
-from stream_jobs.errors import ConfigError, DatabaseUnavailable, RunFailed, RunGivenUp
+from stream_jobs.errors import ConfigError, DatabaseUnavailable, RunGivenUp
 from stream_jobs.postgres.schema import schema_ddl
 from stream_jobs.record import JobRecord, Record
-from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.threads import HandlerThreads
 from tests.waiting import until
 
-from .test_runners import Member, feed
+from .test_runners import feed
 from .test_sync_handlers import SyncMember
 
 
@@ -356,15 +355,8 @@ class FencedMember(SyncMember):
         self.dedup = dedup
         super().__init__(func, **options)
 
-    async def _through_caller(self, member: Member, work: PartitionWork, record: Record,
-                              runner: Runner) -> None:
-        ctx = _context(self.dedup)
-        try:
-            await self.caller.call(runner, {"offset": record.offset}, ctx)
-        except RunFailed as failed:
-            self.errors[record.offset] = failed.error
-        else:
-            self.errors[record.offset] = None
+    def context_for(self, record: Record) -> JobContext:
+        return _context(self.dedup)
 
 
 async def test_a_thread_its_job_gave_up_on_gets_no_new_token_but_keeps_its_own() -> None:

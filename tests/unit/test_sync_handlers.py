@@ -123,9 +123,12 @@ class SyncMember(Member):
         self.errors: dict[int, Exception | None] = {}  # by offset
         super().__init__(self._through_caller, concurrency=concurrency, grace_s=grace_s)
 
+    def context_for(self, record: Record) -> JobContext:
+        return _ctx(f"j-{record.offset}")
+
     async def _through_caller(self, member: Member, work: PartitionWork, record: Record,
                               runner: Runner) -> None:
-        ctx = _ctx(f"j-{record.offset}")
+        ctx = self.context_for(record)
         try:
             await self.caller.call(runner, {"offset": record.offset}, ctx)
         except RunFailed as failed:
