@@ -68,6 +68,21 @@ def control_topic(prefix: str) -> str:
     return f"{prefix}._control"
 
 
+def history_app_id(prefix: str) -> str:
+    """The history process's faust-streaming app: its group, its transactional IDs, and
+    the start of its own topics' names (`P._history-minutes-changelog`, ...).
+
+    Like `P._stats`, it cannot clash with a type's topics.
+    """
+    return f"{prefix}._history"
+
+
+def history_topic(prefix: str) -> str:
+    """Where the history process writes each window's tally as it changes (compacted by
+    window, read committed into `stream_jobs_history`)."""
+    return f"{prefix}._history.windows"
+
+
 def worker_group(prefix: str, job_type: str) -> str:
     return f"{prefix}.{job_type}.worker"
 

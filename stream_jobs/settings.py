@@ -111,6 +111,14 @@ class Settings(BaseSettings):
     # frozen, cut off) loses its type's leadership after this long, and another takes over.
     scheduler_lease_s: float = Field(default=10.0, ge=1.0)
 
+    # History (docs/history.md): workers count per slot of this many seconds, and the
+    # history process keeps windows of it (a "minute", kept 7 days) and of 60 of it (an
+    # "hour", kept 90 days). Workers and the history process must agree; 60 outside tests.
+    history_window_s: int = Field(default=60, gt=0, le=3600)
+    # Where `stream-jobs history` keeps faust-streaming's local files (its state itself is
+    # in Kafka: the changelog topics).
+    history_data_dir: Path = Path(".stream-jobs-history")
+
     # Log lines of the worker command: "text" (fields as key=value) or "json" (one object a
     # line); see stream_jobs/logs.py.
     log_format: Literal["text", "json"] = "text"

@@ -1,7 +1,7 @@
 """The database schema stream-jobs owns, held by SQLAlchemy and rendered to DDL for
 `stream-jobs db migrate`: the dedup table, the transactional outbox's table, the
 fencing token sequence, the kept results, the batches' and chains' rows, and the tables of
-cancels, unique keys and debounce windows.
+cancels, unique keys and debounce windows, and the history's windows.
 
 Kept apart from `dedup.py` so that importing the runtime does not import SQLAlchemy.
 `db migrate` also creates the schedules' state (`stream_jobs_schedules`, read and written
@@ -215,6 +215,20 @@ superseded_table = Table(
 _superseded_at_index = Index("stream_jobs_superseded_at", superseded_table.c.superseded_at)
 
 
+# History (stream_jobs/history/): each window's tally per type, as the history process's
+# exactly-once tables hold it (set, never added to, so a row written twice is right). size_s
+# is the window's length (60 or 3600 outside tests); size_s 0, start_ms 0 is the type's
+# running total since history began.
+history_table = Table(
+    "stream_jobs_history",
+    metadata,
+    Column("job_type", String(249), primary_key=True),
+    Column("size_s", Integer, primary_key=True),
+    Column("start_ms", BigInteger, primary_key=True),
+    Column("tally", postgresql.JSONB, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
 # What `schema_ddl` creates (besides indexes), by name, in the order `db migrate` lists
 # them: every table of `metadata`, then the sequence.
 SCHEMA_OBJECTS: tuple[str, ...] = (*metadata.tables, FENCING_SEQUENCE)
@@ -246,4 +260,5 @@ def schema_ddl() -> list[str]:
         *(str(CreateIndex(i, if_not_exists=True).compile(dialect=dialect))
           for i in (_results_expiry_index, _open_workflows_index, _finished_workflows_index)),
         *control_ddl(),
+        str(CreateTable(history_table, if_not_exists=True).compile(dialect=dialect)),
     ]

@@ -55,6 +55,10 @@ class WorkerReport:
     rate_share_per_s: float | None = None
     # (lane topic, partition, write time in ms of the newest heartbeat processed there).
     heartbeats: tuple[tuple[str, int, int], ...] = ()
+    # History (stream_jobs/history/): this worker's tallies per slot of `slot_ms`, by slot
+    # start in ms, each cumulative within its slot (`Tally.to_obj()`; parsed by the reader).
+    slot_ms: int = 0
+    slots: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         # Counters are keyed by outcome and reason codes (StrEnums).
@@ -81,6 +85,9 @@ class WorkerReport:
                 rate_share_per_s=_optional_float(data.get("rate_share_per_s")),
                 heartbeats=tuple((str(topic), int(part), int(at_ms))
                                  for topic, part, at_ms in data.get("heartbeats", ())),
+                slot_ms=int(data.get("slot_ms", 0)),
+                slots={int(start): dict(tally)
+                       for start, tally in dict(data.get("slots", {})).items()},
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return None

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from functools import partial
@@ -36,6 +37,7 @@ from stream_jobs.errors import AlreadyDone, BadRecord, RunFailed
 from stream_jobs.failures import FailureInfo
 from stream_jobs.handlers import JobHandler
 from stream_jobs.histogram import DurationHistogram
+from stream_jobs.history.windows import SlotTallies
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients
@@ -134,6 +136,8 @@ class Worker(FlowControlled):
         self.finisher = Finisher.of(storage.finish_store(self.dedup), settings, policy.job_type,
                                     handler.keep_result_s)
         self.outcomes: Counter[str] = Counter()
+        # The same counts per slot of time, with run durations and dwell times (history).
+        self.slots = SlotTallies(self.outcomes, settings.history_window_s)
         # Cancels, unique keys, debounce: the hot path reads the set of cancelled IDs directly.
         self.admission = Admission(settings, policy.job_type, stopping=self.stopping,
                                    interruptible=not handler.sync,
@@ -233,7 +237,9 @@ class Worker(FlowControlled):
             interval_s=self.report_interval_s, rate_limit_per_s=self.rate.per_s,
             rate_source=self.rate.source, rate_share_per_s=self.rate_share_per_s,
             heartbeats=tuple((tp.topic, tp.partition, at_ms)
-                             for tp, at_ms in sorted(self.heartbeats.items())))
+                             for tp, at_ms in sorted(self.heartbeats.items())),
+            slot_ms=self.slots.slot_ms,
+            slots={start: tally.to_obj() for start, tally in self.slots.slots(now_ms()).items()})
 
     async def _report_every(self) -> None:
         await publish_every(self.settings, self.producer, self.worker_id, self.report,
@@ -250,8 +256,10 @@ class Worker(FlowControlled):
             return True
         if self.rate_share_per_s is not None:
             expires_at = header_expires_at_ms(record.headers)
-            if (expires_at is not None and now_ms() >= expires_at
+            now = now_ms()
+            if (expires_at is not None and now >= expires_at
                     and not holds_key(record.headers) and not self._ends_recorded(record.headers)):
+                self.slots.tick(now)
                 self.outcomes[Outcome.EXPIRED] += 1
                 return True
         return False
@@ -327,8 +335,13 @@ class Worker(FlowControlled):
             return
         ended: Ended | None = await self._admit(job)
         if ended is None:
+            due_ms = max(job.enqueued_at_ms, job.not_before_ms or 0)
+            dwell_s = (now_ms() - due_ms) / 1000
+            begun = time.perf_counter()
             ended = await self._run(job, record, runner)
-        await self._end(job, ended)
+            await self._end(job, ended, (time.perf_counter() - begun, dwell_s))
+        else:
+            await self._end(job, ended)
 
     async def _admit(self, job: JobRecord) -> Outcome | None:
         """None if `job` may run, else how it ends unrun: superseded by a newer job of its
@@ -385,12 +398,14 @@ class Worker(FlowControlled):
             return Outcome.CANCELLED if met_cancel else Outcome.DUPLICATE
         return await self.retries.failed(job, record, error)
 
-    async def _end(self, job: JobRecord | None, ended: Ended) -> None:
+    async def _end(self, job: JobRecord | None, ended: Ended,
+                   timing: tuple[float, float] | None = None) -> None:
         """The one place a job's end is recorded, once its outcome is durable (a retry or
         a dead letter acknowledged by the broker): the row of a job that keeps one and did
         not succeed (its result says why, its batch counts it), its unique key given back
         unless it waits in a delay tier, then its outcome and a dead letter's reason
-        counted. `job` is None for a record that is not a job."""
+        counted (with the run's duration and dwell time, `timing`, in its history slot).
+        `job` is None for a record that is not a job."""
         if isinstance(ended, FailureInfo):
             outcome, failure = Outcome.DEAD_LETTERED, ended
         else:
@@ -403,7 +418,10 @@ class Worker(FlowControlled):
                 await self.admission.give_back(job)  # finished: its unique key is free again
         if failure is not None:
             self.dead_letter_reasons[failure.reason] += 1
+        self.slots.tick(now_ms())
         self.outcomes[outcome] += 1
+        if timing is not None:
+            self.slots.observe(*timing)
 
     async def _record_end(self, job: JobRecord, outcome: Outcome,
                           failure: FailureInfo | None = None) -> None:
