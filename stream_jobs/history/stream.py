@@ -4,18 +4,19 @@ windows, exactly once.
 It reads `P._stats` (every worker's report: its slots, see `windows.SlotTallies`) and
 keeps, in faust tables whose changelogs are Kafka topics:
 
-- `last-seen`: per worker, the slots its previous report said, so each report adds only
-  what is new (`slot_deltas`);
 - `minutes` and `hours`: per type, a tally per tumbling window (a minute, kept 7 days; an
   hour, kept 90 days);
-- `totals`: per type, the running total since history began.
+- `totals`: per type, the running total since history began;
 
-It runs with `processing_guarantee="exactly_once"`: a report's table updates, the window
-tallies it sends to `P._history.windows` and the report's offset commit are one Kafka
-transaction, so a process killed at any point and started again counts each report once.
-A second agent reads `P._history.windows` (read committed: only what a transaction
-committed) and sets those rows of `stream_jobs_history` in Postgres, where the readers are.
-The broker must allow transactions (a single-node broker needs
+each beside what it already counted of each worker (`windows.Folded`). It runs with
+`processing_guarantee="exactly_once"`, so the report offsets it commits and its tables'
+changelogs are written in Kafka transactions. That alone did not make the counts exact
+across a kill -9 here: after a restart the restored tables already held reports the app
+was handed again (docs/history.md has the evidence). So each table value also keeps, per
+worker, the time of the last report folded into it, and a report no newer adds nothing:
+every value is exact and idempotent by itself, whatever faust replays. A second agent
+reads `P._history.windows` (read committed: only what a transaction committed) and sets
+those rows of `stream_jobs_history` in Postgres, where the readers are. The broker must allow transactions (a single-node broker needs
 transaction.state.log.replication.factor=1 and transaction.state.log.min.isr=1; ops/
 sets them).
 """
@@ -40,8 +41,9 @@ from stream_jobs.history.windows import (
     HOURS_KEPT_S,
     MINUTES_KEPT_S,
     SLOTS_KEPT,
+    Folded,
     Windows,
-    slot_deltas,
+    in_window,
     window_start,
 )
 from stream_jobs.kafka.connection import sasl_options, ssl_context
@@ -52,10 +54,8 @@ log = logging.getLogger("stream_jobs.history")
 
 # Postgres rows are written in batches of up to this many window tallies, or every second.
 SINK_BATCH = 500
-# How often old windows are deleted from Postgres, and how often `last-seen` forgets
-# workers that stopped reporting (in reports folded).
+# How often old windows are deleted from Postgres.
 PRUNE_EVERY_S = 600.0
-FORGET_EVERY = 200
 
 
 def credentials(settings: Settings) -> Any:
@@ -102,7 +102,6 @@ class History:
                                       value_serializer="raw")
         self.out = self.app.topic(history_topic(prefix), key_serializer="raw",
                                   value_serializer="raw")
-        self.last_seen = self.app.Table("last-seen", default=dict, partitions=1)
         self.totals = self.app.Table("totals", default=dict, partitions=1)
         minute_s, hour_s = self.windows.minute_s, self.windows.hour_s
         # Tumbling windows; `relative_to(t)` (of the class: faust's protocol type lacks
@@ -115,7 +114,6 @@ class History:
                 "hours", default=dict, partitions=1).tumbling(
                     hour_s, expires=timedelta(seconds=HOURS_KEPT_S)))),
         )
-        self._folded = 0
         self.app.agent(self.reports, name="fold")(self._fold)
         self.app.agent(self.out, name="sink")(self._sink)
         self.app.timer(PRUNE_EVERY_S, name="prune")(self._prune)
@@ -130,41 +128,27 @@ class History:
             yield None
 
     async def fold(self, report: ReportSlots) -> None:
-        """Add what `report` says that its worker's previous report did not."""
-        before = {int(start): Tally.from_obj(obj)
-                  for start, obj in self.last_seen[report.worker_id].get("slots", {}).items()}
-        after = report.slots
-        deltas = slot_deltas(before, after)
-        for start, delta in deltas:
-            for size_s, table in self.sized:
-                begins = window_start(start, size_s)
+        """Fold `report` into its type's windows and running total. Each keeps what it
+        already counted of each worker (`Folded`), so a report read again adds nothing."""
+        horizon_ms = report.at_ms - (SLOTS_KEPT + 1) * report.slot_ms
+        starts = sorted(report.slots)
+        for size_s, table in self.sized:
+            for begins in sorted({window_start(start, size_s) for start in starts}):
+                # value(): the window of `relative_to`; current() would read the window of
+                # the report's own timestamp.
                 at = table.relative_to(begins / 1000)
-                tally = Tally.from_obj(at[report.job_type].current()).plus(delta)
-                at[report.job_type] = tally.to_obj()
-                await self._send(WindowRow(report.job_type, size_s, begins, tally))
-        if deltas:
-            grand = Tally.from_obj(self.totals[report.job_type])
-            for _, delta in deltas:
-                grand = grand.plus(delta)
+                folded = Folded.from_obj(at[report.job_type].value()).fold(
+                    report.worker_id, report.at_ms, in_window(report.slots, begins, size_s))
+                if folded is not None:
+                    folded.forget_before(horizon_ms)
+                    at[report.job_type] = folded.to_obj()
+                    await self._send(WindowRow(report.job_type, size_s, begins, folded.tally))
+        grand = Folded.from_obj(self.totals[report.job_type]).fold(
+            report.worker_id, report.at_ms, report.slots)
+        if grand is not None:
+            grand.forget_before(horizon_ms)
             self.totals[report.job_type] = grand.to_obj()
-            await self._send(WindowRow(report.job_type, TOTAL_SIZE_S, 0, grand))
-        if report.final:
-            self.last_seen.pop(report.worker_id, None)
-        else:
-            self.last_seen[report.worker_id] = {
-                "at_ms": report.at_ms, "slot_ms": report.slot_ms,
-                "slots": {str(s): t.to_obj() for s, t in after.items()}}
-        self._folded += 1
-        if self._folded % FORGET_EVERY == 0:
-            self._forget_silent(report.at_ms)
-
-    def _forget_silent(self, now_ms: int) -> None:
-        """Drop workers whose last report is older than the slots a worker keeps: a
-        report of theirs would no longer repeat anything we hold (killed workers)."""
-        for worker_id, seen in list(self.last_seen.items()):
-            horizon_ms = (SLOTS_KEPT + 1) * int(seen.get("slot_ms", 60_000))
-            if now_ms - int(seen.get("at_ms", 0)) > horizon_ms:
-                self.last_seen.pop(worker_id, None)
+            await self._send(WindowRow(report.job_type, TOTAL_SIZE_S, 0, grand.tally))
 
     async def _send(self, row: WindowRow) -> None:
         key = f"{row.job_type}|{row.size_s}|{row.start_ms}".encode()

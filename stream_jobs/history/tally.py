@@ -55,19 +55,12 @@ class Tally:
                      [a + b for a, b in zip(self.dwells, other.dwells, strict=True)])
 
     def minus(self, earlier: Tally) -> Tally:
-        """What was counted since `earlier` (a counter never goes down: a smaller one
-        means a new count, taken whole)."""
-        if not earlier.within(self):
-            return self
-        return Tally(_add(self.outcomes, earlier.outcomes, -1),
-                     [a - b for a, b in zip(self.durations, earlier.durations, strict=True)],
-                     [a - b for a, b in zip(self.dwells, earlier.dwells, strict=True)])
-
-    def within(self, later: Tally) -> bool:
-        """Whether every count of this tally is at most the same count of `later`."""
-        return (all(n <= later.outcomes.get(k, 0) for k, n in self.outcomes.items())
-                and all(a <= b for a, b in zip(self.durations, later.durations, strict=True))
-                and all(a <= b for a, b in zip(self.dwells, later.dwells, strict=True)))
+        """What was counted since `earlier`. A worker's counts never go down, so a count
+        smaller than before adds nothing (an older report read again)."""
+        return Tally({k: n for k, n in _add(self.outcomes, earlier.outcomes, -1).items() if n > 0},
+                     [max(a - b, 0) for a, b in zip(self.durations, earlier.durations,
+                                                    strict=True)],
+                     [max(a - b, 0) for a, b in zip(self.dwells, earlier.dwells, strict=True)])
 
     @property
     def empty(self) -> bool:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from stream_jobs.history.tally import Tally
 
@@ -127,5 +128,67 @@ def slot_deltas(before: Mapping[int, Tally], after: Mapping[int, Tally]) -> list
     return out
 
 
-__all__ = ["HOURS_KEPT_S", "MINUTES_KEPT_S", "SLOTS_KEPT", "SPANS", "SlotTallies", "Windows",
-           "slot_deltas", "window_start"]
+@dataclass
+class Folded:
+    """A window's value in the history's tables: its tally, and for each worker the time
+    of its last report folded in and what that report said of the window's slots.
+
+    Each value carries its own "what was already counted", so folding a report into it
+    is exact and idempotent by itself: a report no newer than the last one of its worker
+    adds nothing, and a newer one adds its slots minus what that last one said. No other
+    table has to be in step with it (faust-streaming wrote a table's changelog ahead of
+    its committed offsets in our kill tests; see docs/history.md)."""
+
+    tally: Tally = field(default_factory=Tally)
+    seen: dict[str, tuple[int, dict[int, Tally]]] = field(default_factory=dict)
+
+    def fold(self, worker_id: str, at_ms: int, slots: Mapping[int, Tally]) -> Folded | None:
+        """This value with a report of `worker_id` taken at `at_ms`, whose slots that fall
+        in this window are `slots`; None if it adds nothing (an old report read again, or
+        nothing new)."""
+        last = self.seen.get(worker_id)
+        if last is not None and at_ms <= last[0]:
+            return None
+        deltas = slot_deltas(last[1] if last is not None else {}, slots)
+        seen = dict(self.seen)
+        seen[worker_id] = (at_ms, dict(slots))
+        return Folded(self.tally.plus(total_of(deltas)), seen)
+
+    def forget_before(self, oldest_ms: int) -> None:
+        """Drop workers whose last report folded here is older than `oldest_ms`: a report
+        of theirs can no longer be read again (their slots left every report)."""
+        for worker_id in [w for w, (at_ms, _) in self.seen.items() if at_ms < oldest_ms]:
+            del self.seen[worker_id]
+
+    def to_obj(self) -> dict[str, Any]:
+        return {"tally": self.tally.to_obj(),
+                "seen": {w: {"at_ms": at_ms,
+                             "slots": {str(s): t.to_obj() for s, t in slots.items()}}
+                         for w, (at_ms, slots) in self.seen.items()}}
+
+    @classmethod
+    def from_obj(cls, raw: object) -> Folded:
+        if not raw:
+            return cls()
+        if not isinstance(raw, Mapping):
+            raise ValueError("a window's value is an object")
+        seen = {str(w): (int(v["at_ms"]), {int(s): Tally.from_obj(t)
+                                           for s, t in dict(v["slots"]).items()})
+                for w, v in dict(raw.get("seen", {})).items()}
+        return cls(Tally.from_obj(raw.get("tally", {})), seen)
+
+
+def total_of(deltas: list[tuple[int, Tally]]) -> Tally:
+    out = Tally()
+    for _, delta in deltas:
+        out = out.plus(delta)
+    return out
+
+
+def in_window(slots: Mapping[int, Tally], begins_ms: int, size_s: int) -> dict[int, Tally]:
+    """The slots (by start) that fall in the window of `size_s` starting at `begins_ms`."""
+    return {s: t for s, t in slots.items() if window_start(s, size_s) == begins_ms}
+
+
+__all__ = ["HOURS_KEPT_S", "MINUTES_KEPT_S", "SLOTS_KEPT", "SPANS", "Folded", "SlotTallies",
+           "Windows", "in_window", "slot_deltas", "total_of", "window_start"]

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from stream_jobs.histogram import DURATION_BUCKETS_S
 from stream_jobs.history.reports import ReportSlots
 from stream_jobs.history.tally import DWELL_BUCKETS_S, Tally, quantile, total
-from stream_jobs.history.windows import SlotTallies, Windows, slot_deltas, window_start
-from stream_jobs.histogram import DURATION_BUCKETS_S
+from stream_jobs.history.windows import Folded, SlotTallies, Windows, in_window, window_start
 from stream_jobs.runtime.reports import WorkerReport
 
 OUTCOMES = ("succeeded", "retried", "dead_lettered", "cancelled", "expired")
@@ -47,7 +47,7 @@ def test_a_tally_reads_back_from_its_json_object(a: Tally) -> None:
     {"durations": [1, 2]}, {"dwells": "many"},
 ])
 def test_what_is_not_a_tally_is_refused(bad: object) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"tally|count|histogram"):
         Tally.from_obj(bad)
 
 
@@ -59,9 +59,13 @@ def test_a_quantile_is_a_bucket_bound_and_grows_with_q(counts: list[int], q1: fl
     low, high = sorted((q1, q2))
     a, b = quantile(counts, bounds, low), quantile(counts, bounds, high)
     if sum(counts) == 0:
-        assert a is None and b is None
+        assert (a, b) == (None, None)
     else:
-        assert a in bounds and b in bounds and a is not None and b is not None and a <= b
+        assert a is not None
+        assert b is not None
+        assert a in bounds
+        assert b in bounds
+        assert a <= b
 
 
 def test_percentiles_of_runs_read_off_their_buckets() -> None:
@@ -94,7 +98,7 @@ def test_a_job_ending_after_a_boundary_counts_once_in_the_window_it_ended_in() -
 
 
 steps = st.lists(st.tuples(st.integers(0, 40_000), st.sampled_from(OUTCOMES),
-                           st.sampled_from(("report", "lost", "twice", "none"))),
+                           st.sampled_from(("report", "lost", "twice", "stale", "none"))),
                  max_size=80)
 
 
@@ -104,30 +108,46 @@ def test_folding_reports_however_they_arrive_gives_the_workers_counts(
     totals: Counter[str] = Counter()
     slots = SlotTallies(totals, 10, kept=1_000)
     now = 1_000_000
-    seen: dict[int, Tally] = {}
-    windows: dict[int, Tally] = {}
+    sent: list[tuple[int, dict[int, Tally]]] = []
+    windows: dict[int, Folded] = {}
 
-    def deliver(report: dict[int, Tally]) -> None:
-        nonlocal seen
-        for start, delta in slot_deltas(seen, report):
-            minute = window_start(start, 60)
-            windows[minute] = windows.get(minute, Tally()).plus(delta)
-        seen = report
+    def deliver(at_ms: int, report: dict[int, Tally]) -> None:
+        for minute in {window_start(start, 60) for start in report}:
+            before = windows.get(minute, Folded())
+            folded = before.fold("w1", at_ms, in_window(report, minute, 60))
+            windows[minute] = before if folded is None else folded
 
     for advance, outcome, delivery in plan:
-        now += advance
+        now += advance + 1  # reports of one worker are taken at distinct times
         slots.tick(now)
         totals[outcome] += 1
         slots.observe(0.001, 0.5)
         report = slots.slots(now)
+        sent.append((now, report))
         if delivery == "report":
-            deliver(report)
+            deliver(now, report)
         elif delivery == "twice":
-            deliver(report)
-            deliver(report)
-    deliver(slots.slots(now))  # the final report
-    assert total(list(windows.values())).outcomes == {k: v for k, v in totals.items() if v}
-    assert sum(total(list(windows.values())).durations) == len(plan)
+            deliver(now, report)
+            deliver(now, report)
+        elif delivery == "stale" and len(sent) > 1:  # an older report read again
+            deliver(now, report)
+            deliver(*sent[-2])
+    deliver(now + 1, slots.slots(now + 1))  # the final report
+    counted = total([w.tally for w in windows.values()])
+    assert counted.outcomes == {k: v for k, v in totals.items() if v}
+    assert sum(counted.durations) == len(plan)
+
+
+def test_a_windows_value_reads_back_and_forgets_silent_workers() -> None:
+    folded = Folded().fold("w1", 10, {0: Tally({"succeeded": 2})})
+    assert folded is not None
+    again = Folded.from_obj(folded.to_obj())
+    assert again.fold("w1", 10, {0: Tally({"succeeded": 2})}) is None  # read again
+    later = again.fold("w1", 11, {0: Tally({"succeeded": 3})})
+    assert later is not None
+    assert later.tally.outcomes == {"succeeded": 3}
+    later.forget_before(12)
+    assert later.seen == {}
 
 
 def test_slots_older_than_the_kept_ones_are_dropped() -> None:
@@ -146,7 +166,7 @@ def test_spans_name_their_windows_and_refuse_others() -> None:
     assert windows.span("7d") == (3600, 7 * 86400)
     with pytest.raises(ValueError, match="unknown history window '2h': one of 1h, 24h, 7d"):
         windows.span("2h")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least a second"):
         Windows(0)
 
 
@@ -160,7 +180,8 @@ def test_the_history_reads_the_slots_of_a_workers_report() -> None:
         ("t", "w1", 5, 60_000, True)
     assert read.slots[60_000].to_obj() == tally.to_obj()
     back = WorkerReport.from_json(report.to_json())
-    assert back is not None and back.slots == {60_000: tally.to_obj()}
+    assert back is not None
+    assert back.slots == {60_000: tally.to_obj()}
 
 
 def test_reports_without_slots_or_with_a_bad_slot_are_not_read() -> None:
