@@ -16,9 +16,9 @@ was handed again (docs/history.md has the evidence). So each table value also ke
 worker, the time of the last report folded into it, and a report no newer adds nothing:
 every value is exact and idempotent by itself, whatever faust replays. A second agent
 reads `P._history.windows` (read committed: only what a transaction committed) and sets
-those rows of `stream_jobs_history` in Postgres, where the readers are. The broker must allow transactions (a single-node broker needs
-transaction.state.log.replication.factor=1 and transaction.state.log.min.isr=1; ops/
-sets them).
+those rows of `stream_jobs_history` in Postgres, where the readers are. The broker must
+allow transactions (a single-node broker needs transaction.state.log.replication.factor=1
+and transaction.state.log.min.isr=1; ops/ sets them).
 """
 
 from __future__ import annotations
