@@ -150,7 +150,7 @@ def test_a_version_move_upgrades_the_features_a_fresh_format_would_set() -> None
     assert release_features(VERSION_MAPPING_4_4) == [
         "metadata.version=33", "transaction.version=2", "group.version=1",
         "eligible.leader.replicas.version=1", "share.version=2", "streams.version=1"]
-    with pytest.raises(StackError, match="no metadata.version"):
+    with pytest.raises(StackError, match=r"no metadata\.version"):
         release_features("Unknown release version 9.9\n")
 
 
