@@ -26,6 +26,7 @@ from stream_jobs.errors import PrerequisiteMissing, StackError
 from stream_jobs.settings import Settings
 from stream_jobs.stack.process import (
     ServiceStatus,
+    cmdline,
     ensure_port_free,
     port_open,
     read_pid,
@@ -57,11 +58,35 @@ def kafka_version(pom: Path) -> str:
     return match.group(1)
 
 
+def jars_home(settings: Settings, pom: Path) -> Path:
+    """The cache folder of the jars `pom` pins: keyed by the version and the pom's digest,
+    so a moved pin (or any change to the pom) resolves afresh beside the old jars."""
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
+    return settings.jars_cache_dir.expanduser() / f"kafka-{kafka_version(pom)}-{digest}"
+
+
+def release_of(version: str) -> str:
+    """The feature release of a Kafka version: `4.4` of `4.4.0`."""
+    match = re.fullmatch(r"(\d+\.\d+)(\.\d+)?", version)
+    if match is None:
+        raise StackError(f"{version!r} is not a Kafka version (like 4.4.0).")
+    return match.group(1)
+
+
+def release_features(mapping: str) -> list[str]:
+    """`name=level` for each feature `kafka-features version-mapping` lists, as a fresh
+    format by those jars finalizes them: all but kraft.version, which stays at 0 on a
+    quorum of static voters (`controller.quorum.voters`)."""
+    levels = re.findall(r"^([a-z][a-z.]*)=(\d+)", mapping, re.MULTILINE)
+    if not any(name == "metadata.version" for name, _ in levels):
+        raise StackError(f"kafka-features version-mapping named no metadata.version: {mapping!r}")
+    return [f"{name}={level}" for name, level in levels if name != "kraft.version"]
+
+
 def resolve_jars(settings: Settings) -> Path:
     """The folder of broker jars, resolving them with Maven on first use."""
     pom = ops_dir() / "kafka" / "pom.xml"
-    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
-    home = settings.jars_cache_dir.expanduser() / f"kafka-{kafka_version(pom)}-{digest}"
+    home = jars_home(settings, pom)
     lib = home / "lib"
     done = home / ".resolved"
     if done.is_file():
@@ -232,8 +257,10 @@ class KafkaCluster:
         return self._java(lib, "kafka.Kafka", str(node.config), heap_mb=self.heap_mb,
                           log_config="log4j2.properties")
 
-    def _format(self, lib: Path) -> None:
-        """Format the storage of nodes that have none yet; a formatted node is left alone."""
+    def _format(self, lib: Path) -> bool:
+        """Format the storage of nodes that have none yet; a formatted node is left alone.
+        True when every node was formatted now (by these jars)."""
+        fresh = not any((node.log_dir / "meta.properties").is_file() for node in self.nodes)
         cluster_id_file = self.home / "cluster.id"
         if not cluster_id_file.is_file():
             cluster_id_file.write_text(random_cluster_id() + "\n")
@@ -255,21 +282,27 @@ class KafkaCluster:
                 if self.security is not None:
                     detail = self.security.redact(detail)
                 raise StackError(f"Formatting Kafka node {node.node_id} failed: {detail}")
+        return fresh
 
     def _pid(self, node: KafkaNode) -> int | None:
         return read_pid(node.pid_file, marker=str(node.config))
 
     def up(self) -> None:
-        """Start every node that is not running; a second `up` is a no-op."""
+        """Start every node that is not running; a second `up` is a no-op. Storage an
+        older pinned version formatted starts on the pinned jars and gets their features
+        (a running cluster's are left as they are: `up` changes nothing that runs)."""
+        lib = resolve_jars(self.settings)
+        version = kafka_version(ops_dir() / "kafka" / "pom.xml")
+        self._check_jars(lib, version)
         if all(self._pid(node) for node in self.nodes):
             return
-        lib = resolve_jars(self.settings)
         if self.security is not None:
             make_tls_files(self.tls.folder)
         for node in self.nodes:
             node.home.mkdir(parents=True, exist_ok=True)
             node.config.write_text(self._render_config(node))
-        self._format(lib)
+        if self._format(lib):
+            self.features_file.write_text(version + "\n")
         started: list[KafkaNode] = []
         for node in self.nodes:
             if self._pid(node):
@@ -290,6 +323,49 @@ class KafkaCluster:
                 what=f"Kafka node {node.node_id}",
                 log_file=node.log_file,
             )
+        self._finalize_features(lib, version)
+
+    def _check_jars(self, lib: Path, version: str) -> None:
+        """A running node must run the pinned jars: after the pin moves, `up` must not
+        leave the old broker serving as if it were the new one."""
+        for node in self.nodes:
+            pid = self._pid(node)
+            if pid is not None and f"{lib}/*" not in cmdline(pid):
+                raise StackError(
+                    f"Kafka node {node.node_id} (pid {pid}) runs other jars than the "
+                    f"{version} that ops/kafka/pom.xml pins: run `stream-jobs dev down`, then "
+                    "`stream-jobs dev up` starts it on the pinned jars (its data carries over)."
+                )
+
+    @property
+    def features_file(self) -> Path:
+        """The Kafka version whose features the cluster's metadata was last brought to."""
+        return self.home / "features.version"
+
+    def _finalize_features(self, lib: Path, version: str) -> None:
+        """Bring the cluster's finalized features (metadata.version, share.version, ...)
+        to those a fresh format by these jars sets, once after the pinned version moves:
+        a broker started on storage an older one formatted keeps the older levels (no
+        share groups on Kafka 4.1's) until they are upgraded, and never downgrades."""
+        if self.features_file.is_file() and self.features_file.read_text().strip() == version:
+            return
+        tool = "org.apache.kafka.tools.FeatureCommand"
+        mapping = self._tool(lib, tool, "version-mapping", "--release-version",
+                             release_of(version))
+        levels = [arg for level in release_features(mapping) for arg in ("--feature", level)]
+        # A secure node's PLAINTEXT loopback listener carries the cluster's own requests.
+        bootstrap = ",".join(f"{HOST}:{n.internal_port or n.port}" for n in self.nodes)
+        self._tool(lib, tool, "--bootstrap-server", bootstrap, "upgrade", *levels)
+        self.features_file.write_text(version + "\n")
+
+    def _tool(self, lib: Path, main: str, *args: str) -> str:
+        """Run a Kafka tool from `lib`; its stdout, or a StackError saying what failed."""
+        out = subprocess.run(self._java(lib, main, *args), capture_output=True, text=True,
+                             check=False)
+        if out.returncode != 0:
+            detail = (out.stderr or out.stdout).strip()[-400:]
+            raise StackError(f"{main.rsplit('.', 1)[-1]} {' '.join(args[-3:])} failed: {detail}")
+        return out.stdout
 
     def down(self) -> list[str]:
         """Stop the nodes we started (by pid file); returns what was stopped."""

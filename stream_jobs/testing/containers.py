@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 # The broker version ops/kafka/pom.xml pins for `stream-jobs dev up` (a unit test keeps
 # the two equal), so tests run on the broker the project is developed against.
-KAFKA_VERSION = "4.1.1"
+KAFKA_VERSION = "4.4.0"
 KAFKA_IMAGE_ENV = "STREAM_JOBS_TEST_KAFKA_IMAGE"
 POSTGRES_IMAGE_ENV = "STREAM_JOBS_TEST_POSTGRES_IMAGE"
 DEFAULT_KAFKA_IMAGE = f"apache/kafka:{KAFKA_VERSION}"

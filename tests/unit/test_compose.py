@@ -23,7 +23,8 @@ from prometheus_client import CollectorRegistry
 from stream_jobs.runtime.metrics import serve_metrics, worker_registry
 from stream_jobs.runtime.throttle import NO_LIMIT
 from stream_jobs.settings import DEFAULT_KAFKA_PORT, DEFAULT_POSTGRES_PORT, Settings
-from stream_jobs.stack.kafka import kafka_version
+from stream_jobs.stack.kafka import KafkaCluster, kafka_version
+from stream_jobs.testing.containers import KAFKA_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "STREAM_JOBS_"
@@ -113,6 +114,40 @@ def test_postgres_is_published_where_the_default_url_points(services: dict[str, 
 def test_the_kafka_image_is_the_version_dev_up_runs(services: dict[str, Any]) -> None:
     image = services["kafka"]["image"]
     assert image == f"apache/kafka:{kafka_version(REPO / 'ops' / 'kafka' / 'pom.xml')}"
+
+
+# The internal topics a single node must place with one replica: the transaction state
+# log above all (a transactional producer, an exactly-once stream processor's, never gets a
+# producer ID on one node without it), the consumer offsets, and the share groups' state.
+SINGLE_NODE_SETTINGS = (
+    "offsets.topic.replication.factor",
+    "transaction.state.log.replication.factor",
+    "transaction.state.log.min.isr",
+    "share.coordinator.state.topic.replication.factor",
+    "share.coordinator.state.topic.min.isr",
+)
+
+
+def as_variable(setting: str) -> str:
+    return "KAFKA_" + setting.upper().replace(".", "_")
+
+
+def dev_up_settings(tmp_path: Path) -> dict[str, str]:
+    cluster = KafkaCluster(Settings(stack_dir=tmp_path), 1)
+    lines = cluster._render_config(cluster.nodes[0]).splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def test_every_single_node_broker_places_its_internal_topics_on_one_node(
+        services: dict[str, Any], tmp_path: Path) -> None:
+    dev_up = dev_up_settings(tmp_path)
+    compose = environment(services["kafka"])
+    for setting in SINGLE_NODE_SETTINGS:
+        assert dev_up[setting] == "1", setting
+        assert compose.get(as_variable(setting)) == "1", f"docker-compose.yml: {setting}"
+        # testcontainers' KafkaContainer sets the offsets topic's itself.
+        if setting != "offsets.topic.replication.factor":
+            assert KAFKA_ENV.get(as_variable(setting)) == "1", f"containers.py: {setting}"
 
 
 def test_worker_environment_names_real_settings(services: dict[str, Any]) -> None:

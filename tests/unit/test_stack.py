@@ -10,9 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from stream_jobs.errors import PrerequisiteMissing
+from stream_jobs.errors import PrerequisiteMissing, StackError
 from stream_jobs.settings import Settings
-from stream_jobs.stack.kafka import KafkaCluster, kafka_version, resolve_jars
+from stream_jobs.stack.kafka import (
+    KafkaCluster,
+    jars_home,
+    kafka_version,
+    release_features,
+    release_of,
+    resolve_jars,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,6 +89,69 @@ def test_a_failed_maven_run_says_so_and_is_retried_next_time(
     monkeypatch.delenv("FAKE_MVN_EXIT")
     assert resolve_jars(settings).is_dir()
     assert runs_of(fake_tools) == 2
+
+
+def test_a_cache_of_the_old_version_alone_resolves_the_pinned_one(
+    tmp_path: Path, fake_tools: Path,
+) -> None:
+    """A machine that ran the stack before the pin moved: its cache holds the 4.1.1 jars
+    only. `dev up` resolves the pinned version beside them and never returns the old."""
+    pom = REPO / "ops" / "kafka" / "pom.xml"
+    pinned = kafka_version(pom)
+    assert pinned != "4.1.1"
+    cache = tmp_path / "cache"
+    old_pom = tmp_path / "old-pom.xml"
+    old_pom.write_text(pom.read_text().replace(f">{pinned}<", ">4.1.1<"))
+    old_home = jars_home(Settings(jars_cache_dir=cache), old_pom)
+    (old_home / "lib").mkdir(parents=True)
+    (old_home / "lib" / "kafka-server-4.1.1.jar").touch()
+    (old_home / ".resolved").write_text("ok\n")
+    assert old_home.name.startswith("kafka-4.1.1-")
+
+    lib = resolve_jars(Settings(jars_cache_dir=cache))
+    assert runs_of(fake_tools) == 1
+    assert lib.parent.name.startswith(f"kafka-{pinned}-")
+    assert lib.parent == jars_home(Settings(jars_cache_dir=cache), pom)
+    assert not lib.is_relative_to(old_home)
+    # The old jars are left as they were (a checkout of an older commit still uses them).
+    assert (old_home / "lib" / "kafka-server-4.1.1.jar").is_file()
+
+
+def test_the_pom_and_any_change_to_it_key_the_cache(tmp_path: Path) -> None:
+    settings = Settings(jars_cache_dir=tmp_path)
+    pom = tmp_path / "pom.xml"
+    pom.write_text("<kafka.version>4.4.0</kafka.version>")
+    first = jars_home(settings, pom)
+    pom.write_text("<kafka.version>4.4.0</kafka.version><!-- another log4j -->")
+    assert jars_home(settings, pom) != first
+    assert jars_home(settings, pom).name.startswith("kafka-4.4.0-")
+
+
+def test_the_feature_release_of_a_version() -> None:
+    assert release_of("4.4.0") == "4.4"
+    assert release_of("4.10") == "4.10"
+    with pytest.raises(StackError, match="not a Kafka version"):
+        release_of("4.4.0-SNAPSHOT")
+
+
+# What `kafka-features version-mapping --release-version 4.4` prints with the 4.4.0 jars.
+VERSION_MAPPING_4_4 = """metadata.version=33 (4.4)
+kraft.version=1
+transaction.version=2
+group.version=1
+eligible.leader.replicas.version=1
+share.version=2
+streams.version=1
+"""
+
+
+def test_a_version_move_upgrades_the_features_a_fresh_format_would_set() -> None:
+    # kraft.version stays: a quorum of static voters formats at 0 and stays there.
+    assert release_features(VERSION_MAPPING_4_4) == [
+        "metadata.version=33", "transaction.version=2", "group.version=1",
+        "eligible.leader.replicas.version=1", "share.version=2", "streams.version=1"]
+    with pytest.raises(StackError, match=r"no metadata\.version"):
+        release_features("Unknown release version 9.9\n")
 
 
 def heap_flags(argv: list[str]) -> list[str]:
