@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from stream_jobs.dlq.census import DlqCensus
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.redaction import redact_text
@@ -35,6 +36,7 @@ class TypePoint:
     lag: int
     oldest_age_s: float | None
     dlq_depth: int | None
+    dlq_jobs: int | None
     done_per_s: float
     failed_per_s: float  # retried + dead-lettered
     failure_ratio: float | None  # failed / (done + failed); None with nothing finished
@@ -44,7 +46,7 @@ class TypePoint:
         per_s = stats.rates.per_s()
         done, failed = per_s["done"], per_s["retried"] + per_s["dead_lettered"]
         total = done + failed
-        return cls(stats.lag, stats.oldest_age_s, stats.dlq_depth, done, failed,
+        return cls(stats.lag, stats.oldest_age_s, stats.dlq_depth, stats.dlq_jobs, done, failed,
                    failed / total if total > 0 else None)
 
 
@@ -66,6 +68,7 @@ class StatsSampler:
         self.window_s = window_s
         self.history: deque[Sample] = deque(maxlen=max(2, int(history_s / interval_s) + 1))
         self.latest: StatsSnapshot | None = None
+        self.census = DlqCensus()  # each sample reads only the letters dead-lettered since
         self.problem: str | None = None  # why the last sample failed, if it did
         self.sampled = asyncio.Event()  # set after the first sample, good or bad
 
@@ -75,7 +78,7 @@ class StatsSampler:
             return None
         try:
             snapshot = await collect(self.settings, self.types, per_partition=True,
-                                     window_s=self.window_s)
+                                     window_s=self.window_s, census=self.census)
         except StreamJobsError as exc:
             self.problem = redact_text(str(exc), self.settings)
             log.warning("stats not sampled: %s", self.problem)
