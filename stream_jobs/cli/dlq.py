@@ -60,7 +60,10 @@ def list_(
     as_json: bool = _JSON,
 ) -> None:
     """The DLQ in jobs, letters and repeats, the reasons (whole DLQ), then the most recent
-    matching jobs: one row per job, its newest letter and how many letters it has."""
+    matching jobs: one row per job, its newest letter and how many letters it has. A
+    letter is one DLQ record, a job one job ID; a job has more than one letter when a
+    worker was killed between writing its letter and committing, or when it was requeued
+    and died again: the letters beyond each job's first are repeats."""
     settings = _settings(ctx)
     since_ms = parse_since(since, now_ms()) if since is not None else None
     listing = asyncio.run(dlq.list_letters(settings, job_type, reason=reason, since_ms=since_ms,
@@ -188,7 +191,9 @@ def requeue(
                                      envvar="STREAM_JOBS_DLQ_MAX_REQUEUES",
                                      help="The loop guard: leave letters requeued this often."),
 ) -> None:
-    """Put dead letters back in their lanes, keeping their job IDs (so ctx.once() dedups).
+    """Put dead letters back in their lanes, keeping their job IDs (so ctx.once() dedups):
+    one letter per job, its newest; a job's older letters (repeats) are skipped and
+    counted, with --all too.
 
     Safe to interrupt and to run again: nothing is lost and no effect runs twice.
     """
@@ -292,7 +297,7 @@ def purge(ctx: typer.Context, job_type: str = _TYPE,
 def _print_plan(plan: RequeuePlan, *, reset_attempts: bool,
                 rate_per_s: float | None) -> None:
     if plan.mode == "all":
-        where = f"the newest letter of each job after the drain position of group {plan.group}"
+        where = f"letters after the drain position of group {plan.group}"
     elif plan.mode == "ids":
         where = "the newest letter of each given job ID, in the whole DLQ"
     else:
