@@ -36,7 +36,6 @@ class TypePoint:
     lag: int
     oldest_age_s: float | None
     dlq_depth: int | None
-    dlq_jobs: int | None
     done_per_s: float
     failed_per_s: float  # retried + dead-lettered
     failure_ratio: float | None  # failed / (done + failed); None with nothing finished
@@ -46,7 +45,7 @@ class TypePoint:
         per_s = stats.rates.per_s()
         done, failed = per_s["done"], per_s["retried"] + per_s["dead_lettered"]
         total = done + failed
-        return cls(stats.lag, stats.oldest_age_s, stats.dlq_depth, stats.dlq_jobs, done, failed,
+        return cls(stats.lag, stats.oldest_age_s, stats.dlq_depth, done, failed,
                    failed / total if total > 0 else None)
 
 
