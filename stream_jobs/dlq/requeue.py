@@ -10,10 +10,9 @@ to run again.
   that are in a lane; the next run starts there and re-sends at most one chunk. Every
   letter the drain looks at is committed past, also the ones it leaves (loop guard,
   undecodable, expired, repeats): the group's position means "dealt with, and reported".
-- One letter per job: of several letters of one job (a worker killed between writing a
-  letter and committing, a requeued job that died again) only the newest is judged and
-  sent; the older ones are *repeats*, skipped and reported (`stream_jobs.dlq.tally`).
-  `--all` folds the letters after the drain position; a selection, the whole DLQ.
+- One letter per job: of a job's letters (`stream_jobs.dlq.tally`) after the drain
+  position (`--all`) or in the whole DLQ (a selection) only the newest is judged and
+  sent; the older ones are *repeats*, skipped and reported.
 - `SelectIds` and `SelectReason` never use the group (they commit nothing): they look at
   the whole DLQ, also behind the drain position, which is how a left letter is reached
   later (`--id ID --force`). Repeating a selection sends each job once per run.
@@ -307,12 +306,10 @@ async def _plan_selection(settings: Settings, options: _Options,
 
 def _spans_of(chosen: set[tuple[int, int]]) -> dict[int, PartitionRange]:
     """Per partition, the offsets from the first to the last chosen letter."""
-    firsts: dict[int, int] = {}
-    lasts: dict[int, int] = {}
+    offsets: dict[int, list[int]] = {}
     for p, offset in chosen:
-        firsts[p] = min(firsts.get(p, offset), offset)
-        lasts[p] = max(lasts.get(p, offset), offset)
-    return {p: PartitionRange(p, firsts[p], lasts[p] + 1) for p in sorted(firsts)}
+        offsets.setdefault(p, []).append(offset)
+    return {p: PartitionRange(p, min(o), max(o) + 1) for p, o in sorted(offsets.items())}
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,8 +321,7 @@ class _Pick:
 
 
 class _Picks:
-    """The selected letters folded per job (`LetterTally`): each job's newest is judged,
-    the older ones are repeats, never sent. Holds a few small fields per job."""
+    """Selected letters folded per job (`LetterTally`): only each job's newest is judged."""
 
     def __init__(self, now_ms: int) -> None:
         self.now_ms = now_ms

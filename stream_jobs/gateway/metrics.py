@@ -100,8 +100,7 @@ def _type_gauges(snapshot: StatsSnapshot) -> Iterator[Metric]:
                 ["type", "tier"])
     yield gauge("stream_jobs_dlq_depth", "Dead letters the DLQ holds.", dlq)
     yield gauge("stream_jobs_dlq_jobs", "Dead-lettered jobs: distinct job IDs in the DLQ "
-                "(a job killed mid-write or requeued and dead again has several letters).",
-                dlq_jobs)
+                "(a job can have several letters).", dlq_jobs)
     yield gauge("stream_jobs_outcomes_per_second",
                 f"Outcomes per second over the last {snapshot.window_s:g} s "
                 "(done = succeeded + duplicate), from the workers' reports.", rates,
