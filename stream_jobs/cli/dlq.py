@@ -55,50 +55,73 @@ def list_(
                                      "an ISO time (UTC unless it has an offset) or a duration "
                                      "ago such as 1h."),
     limit: int = typer.Option(50, "--limit", min=0, help="Rows to show: the most recent."),
+    every_letter: bool = typer.Option(False, "--every-letter", help="One row per letter "
+                                      "(default: one per job, its newest letter)."),
     as_json: bool = _JSON,
 ) -> None:
-    """The reasons letters failed (whole DLQ), then the most recent matching letters."""
+    """The DLQ in jobs, letters and repeats, the reasons (whole DLQ), then the most recent
+    matching jobs: one row per job, its newest letter and how many letters it has. A
+    letter is one DLQ record, a job one job ID; a job has more than one letter when a
+    worker was killed between writing its letter and committing, or when it was requeued
+    and died again: the letters beyond each job's first are repeats."""
     settings = _settings(ctx)
     since_ms = parse_since(since, now_ms()) if since is not None else None
     listing = asyncio.run(dlq.list_letters(settings, job_type, reason=reason, since_ms=since_ms,
-                                           limit=limit))
+                                           limit=limit, per_letter=every_letter))
     if as_json:
         _print_json({**asdict(listing), "rows": [_row_json(r) for r in listing.rows]})
         return
-    console.print(f"{listing.topic} holds {counted(listing.letters, 'letter')}.")
-    reasons = Table()
-    reasons.add_column("reason")
-    reasons.add_column("letters", justify="right")
-    for name, count in listing.reasons.items():
-        reasons.add_row(Text(name), f"{count:,}")
-    console.print(reasons)
+    _print_counts(listing)
     if listing.pending_drain:
-        console.print(f"{counted(listing.pending_drain, 'of them is', 'of them are')} after "
+        console.print(f"{counted(listing.pending_drain, 'letter is', 'letters are')} after "
                       "the drain position "
                       f"(`stream-jobs dlq requeue {job_type} --all` would look at those).")
+    matching = (counted(listing.matching, "matching letter") if every_letter
+                else counted(listing.matching_jobs, "matching job"))
     if not listing.rows:
-        console.print(f"{counted(listing.matching, 'letter matches', 'letters match')}; "
-                      "raise --limit to see them."
-                      if listing.matching else "No letters match.")
+        console.print(f"{matching} ({counted(listing.matching, 'letter')}); raise --limit to "
+                      "see them." if listing.matching else "No letters match.")
         return
-    console.print(f"{len(listing.rows):,} of {counted(listing.matching, 'matching letter')}, "
-                  "most recent last (times UTC):")
-    rows = Table()
-    for column in ("job id", "reason", "error", "message", "attempt", "requeues", "failed at",
-                   "enqueued at", "origin", "partition/offset"):
-        rows.add_column(column, overflow="fold")
-    for row in listing.rows:
+    each = "one row per letter" if every_letter else "one row per job, its newest letter"
+    console.print(f"{len(listing.rows):,} of {matching}, {each}, most recent last "
+                  "(times UTC):")
+    console.print(_rows_table(listing.rows))
+    shown = listing.matching if every_letter else listing.matching_jobs
+    if shown > len(listing.rows):
+        hidden = shown - len(listing.rows)
+        what = ("older matching letter is", "older matching letters are") if every_letter \
+            else ("older matching job is", "older matching jobs are")
+        console.print(f"{counted(hidden, *what)} not shown; raise --limit to see them.")
+
+
+def _print_counts(listing: dlq.DlqListing) -> None:
+    """Jobs beside letters: a job killed mid-write, or requeued and dead again, has more
+    than one letter (the repeats)."""
+    console.print(f"{listing.topic} holds {counted(listing.letters, 'letter')} of "
+                  f"{counted(listing.jobs, 'dead-lettered job')} "
+                  f"({counted(listing.repeats, 'repeat')}: letters beyond a job's first).")
+    reasons = Table()
+    reasons.add_column("reason")
+    reasons.add_column("jobs", justify="right")
+    reasons.add_column("letters", justify="right")
+    for name, count in listing.reasons.items():
+        reasons.add_row(Text(name), f"{listing.job_reasons.get(name, 0):,}", f"{count:,}")
+    console.print(reasons)
+
+
+def _rows_table(rows: list[LetterRow]) -> Table:
+    table = Table()
+    for column in ("job id", "reason", "error", "message", "attempt", "requeues", "letters",
+                   "failed at", "enqueued at", "origin", "partition/offset"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
         error = row.error_class.rsplit(".", 1)[-1]
-        rows.add_row(Text(row.job_id or "-"), Text(row.reason),
-                     Text(error if row.runnable else f"{error} (cannot run)"), Text(row.message),
-                     _num(row.attempt), str(row.requeues), _short_time(row.failed_at_ms),
-                     _short_time(row.enqueued_at_ms), Text(row.origin or "-"),
-                     f"{row.partition}/{row.offset}")
-    console.print(rows)
-    if listing.matching > len(listing.rows):
-        hidden = listing.matching - len(listing.rows)
-        console.print(f"{counted(hidden, 'older matching letter is', 'older matching letters are')}"
-                      " not shown; raise --limit to see them.")
+        table.add_row(Text(row.job_id or "-"), Text(row.reason),
+                      Text(error if row.runnable else f"{error} (cannot run)"), Text(row.message),
+                      _num(row.attempt), str(row.requeues), f"{row.letters:,}",
+                      _short_time(row.failed_at_ms), _short_time(row.enqueued_at_ms),
+                      Text(row.origin or "-"), f"{row.partition}/{row.offset}")
+    return table
 
 
 @dlq_app.command("show")
@@ -148,8 +171,9 @@ def show(ctx: typer.Context, job_type: str = _TYPE,
 def requeue(
     ctx: typer.Context,
     job_type: str = _TYPE,
-    every: bool = typer.Option(False, "--all", help="Drain: every letter after the drain "
-                               "position of group P.T.dlq, which then moves past them."),
+    every: bool = typer.Option(False, "--all", help="Drain: the letters after the drain "
+                               "position of group P.T.dlq, one per job (the newest); the "
+                               "position then moves past them all."),
     ids: list[str] | None = typer.Option(None, "--id", metavar="JOB_ID",
                                          help="A job ID (repeatable); looks at "
                                          "the whole DLQ."),
@@ -167,7 +191,9 @@ def requeue(
                                      envvar="STREAM_JOBS_DLQ_MAX_REQUEUES",
                                      help="The loop guard: leave letters requeued this often."),
 ) -> None:
-    """Put dead letters back in their lanes, keeping their job IDs (so ctx.once() dedups).
+    """Put dead letters back in their lanes, keeping their job IDs (so ctx.once() dedups):
+    one letter per job, its newest; a job's older letters (repeats) are skipped and
+    counted, with --all too.
 
     Safe to interrupt and to run again: nothing is lost and no effect runs twice.
     """
@@ -281,12 +307,12 @@ def _print_plan(plan: RequeuePlan, *, reset_attempts: bool,
         console.print("  nothing is after the drain position: earlier `--all` runs dealt with "
                       "every letter (`--id` and `--reason` look at the whole DLQ).")
         return
-    console.print(f"  looked at {counted(plan.read, 'letter')}; {plan.selected:,} selected")
+    jobs = plan.selected - plan.superseded
+    console.print(f"  looked at {counted(plan.read, 'letter')}; {plan.selected:,} selected, "
+                  f"of {counted(jobs, 'job')}")
     if plan.superseded:
-        console.print("  " + counted(plan.superseded,
-                                     "older letter of a job that has a newer one is",
-                                     "older letters of jobs that have a newer one are")
-                      + " not sent")
+        console.print(f"  skipping {counted(plan.superseded, 'repeat')}: one letter per job, "
+                      "the newest, is judged and sent")
     lanes = ", ".join(f"{lane} {n:,}" for lane, n in sorted(plan.lanes.items()))
     attempt = ("at attempt 1" if reset_attempts
                else "as its next attempt" if plan.to_requeue == 1 else "as their next attempt")
@@ -309,6 +335,8 @@ def _print_plan(plan: RequeuePlan, *, reset_attempts: bool,
 def _print_outcome(result: RequeueResult, job_type: str) -> None:
     plan = result.plan
     done = f"Requeued {counted(result.requeued, 'letter')}"
+    if plan.superseded:
+        done += f" (one per job; {counted(plan.superseded, 'repeat')} skipped)"
     if plan.mode == "all":
         done += f"; the drain position moved past {result.drained:,}"
     console.print(done + ". Requeued letters stay in the DLQ until its retention or a purge.")

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from stream_jobs.cli.common import app, settings_of
 from stream_jobs.clock import now_ms
+from stream_jobs.dlq.census import DlqCensus
 from stream_jobs.durations import parse_rate
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
@@ -134,10 +135,12 @@ def drain(
 async def _watch(settings: Settings, types: dict[str, JobTypePolicy], job_type: str,
                  interval_s: float, timeout_s: float | None) -> int:
     started = time.monotonic()
+    census = DlqCensus()  # each refresh reads only the letters dead-lettered since
 
     async def snapshot() -> TypeStats:
         window_s = max(1.0, time.monotonic() - started)
-        shot = await collect(settings, types, job_type=job_type, window_s=window_s)
+        shot = await collect(settings, types, job_type=job_type, window_s=window_s,
+                             census=census)
         return shot.types[0]
 
     first = await snapshot()

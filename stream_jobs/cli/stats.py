@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.table import Table
 
 from stream_jobs.cli.common import settings_of
+from stream_jobs.dlq.census import DlqCensus
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
 from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, JobLocation, locate_job
 from stream_jobs.plurals import counted
@@ -48,14 +49,16 @@ def stats(
     window_s: float = typer.Option(DEFAULT_WINDOW_S, "--window", min=1.0,
                                    help="Seconds the rates are averaged over."),
 ) -> None:
-    """Lag and oldest job per lane, delay-tier and DLQ depths, recent rates and live
+    """Lag and oldest job per lane, delay-tier depths, dead-lettered jobs (and their
+    letters), recent rates and live
     workers per type, from Kafka (worker reports in P._stats give the rates); and the
     outbox's depth and oldest row, from Postgres."""
     settings, types = _load(ctx, job_type)
+    census = DlqCensus()  # with --watch, each refresh reads only the new dead letters
 
     async def snapshot() -> StatsSnapshot:
         return await collect(settings, types, job_type=job_type, per_partition=partitions,
-                             window_s=window_s)
+                             window_s=window_s, census=census)
 
     async def run() -> None:
         if not watch:
@@ -200,7 +203,7 @@ def render_stats(shot: StatsSnapshot, settings: Settings, partitions: bool) -> G
         rows = [(f"lane {lane.name}", _count(lane.lag), _age(lane.oldest_age_s))
                 for lane in t.lanes]
         rows += [(f"tier {tier.name}", _count(tier.lag), "") for tier in t.tiers]
-        rows.append(("dlq", _count(t.dlq_depth, alarm=True), ""))
+        rows.append(_dlq_row(t))
         for i, row in enumerate(rows):
             waiting.add_row(t.job_type if i == 0 else "", *row, end_section=i == len(rows) - 1)
         per_s = t.rates.per_s()
@@ -225,6 +228,13 @@ def render_stats(shot: StatsSnapshot, settings: Settings, partitions: bool) -> G
         parts.append(_partition_table(shot))
     parts.extend(f"[yellow]{note}[/]" for note in notes)
     return Group(*parts)
+
+
+def _dlq_row(t: TypeStats) -> tuple[str, str, str]:
+    """The DLQ in jobs (distinct job IDs), its letters beside: a job can have several."""
+    if t.dlq is None:
+        return "dlq", _count(t.dlq_depth, alarm=True), ""
+    return (f"dlq ({counted(t.dlq.letters, 'letter')})", _count(t.dlq.jobs, alarm=True), "")
 
 
 def _outbox_line(shot: StatsSnapshot) -> str:

@@ -187,6 +187,7 @@ class LetterRow:
     offset: int
     requeues: int
     runnable: bool  # False: undecodable, `requeue` leaves it
+    letters: int = 1  # the letters of this job in the whole DLQ (this one is its newest)
 
     @classmethod
     def of(cls, letter: Letter) -> LetterRow:

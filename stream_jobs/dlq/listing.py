@@ -9,15 +9,15 @@ Letters that cannot be decoded (raw bytes, garbled headers) are listed like any 
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import orjson
 
 from stream_jobs.clock import now_ms
 from stream_jobs.dlq.letters import Letter, LetterRow, read_letter
+from stream_jobs.dlq.tally import LatestJobs, LetterTally, job_key
 from stream_jobs.errors import BrokerError, ConfigError, DlqRefused, LetterNotFound
 from stream_jobs.failures import FailureInfo
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
@@ -34,9 +34,13 @@ from stream_jobs.settings import Settings
 
 @dataclass(frozen=True)
 class DlqListing:
-    """`dlq list`: the reason histogram of the whole DLQ, then the rows that match.
+    """`dlq list`: the DLQ counted (`stream_jobs.dlq.tally`), then the rows that match.
 
-    `rows` are the `limit` most recent matching letters (by failure time), oldest first.
+    `letters`, `jobs` and `repeats` count the whole DLQ; `reasons` are letters per
+    reason and `job_reasons` jobs per reason of their newest letter. A row is one job,
+    its newest matching letter (`LetterRow.letters`: how many letters the job has in the
+    whole DLQ); with `per_letter`, one row per letter. `rows` are the `limit` rows whose
+    letter failed last, oldest first; `matching` letters of `matching_jobs` jobs match.
     `pending_drain` counts letters after the drain position of the group `P.T.dlq`,
     i.e. what `requeue --all` would look at.
     """
@@ -48,6 +52,11 @@ class DlqListing:
     matching: int
     rows: list[LetterRow]
     pending_drain: int
+    jobs: int = 0
+    repeats: int = 0
+    job_reasons: dict[str, int] = field(default_factory=dict)
+    matching_jobs: int = 0
+    per_letter: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,34 +84,36 @@ class LetterDetail:
 
 
 async def list_letters(settings: Settings, job_type: str, *, reason: str | None = None,
-                       since_ms: int | None = None, limit: int | None = None) -> DlqListing:
-    """The DLQ of `job_type` as it is now: reasons over every letter, and the rows that
-    have `reason` and failed at or after `since_ms`."""
+                       since_ms: int | None = None, limit: int | None = None,
+                       per_letter: bool = False) -> DlqListing:
+    """The DLQ of `job_type` as it is now, read once: counts over every letter, and the
+    rows of the letters that have `reason` and failed at or after `since_ms`."""
     policy = policy_of(settings, job_type)
     topic = dlq_topic(settings.topic_prefix, job_type)
     histogram: Counter[str] = Counter()
-    kept: list[tuple[tuple[int, int, int], LetterRow]] = []
-    matching = 0
+    whole, matched = LetterTally(), LetterTally()
+    picked: LatestJobs[tuple[str, LetterRow]] = LatestJobs(limit, per_letter=per_letter)
     async with open_reader(settings) as consumer:
         spans = await dlq_spans(consumer, topic)
         async for record in scan(consumer, topic, spans):
             letter = read_letter(record, job_type, policy.payload_limit(settings))
             histogram[letter.reason] += 1
+            whole.add(letter)
             if reason is not None and letter.reason != reason:
                 continue
             if since_ms is not None and letter.failed_at_ms < since_ms:
                 continue
-            matching += 1
-            entry = ((letter.failed_at_ms, letter.partition, letter.offset), LetterRow.of(letter))
-            if limit is None:
-                kept.append(entry)
-            elif limit > 0:
-                # A bounded heap keeps the most recent rows without holding the whole DLQ.
-                (heapq.heappush if len(kept) < limit else heapq.heappushpop)(kept, entry)
+            newest = matched.add(letter)
+            # Rows of letters that are not the job's newest (so far) are never built.
+            if newest or per_letter:
+                picked.offer(letter, newest, (job_key(letter), LetterRow.of(letter)))
     pending = await pending_drain(settings, job_type, spans)
-    return DlqListing(job_type, topic, sum(s.size for s in spans),
-                      dict(histogram.most_common()), matching,
-                      [row for _, row in sorted(kept, key=lambda e: e[0])], pending)
+    counts, found = whole.counts, matched.counts
+    rows = [replace(row, letters=whole.jobs[key].letters) for key, row in picked.rows()]
+    return DlqListing(job_type, topic, counts.letters, dict(histogram.most_common()),
+                      found.letters, rows, pending, jobs=counts.jobs, repeats=counts.repeats,
+                      job_reasons=whole.reasons(), matching_jobs=found.jobs,
+                      per_letter=per_letter)
 
 
 async def show_letter(settings: Settings, job_type: str, job_id: str) -> LetterDetail:

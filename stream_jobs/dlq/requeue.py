@@ -9,11 +9,13 @@ to run again.
   acknowledged every record of it. A run killed at any point has committed only letters
   that are in a lane; the next run starts there and re-sends at most one chunk. Every
   letter the drain looks at is committed past, also the ones it leaves (loop guard,
-  undecodable, expired): the group's position means "dealt with, and reported".
+  undecodable, expired, repeats): the group's position means "dealt with, and reported".
+- One letter per job: of a job's letters (`stream_jobs.dlq.tally`) after the drain
+  position (`--all`) or in the whole DLQ (a selection) only the newest is judged and
+  sent; the older ones are *repeats*, skipped and reported.
 - `SelectIds` and `SelectReason` never use the group (they commit nothing): they look at
   the whole DLQ, also behind the drain position, which is how a left letter is reached
-  later (`--id ID --force`). Of several letters of one job (requeued, failed again) only
-  the newest counts, so repeating a selection sends each job once per run.
+  later (`--id ID --force`). Repeating a selection sends each job once per run.
 - The loop guard: a letter already requeued `max_requeues` times is left (and reported)
   unless forced, so a job that can never succeed does not cycle forever. A letter past
   its expiry is left too (the worker would drop it unrun) unless forced, which clears
@@ -51,6 +53,7 @@ from stream_jobs.dlq.listing import (
     drain_starts,
     policy_of,
 )
+from stream_jobs.dlq.tally import LetterTally, job_key
 from stream_jobs.errors import CommitRefused, ConfigError, PublishError
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka import TopicPartition
@@ -94,8 +97,8 @@ class RequeuePlan:
     """What a requeue will do, known before it writes anything.
 
     `read` letters were looked at; `selected` of them were named by the selection, of
-    which `superseded` are older letters of a job with a newer one (not sent). Each
-    remaining letter has a verdict (`verdicts`); `lanes` splits the requeues by lane;
+    which `superseded` are repeats: older letters of a job with a newer one (not sent).
+    Each job's newest letter has a verdict (`verdicts`); `lanes` splits the requeues by lane;
     `samples` names up to ten job IDs per verdict that leaves letters.
     """
 
@@ -258,18 +261,16 @@ async def _plan_drain(settings: Settings, options: _Options) -> RequeuePlan:
     topic = dlq_topic(settings.topic_prefix, job_type)
     group = dlq_group(settings.topic_prefix, job_type)
     plan = RequeuePlan(job_type, topic, "all", group)
-    now = now_ms()
+    picks = _Picks(now_ms())
     async with open_reader(settings) as consumer:
         whole = await dlq_spans(consumer, topic)
         starts = await drain_starts(settings, job_type, whole)
         plan.spans = {s.partition: PartitionRange(s.partition, starts[s.partition], s.end)
                       for s in whole}
         async for record in scan(consumer, topic, list(plan.spans.values())):
-            letter = read_letter(record, job_type, options.payload_limit)
             plan.read += 1
-            plan.selected += 1
-            verdict, lane = options.verdict(letter, now)
-            plan.count(verdict, lane, label=_label(letter), problem=letter.problem)
+            picks.add(read_letter(record, job_type, options.payload_limit), options)
+    picks.settle(plan)
     return plan
 
 
@@ -279,9 +280,7 @@ async def _plan_selection(settings: Settings, options: _Options,
     topic = dlq_topic(settings.topic_prefix, job_type)
     plan = RequeuePlan(job_type, topic, "ids" if isinstance(select, SelectIds) else "reason",
                        None)
-    now = now_ms()
-    # Per job: the newest selected letter, as a few small fields so a big DLQ fits.
-    newest: dict[str, _Pick] = {}
+    picks = _Picks(now_ms())
     async with open_reader(settings) as consumer:
         whole = await dlq_spans(consumer, topic)
         async for record in scan(consumer, topic, whole):
@@ -292,44 +291,57 @@ async def _plan_selection(settings: Settings, options: _Options,
                     continue
             elif letter.reason != select.reason:
                 continue
-            plan.selected += 1
-            # A letter without a readable ID is its own job: never merged with another.
-            job = letter.job_id or f"\0{letter.partition}/{letter.offset}"
-            held = newest.get(job)
-            if held is None or letter.rank > held.rank:
-                verdict, lane = options.verdict(letter, now)
-                newest[job] = _Pick(letter.rank, letter.partition, letter.offset, verdict, lane,
-                                    _label(letter), letter.problem)
+            picks.add(letter, options)
     if isinstance(select, SelectIds):
-        missing = sorted(select.ids - newest.keys())
+        missing = sorted(select.ids - picks.tally.jobs.keys())
         if missing:
             raise LetterNotFound(
                 f"No letter in {topic} has job ID {', '.join(repr(m) for m in missing[:5])}"
                 f"{' and more' if len(missing) > 5 else ''}; nothing was requeued. "
                 f"`stream-jobs dlq list {job_type}` shows the IDs it holds.")
-    plan.superseded = plan.selected - len(newest)
-    firsts: dict[int, int] = {}
-    lasts: dict[int, int] = {}
-    for pick in newest.values():
-        plan.count(pick.verdict, pick.lane, label=pick.label, problem=pick.problem)
-        if pick.verdict == Verdict.REQUEUE:
-            plan.chosen.add((pick.partition, pick.offset))
-            p = pick.partition
-            firsts[p] = min(firsts.get(p, pick.offset), pick.offset)
-            lasts[p] = max(lasts.get(p, pick.offset), pick.offset)
-    plan.spans = {p: PartitionRange(p, firsts[p], lasts[p] + 1) for p in sorted(firsts)}
+    picks.settle(plan)
+    plan.spans = _spans_of(plan.chosen)
     return plan
+
+
+def _spans_of(chosen: set[tuple[int, int]]) -> dict[int, PartitionRange]:
+    """Per partition, the offsets from the first to the last chosen letter."""
+    offsets: dict[int, list[int]] = {}
+    for p, offset in chosen:
+        offsets.setdefault(p, []).append(offset)
+    return {p: PartitionRange(p, min(o), max(o) + 1) for p, o in sorted(offsets.items())}
 
 
 @dataclass(frozen=True, slots=True)
 class _Pick:
-    rank: tuple[int, int, int, int]
-    partition: int
-    offset: int
     verdict: Verdict
     lane: str | None
     label: str
     problem: str | None
+
+
+class _Picks:
+    """Selected letters folded per job (`LetterTally`): only each job's newest is judged."""
+
+    def __init__(self, now_ms: int) -> None:
+        self.now_ms = now_ms
+        self.tally = LetterTally()
+        self.judged: dict[str, _Pick] = {}
+
+    def add(self, letter: Letter, options: _Options) -> None:
+        if self.tally.add(letter):
+            verdict, lane = options.verdict(letter, self.now_ms)
+            self.judged[job_key(letter)] = _Pick(verdict, lane, _label(letter), letter.problem)
+
+    def settle(self, plan: RequeuePlan) -> None:
+        """Count every job's verdict in `plan` and choose the newest letters to send."""
+        counts = self.tally.counts
+        plan.selected, plan.superseded = counts.letters, counts.repeats
+        for key, job in self.tally.jobs.items():
+            pick = self.judged[key]
+            plan.count(pick.verdict, pick.lane, label=pick.label, problem=pick.problem)
+            if pick.verdict == Verdict.REQUEUE:
+                plan.chosen.add(job.position)
 
 
 async def _send_chosen(settings: Settings, options: _Options, plan: RequeuePlan,
@@ -386,7 +398,8 @@ async def _drain(settings: Settings, options: _Options, plan: RequeuePlan,
                 now = now_ms()
                 letters = [read_letter(r, plan.job_type, options.payload_limit)
                            for r in records]
-                targets = [t for t in (options.target(letter, now) for letter in letters)
+                targets = [t for t in (options.target(letter, now) for letter in letters
+                                       if (letter.partition, letter.offset) in plan.chosen)
                            if t is not None]
                 if targets:
                     sent += await _send(producer, targets, pacer, sent)

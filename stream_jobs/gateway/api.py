@@ -106,9 +106,14 @@ class DlqOut(BaseModel):
     job_type: str
     topic: str
     letters: int = Field(description="Letters the DLQ holds.")
+    jobs: int = Field(description="Dead-lettered jobs: distinct job IDs among the letters.")
+    repeats: int = Field(description="Letters beyond each job's first (letters - jobs).")
     reasons: dict[str, int] = Field(description="Letters per reason, over the whole DLQ.")
-    matching: int
-    rows: list[LetterRow] = Field(description="The most recent matching letters, oldest first.")
+    job_reasons: dict[str, int] = Field(description="Jobs per reason of their newest letter.")
+    matching: int = Field(description="Letters that match reason and since.")
+    matching_jobs: int = Field(description="Jobs with a letter that matches.")
+    rows: list[LetterRow] = Field(description="The most recent matching jobs, oldest first: "
+                                  "each job's newest matching letter and its letter count.")
     pending_drain: int = Field(description="Letters after the drain position (`all`).")
 
 
@@ -146,6 +151,8 @@ class RequeueOut(BaseModel):
     selected: int
     requeued: int = Field(description="Records acknowledged in their lanes.")
     drained: int = Field(description="Letters the drain committed past (`all` only).")
+    repeats_skipped: int = Field(description="Older letters of jobs with a newer one: only "
+                                 "a job's newest letter is sent.")
     left: dict[str, int] = Field(description="Letters left in the DLQ, by why.")
     lanes: dict[str, int] = Field(description="Requeues (planned, with dry_run) by lane.")
 
@@ -365,14 +372,16 @@ async def dlq(job_type: TypeName, gateway: GatewayDep,
               since: Annotated[str | None, Query(max_length=64, description="ISO time (UTC) "
                                                  "or a duration ago: 2h, 30m.")] = None,
               limit: Annotated[int, Query(ge=0, le=1000)] = 50) -> DlqOut:
-    """The reason histogram of the type's DLQ and its most recent letters."""
+    """The type's DLQ counted in jobs, letters and repeats, its reason histogram and its
+    most recent jobs (one row per job: its newest letter)."""
     get_job_type(gateway.types, job_type)
     since_ms = None if since is None else parse_since(since, now_ms())
     listing = await list_letters(gateway.settings, job_type, reason=reason, since_ms=since_ms,
                                  limit=limit)
     return DlqOut(job_type=listing.job_type, topic=listing.topic, letters=listing.letters,
-                  reasons=listing.reasons, matching=listing.matching,
-                  rows=list(listing.rows),
+                  jobs=listing.jobs, repeats=listing.repeats, reasons=listing.reasons,
+                  job_reasons=listing.job_reasons, matching=listing.matching,
+                  matching_jobs=listing.matching_jobs, rows=list(listing.rows),
                   pending_drain=listing.pending_drain)
 
 
@@ -393,6 +402,7 @@ async def run_requeue(gateway: Gateway, job_type: str, body: RequeueIn) -> Reque
     plan = result.plan
     return RequeueOut(job_type=job_type, mode=plan.mode, dry_run=result.dry_run,
                       selected=plan.selected, requeued=result.requeued, drained=result.drained,
+                      repeats_skipped=plan.superseded,
                       left={str(v): n for v, n in plan.verdicts.items() if n and
                             str(v) != "requeue"},
                       lanes=dict(plan.lanes))

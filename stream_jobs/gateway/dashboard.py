@@ -224,7 +224,7 @@ async def dlq_page(request: Request, job_type: str, gateway: GatewayDep,
         return _to_login(request)
     get_job_type(gateway.types, job_type)
     listing = await list_letters(gateway.settings, job_type, reason=reason or None, limit=50)
-    histogram = bar_chart(list(listing.reasons.items()), title="letters by reason")
+    histogram = bar_chart(list(listing.job_reasons.items()), title="jobs by reason")
     return _page("dlq.html", listing=listing, histogram=histogram, reason=reason or "",
                  done=done, rows=list(reversed(listing.rows)), quote=quote,
                  session=session)

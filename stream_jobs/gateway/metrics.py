@@ -1,7 +1,8 @@
 """Prometheus metrics of the gateway: gauges from the stats it samples.
 
 The gateway samples `stream_jobs.tools.stats` in the background and `StatsCollector`
-turns the latest snapshot into gauges: lag, oldest age, tier and DLQ depth, rates, live
+turns the latest snapshot into gauges: lag, oldest age, tier and DLQ depth (letters),
+dead-lettered jobs (distinct job IDs: a job can leave several letters), rates, live
 workers, the rate limit in force, and per-partition lag and committed offsets (what the
 "partition stuck" alert watches), and the outbox's depth and oldest row. Nothing here
 runs per job or per request.
@@ -22,6 +23,7 @@ GATEWAY_METRICS = frozenset({
     "stream_jobs_oldest_age_seconds",
     "stream_jobs_tier_depth",
     "stream_jobs_dlq_depth",
+    "stream_jobs_dlq_jobs",
     "stream_jobs_outcomes_per_second",
     "stream_jobs_workers_alive",
     "stream_jobs_in_flight",
@@ -58,7 +60,8 @@ class StatsCollector(Collector):
 
 def _type_gauges(snapshot: StatsSnapshot) -> Iterator[Metric]:
     """Every type's lanes, tiers, DLQ, rates, workers, rate limit and partitions."""
-    lag, oldest, tiers, dlq, rates, alive, in_flight, limits = ([] for _ in range(8))
+    lag, oldest, tiers, dlq, dlq_jobs, rates, alive, in_flight, limits = (
+        [] for _ in range(9))
     part_lag, part_committed, stuck = [], [], []
     for t in snapshot.types:
         name = t.job_type
@@ -75,6 +78,8 @@ def _type_gauges(snapshot: StatsSnapshot) -> Iterator[Metric]:
             tiers.append(([name, tier.name], tier.lag))
         if t.dlq_depth is not None:
             dlq.append(([name], t.dlq_depth))
+        if t.dlq is not None:
+            dlq_jobs.append(([name], t.dlq.jobs))
         for outcome, per_s in t.rates.per_s().items():
             rates.append(([name, outcome], per_s))
         alive.append(([name], len(t.workers)))
@@ -94,6 +99,8 @@ def _type_gauges(snapshot: StatsSnapshot) -> Iterator[Metric]:
     yield gauge("stream_jobs_tier_depth", "Retries waiting in a delay tier.", tiers,
                 ["type", "tier"])
     yield gauge("stream_jobs_dlq_depth", "Dead letters the DLQ holds.", dlq)
+    yield gauge("stream_jobs_dlq_jobs", "Dead-lettered jobs: distinct job IDs in the DLQ "
+                "(a job can have several letters).", dlq_jobs)
     yield gauge("stream_jobs_outcomes_per_second",
                 f"Outcomes per second over the last {snapshot.window_s:g} s "
                 "(done = succeeded + duplicate), from the workers' reports.", rates,

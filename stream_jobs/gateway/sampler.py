@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from stream_jobs.dlq.census import DlqCensus
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.redaction import redact_text
@@ -66,6 +67,7 @@ class StatsSampler:
         self.window_s = window_s
         self.history: deque[Sample] = deque(maxlen=max(2, int(history_s / interval_s) + 1))
         self.latest: StatsSnapshot | None = None
+        self.census = DlqCensus()  # each sample reads only the letters dead-lettered since
         self.problem: str | None = None  # why the last sample failed, if it did
         self.sampled = asyncio.Event()  # set after the first sample, good or bad
 
@@ -75,7 +77,7 @@ class StatsSampler:
             return None
         try:
             snapshot = await collect(self.settings, self.types, per_partition=True,
-                                     window_s=self.window_s)
+                                     window_s=self.window_s, census=self.census)
         except StreamJobsError as exc:
             self.problem = redact_text(str(exc), self.settings)
             log.warning("stats not sampled: %s", self.problem)

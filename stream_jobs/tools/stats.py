@@ -20,6 +20,8 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from stream_jobs import clock
+from stream_jobs.dlq.census import DlqCensus
+from stream_jobs.dlq.tally import DlqCounts
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.job_types import JobTypePolicy, get_job_type
 from stream_jobs.kafka import TopicPartition, scan
@@ -54,20 +56,23 @@ _PEEK_FETCH_BYTES = 64 * 1024
 async def collect(settings: Settings, types: Mapping[str, JobTypePolicy], *,
                   job_type: str | None = None, per_partition: bool = False,
                   window_s: float = DEFAULT_WINDOW_S, since_ms: int | None = None,
-                  report_interval_s: float = DEFAULT_REPORT_INTERVAL_S) -> StatsSnapshot:
+                  report_interval_s: float = DEFAULT_REPORT_INTERVAL_S,
+                  census: DlqCensus | None = None) -> StatsSnapshot:
     """Stats of every declared type, or of `job_type` (UnknownJobType if undeclared).
 
     The rates cover the last `window_s` seconds before the reading or, given `since_ms`,
     everything from that moment to the reading, however long the reading itself takes.
     Topics that do not exist are reported as missing (run `stream-jobs topics apply`),
-    not as an error. Cost: see `read`.
+    not as an error. Cost: see `read`; a `census` kept across calls reads only the
+    letters dead-lettered since the last call.
     """
     chosen = ([get_job_type(types, job_type)] if job_type is not None
               else [types[name] for name in sorted(types)])
     if since_ms is not None:
         window_s = max(0.0, (clock.now_ms() - since_ms) / 1000)
     reading, (outbox, problem) = await asyncio.gather(
-        read(settings, chosen, lookback_s=window_s + (ALIVE_INTERVALS + 1) * report_interval_s),
+        read(settings, chosen, lookback_s=window_s + (ALIVE_INTERVALS + 1) * report_interval_s,
+             census=census),
         _outbox(settings))
     if since_ms is not None:
         window_s = max(window_s, (reading.at_ms - since_ms) / 1000)
@@ -87,19 +92,19 @@ async def _outbox(settings: Settings) -> tuple[OutboxDepth | None, str | None]:
 
 
 async def read(settings: Settings, chosen: Sequence[JobTypePolicy], *,
-               lookback_s: float) -> StatsReading:
+               lookback_s: float, census: DlqCensus | None = None) -> StatsReading:
     """Offsets of the chosen types' topics and their groups' commits, the timestamps of
-    the lagging lane partitions' oldest records, the reports of the last `lookback_s`
-    and the throttle's overrides."""
+    the lagging lane partitions' oldest records, the reports of the last `lookback_s`,
+    the throttle's overrides and the DLQs' counts."""
     async with _peeker(settings) as consumer, open_admin(settings) as admin:
         return await read_with(consumer, admin, settings.topic_prefix, chosen,
                                lookback_s=lookback_s,
-                               timeout_ms=settings.kafka_request_timeout_ms)
+                               timeout_ms=settings.kafka_request_timeout_ms, census=census)
 
 
 async def read_with(consumer: Consumer, admin: Admin, prefix: str,
                     chosen: Sequence[JobTypePolicy], *, lookback_s: float,
-                    timeout_ms: int) -> StatsReading:
+                    timeout_ms: int, census: DlqCensus | None = None) -> StatsReading:
     """`read` with a group-less `consumer` and an `admin` of the caller's.
 
     Every offset question comes before the first read, asked for all topics at once:
@@ -141,8 +146,26 @@ async def read_with(consumer: Consumer, admin: Admin, prefix: str,
     overrides: dict[str, RateOverride] = {}
     async for record in scan.scan(consumer, controls_topic, control_ranges):
         apply_record(overrides, record.key, record.value)
+    dlqs = await _count_dlqs(consumer, prefix, chosen, tps, beginnings, ends,
+                             census if census is not None else DlqCensus())
     return StatsReading(at_ms, tps, beginnings, ends, committed, shadowed, stamps, reports,
-                        shadow_reports, overrides)
+                        shadow_reports, overrides, dlqs)
+
+
+async def _count_dlqs(consumer: Consumer, prefix: str, chosen: Sequence[JobTypePolicy],
+                      tps: Mapping[str, list[TopicPartition]],
+                      beginnings: Mapping[TopicPartition, int],
+                      ends: Mapping[TopicPartition, int],
+                      census: DlqCensus) -> dict[str, DlqCounts]:
+    """Jobs and letters of every chosen type's DLQ that exists, up to the ends asked."""
+    counts = {}
+    for policy in chosen:
+        topic = policy.dlq_topic(prefix)
+        if topic in tps:
+            spans = [scan.PartitionRange(tp.partition, beginnings[tp], ends[tp])
+                     for tp in tps[topic]]
+            counts[topic] = await census.count(consumer, topic, policy.job_type, spans)
+    return counts
 
 
 async def _nothing() -> dict[TopicPartition, Any]:

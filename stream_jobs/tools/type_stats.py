@@ -6,7 +6,9 @@ live workers, shadow and heartbeats. Pure: no Kafka here (`stream_jobs.tools.sta
 - **oldest age**: now minus the timestamp of the record at the committed offset, the
   oldest job not yet finished;
 - **tier depth**: records in a delay tier not yet relayed (end minus `P.T.relay`'s
-  committed offset); **DLQ depth**: records the DLQ holds (end minus beginning);
+  committed offset); **DLQ depth**: records the DLQ holds (end minus beginning), and
+  **DLQ counts**: its letters, the distinct jobs they are of and the repeats
+  (`stream_jobs.dlq.tally`);
 - **rates**: outcomes per second over a window, from the reports every worker publishes
   to `P._stats` (`stream_jobs.runtime.reports`): per worker, its latest report minus its
   latest report at or before the window's start, summed over workers;
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
+from stream_jobs.dlq.tally import DlqCounts
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.naming import shadow_group
@@ -200,6 +203,12 @@ class TypeStats:
     shadow: ShadowStats | None = None  # when a `worker --shadow` reads the type's lanes
     rate: RateInForce = NO_LIMIT  # the limit in force (TOML or throttle)
     heartbeats: HeartbeatStats | None = None  # with `heartbeat_interval` in the TOML
+    dlq: DlqCounts | None = None  # letters, jobs and repeats; None without the DLQ topic
+
+    @property
+    def dlq_jobs(self) -> int | None:
+        """Dead-lettered jobs: distinct job IDs in the DLQ (what an operator counts)."""
+        return None if self.dlq is None else self.dlq.jobs
 
     @property
     def lag(self) -> int:
@@ -234,7 +243,8 @@ class TypeStats:
             "oldest_age_s": _round(self.oldest_age_s),
             "lanes": {lane.name: topic(lane, "lag") for lane in self.lanes},
             "tiers": {tier.name: topic(tier, "depth") for tier in self.tiers},
-            "dlq": {"topic": self.dlq_topic, "depth": self.dlq_depth},
+            "dlq": {"topic": self.dlq_topic, "depth": self.dlq_depth,
+                    **(self.dlq.to_dict() if self.dlq is not None else {})},
             "rates": {
                 "window_s": self.rates.window_s,
                 "per_s": {k: round(v, 3) for k, v in self.rates.per_s().items()},
@@ -306,6 +316,7 @@ class StatsReading:
     reports: Sequence[WorkerReport] = ()
     shadow_reports: Sequence[ShadowReport] = ()
     overrides: Mapping[str, RateOverride] = field(default_factory=dict)
+    dlq_counts: Mapping[str, DlqCounts] = field(default_factory=dict)  # by DLQ topic
 
     def parts(self, topics: Iterable[str]) -> list[TopicPartition]:
         return [tp for t in topics for tp in self.partitions.get(t, ())]
@@ -340,6 +351,7 @@ def type_stats(policy: JobTypePolicy, reading: StatsReading, *, prefix: str,
                        window_s=window_s),
         rate=rate_in_force(policy.rate_limit_per_s, reading.overrides.get(name)),
         heartbeats=_heartbeats(policy, reading, own, prefix=prefix),
+        dlq=reading.dlq_counts.get(dlq),
     )
 
 

@@ -254,6 +254,8 @@ async def test_list_groups_by_reason_and_show_prints_a_letter(declare: Declare,
     listing = json.loads(listed.stdout)
     assert listing["reasons"] == {"timeout": 3, "permanent": 2, "bad-json": 1}
     assert listing["letters"] == listing["matching"] == len(listing["rows"]) == 6
+    assert (listing["jobs"], listing["repeats"], listing["matching_jobs"]) == (6, 0, 6)
+    assert {r["letters"] for r in listing["rows"]} == {1}
     raw_row = next(r for r in listing["rows"] if r["job_id"] == raw_id)
     assert raw_row["runnable"] is False
     some = next(r for r in listing["rows"] if r["job_id"] == timed_out[0])
@@ -265,8 +267,8 @@ async def test_list_groups_by_reason_and_show_prints_a_letter(declare: Declare,
     assert (later.matching, later.rows) == (0, [])
 
     # The histogram first, then the most recent rows.
-    assert table.stdout.index("bad-json") < table.stdout.index("2 of 6 matching letters")
-    assert "4 older matching letters are not shown" in table.stdout
+    assert table.stdout.index("bad-json") < table.stdout.index("2 of 6 matching jobs")
+    assert "4 older matching jobs are not shown" in table.stdout
     assert '"n": 1' in shown.stdout  # the payload, pretty
     assert "RuntimeError: downstream is down" in shown.stdout  # the traceback
     detail = json.loads(raw.stdout)
@@ -349,14 +351,54 @@ async def test_one_letter_is_counted_as_one(settings: Settings, declare: Declare
     listed = await _cli(settings, "dlq", "list", "one.letter")
     assert listed.returncode == 0, listed.stderr
     text = " ".join(listed.stdout.split())
-    assert f"{dlq_topic(settings.topic_prefix, 'one.letter')} holds 1 letter." in text
-    assert "1 of them is after the drain position" in text
-    assert "1 of 1 matching letter, most recent last" in text
+    assert (f"{dlq_topic(settings.topic_prefix, 'one.letter')} holds 1 letter of 1 "
+            "dead-lettered job (0 repeats" in text)
+    assert "1 letter is after the drain position" in text
+    assert "1 of 1 matching job, one row per job, its newest letter, most recent last" in text
     assert "1 letters" not in text
+    assert "1 jobs" not in text
 
     requeued = await _cli(settings, "dlq", "requeue", "one.letter", "--id", job_id)
     assert requeued.returncode == 0, requeued.stderr
     text = " ".join(requeued.stdout.split())
-    assert "looked at 1 letter;" in text
+    assert "looked at 1 letter; 1 selected, of 1 job" in text
     assert "will requeue 1 as its next attempt" in text
     assert "Requeued 1 letter." in text
+
+
+async def test_requeue_all_sends_one_letter_per_job_the_newest(settings: Settings,
+                                                               declare: Declare) -> None:
+    """Three jobs, two of them with a second letter (a killed worker's, a requeue that
+    died again): the list counts 3 jobs and 5 letters, `--all` sends 3 and says it
+    skipped 2 repeats, and what it sends is each job's newest letter."""
+    await declare("twice.fail", partitions=2)
+    ids = await _fill(settings, "twice.fail", 3)
+    await _fill(settings, "twice.fail", 2, requeues=1, job_ids=ids[:2], reason="timeout")
+
+    listed = await _cli(settings, "dlq", "list", "twice.fail", "--json")
+    assert listed.returncode == 0, listed.stderr
+    listing = json.loads(listed.stdout)
+    assert (listing["letters"], listing["jobs"], listing["repeats"]) == (5, 3, 2)
+    assert listing["job_reasons"] == {"timeout": 2, "max-attempts": 1}
+    assert sorted((r["job_id"], r["letters"], r["requeues"]) for r in listing["rows"]) == \
+        sorted([(ids[0], 2, 1), (ids[1], 2, 1), (ids[2], 1, 0)])
+    every = await list_letters(settings, "twice.fail", per_letter=True)
+    assert (len(every.rows), every.jobs) == (5, 3)
+
+    done = await _cli(settings, "dlq", "requeue", "twice.fail", "--all")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "looked at 5 letters; 5 selected, of 3 jobs" in text
+    assert "skipping 2 repeats" in text
+    assert "Requeued 3 letters (one per job; 2 repeats skipped)" in text
+    assert "the drain position moved past 5" in text
+    sent = await read_topic(settings, lane_topic(settings.topic_prefix, "twice.fail"))
+    jobs = sorted((j.job_id, j.requeues) for j in (
+        decode_record(key=r.key, value=r.value, headers=r.headers, expected_type="twice.fail",
+                      max_payload_bytes=10**6) for r in sent))
+    assert jobs == sorted([(ids[0], 2), (ids[1], 2), (ids[2], 1)])
+    again = await requeue(settings, "twice.fail", select=SelectAll())
+    assert (again.plan.read, again.requeued) == (0, 0)
+    # Requeue by ID still sends the job's newest letter.
+    by_id = await requeue(settings, "twice.fail", select=SelectIds(frozenset({ids[0]})))
+    assert (by_id.plan.selected, by_id.plan.superseded, by_id.requeued) == (2, 1, 1)

@@ -18,6 +18,7 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from stream_jobs.dlq.tally import DlqCounts
 from stream_jobs.gateway.charts import bar_chart, line_chart, nice_max
 from stream_jobs.gateway.metrics import EXPORTED_METRICS, GATEWAY_METRICS, StatsCollector
 from stream_jobs.histogram import DurationHistogram
@@ -72,7 +73,8 @@ def _snapshot() -> StatsSnapshot:
     beats = HeartbeatStats(1.0, (PartitionBeat("jobs.t", 0, None, None, "stuck"),))
     stats = TypeStats("t", (lane,), (TopicLag("5s", "jobs.t.retry-5s", True, 1, None),),
                       "jobs.t.dlq", 2, Rates(60.0, OutcomeCounts(done=60)), (report,),
-                      rate=RateInForce(50.0, "throttle"), heartbeats=beats)
+                      rate=RateInForce(50.0, "throttle"), heartbeats=beats,
+                      dlq=DlqCounts(letters=2, jobs=1))
     return StatsSnapshot(1_700_000_000_000, "jobs", 60.0, (stats,),
                          outbox=OutboxDepth("public", 12, 75.5, 0))
 
@@ -105,6 +107,9 @@ def test_stats_collector_exports_its_declared_names() -> None:
     assert 'stream_jobs_partition_stuck{partition="0",topic="jobs.t",type="t"} 1.0' in text
     assert 'stream_jobs_outcomes_per_second{outcome="done",type="t"} 1.0' in text
     assert 'stream_jobs_outbox_oldest_age_seconds{schema="public"} 75.5' in text
+    # Two letters of one job: the DLQ's depth counts letters, its jobs gauge the job.
+    assert 'stream_jobs_dlq_depth{type="t"} 2.0' in text
+    assert 'stream_jobs_dlq_jobs{type="t"} 1.0' in text
 
 
 def _grafana_exprs() -> list[str]:

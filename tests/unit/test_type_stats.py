@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stream_jobs.dlq.tally import DlqCounts
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.runtime.reports import ShadowReport, WorkerReport
@@ -73,6 +74,16 @@ def test_tiers_dlq_and_missing_topics() -> None:
     assert stats.missing_topics == [TIER_1M]
     no_dlq = reading(partitions={t: tps(t) for t in (HIGH, DEFAULT, TIER_5S)})
     assert type_stats(POLICY, no_dlq, prefix=P).dlq_depth is None
+
+
+def test_the_dlq_counts_jobs_beside_letters() -> None:
+    counted = type_stats(POLICY, reading(dlq_counts={DLQ: DlqCounts(letters=3, jobs=2)}),
+                         prefix=P)
+    assert (counted.dlq_depth, counted.dlq_jobs) == (3, 2)
+    assert counted.to_dict(per_partition=False)["dlq"] == {
+        "topic": DLQ, "depth": 3, "letters": 3, "jobs": 2, "repeats": 1}
+    unread = type_stats(POLICY, reading(), prefix=P)  # a reading that did not count
+    assert (unread.dlq, unread.dlq_jobs) == (None, None)
 
 
 def test_rates_and_workers_are_the_types_own() -> None:
