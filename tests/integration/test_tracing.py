@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
+import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from stream_jobs import logs
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
 from stream_jobs.dlq.requeue import SelectAll, requeue
@@ -33,7 +36,9 @@ from tests.traced import kind_of, linked_to, of_job, parent_id, span_id, trace_i
 from tests.waiting import until
 
 from .conftest import Declare
-from .test_gateway import AUTH, _gateway_settings, served
+from .test_cancel_surfaces import _cli
+from .test_gateway import AUTH, TOKEN, _gateway_settings, served
+from .test_job_status import cli_job
 from .topic_reader import read_topic
 
 PRODUCER, CONSUMER = SpanKind.PRODUCER, SpanKind.CONSUMER
@@ -249,3 +254,43 @@ async def test_without_an_sdk_nothing_is_recorded_nor_added_to_records(
     assert len(records) == 2  # enqueued, and released from the tier
     assert all(HEADER_TRACEPARENT not in dict(r.headers) for r in records)
 
+
+
+async def test_the_trace_id_shows_in_the_log_lines_the_job_command_and_the_job_page(
+        app: App, declare: Declare, settings: Settings, exported: InMemorySpanExporter,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="stream_jobs")
+    await declare("traced.shown", partitions=1, retry_tiers=["1s"], max_attempts=2)
+
+    @app.job("traced.shown")
+    async def fails_once(job: dict[str, int], ctx: JobContext) -> None:
+        if ctx.attempt == 1:
+            raise RuntimeError("once")
+        async with ctx.once():  # a dedup row: the job is `done`
+            pass
+
+    async with app.client() as client:
+        job_id = await client.enqueue("traced.shown", {"n": 1})
+    await app.worker("traced.shown").run(until_idle=True)
+    trace = f"{trace_id(of_job(exported.get_finished_spans(), job_id)[0]):032x}"
+
+    # The worker's lines about the job: the failed attempt's and the retry's.
+    about = [logs.fields(r) for r in caplog.records
+             if r.name == "stream_jobs.worker" and job_id in r.getMessage()]
+    assert len(about) == 2
+    assert {line["trace_id"] for line in about} == {trace}
+    assert any(f"trace_id={trace}" in logs.TextFormatter().format(r) for r in caplog.records)
+    # `stream-jobs job ID`, as text and as JSON.
+    shown, document = await asyncio.gather(_cli(settings, "job", job_id),
+                                           cli_job(settings, job_id))
+    assert shown[0] == 0, shown[2]
+    assert f"trace {trace}" in shown[1]
+    assert (document["status"], document["trace_id"]) == ("done", trace)
+    # The dashboard's job page.
+    gateway = create_app(_gateway_settings(settings))
+    async with served(gateway) as http:
+        signed_in = await http.post("/login", data={"token": TOKEN, "next": "/"})
+        assert signed_in.status_code == 303
+        page = await http.get(f"/ui/jobs/{job_id}")
+    assert page.status_code == 200
+    assert f'data-figure="trace">{trace}<' in page.text
