@@ -20,8 +20,8 @@ from opentelemetry.util._once import Once
 
 def install(provider: TracerProvider | None) -> None:
     """Make `provider` the process's tracer provider (None: none, the API's default)."""
-    trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
-    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    trace._TRACER_PROVIDER = None
     if provider is not None:
         trace.set_tracer_provider(provider)
 

@@ -4,7 +4,7 @@
 OpenTelemetry SDK (`pip install 'stream-jobs[otel]'`) when `OTEL_TRACES_EXPORTER` names
 exporters, with nothing else to write:
 
-- `OTEL_TRACES_EXPORTER=console` prints spans; `otlp` sends them to a collector
+- `OTEL_TRACES_EXPORTER=console` prints spans (on stderr); `otlp` sends them to a collector
   (`OTEL_EXPORTER_OTLP_ENDPOINT`, over `http/protobuf`, or `grpc` by
   `OTEL_EXPORTER_OTLP_PROTOCOL` when that exporter is installed); any exporter an installed
   package registers under its name works too; `none` (or unset) traces nothing.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from importlib import import_module
 from importlib.metadata import entry_points
@@ -100,6 +101,10 @@ def _exporter(name: str) -> Any:
                     "asked for, if any.", name, _INSTALL)
         return None
     exporter_class = next(iter(found)).load()
+    if name == "console":
+        # On stderr, beside the logs: a command's stdout is its answer (`id=$(stream-jobs
+        # enqueue ...)` must read the job ID, not spans).
+        return exporter_class(out=sys.stderr)
     return exporter_class()
 
 
