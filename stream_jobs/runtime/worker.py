@@ -315,11 +315,11 @@ class Worker(FlowControlled):
         except BadRecord as bad:
             await self._not_a_job(record, bad)
             return
-        if self.spans is None:
-            await self._attempt(job, record, runner)
-        else:  # traced: the attempt in its process span (stream_jobs.tracing)
+        if self.spans is not None:  # traced: the attempt in its process span
             await self.spans.attempt(job, record, self.group_id,
                                      partial(self._attempt, job, record, runner))
+        else:
+            await self._attempt(job, record, runner)
 
     async def _attempt(self, job: JobRecord, record: Record, runner: Runner) -> Ended:
         ended: Ended | None = await self._admit(job)
