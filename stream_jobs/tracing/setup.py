@@ -78,7 +78,10 @@ def configure_from_env(env: Mapping[str, str] | None = None) -> bool:
     exporters = [exporter for exporter in map(_exporter, names) if exporter is not None]
     if not exporters:
         return False
-    resource = resources.Resource.create()
+    # The SDK reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES from the process's
+    # environment itself; a name in `env` wins.
+    named = {"service.name": env["OTEL_SERVICE_NAME"]} if env.get("OTEL_SERVICE_NAME") else {}
+    resource = resources.Resource.create(named)
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(resources.Resource({"service.name": DEFAULT_SERVICE}))
     provider = sdk_trace.TracerProvider(resource=resource)
