@@ -41,8 +41,8 @@ LogFormat = Literal["text", "json"]
 JOB_FIELDS = ("job_type", "job_id", "attempt", "topic", "partition", "offset")
 # Other fields our lines may carry (a job's trace, a group, a worker, a reason code, a
 # duration).
-OTHER_FIELDS = ("trace_id", "group", "worker_id", "reason", "outcome", "tier", "timeout_s", "blocked_s",
-                "child", "partitions")
+OTHER_FIELDS = ("trace_id", "group", "worker_id", "reason", "outcome", "tier", "timeout_s",
+                "blocked_s", "child", "partitions")
 FIELDS = (*JOB_FIELDS, *OTHER_FIELDS)
 
 
