@@ -49,6 +49,7 @@ from stream_jobs.record import JobRecord
 from stream_jobs.results.calls import ResultCalls, SyncResultCalls
 from stream_jobs.retry import tier_for_delay
 from stream_jobs.settings import Settings
+from stream_jobs.tracing import Hop, job_spans
 from stream_jobs.unique.claim import (
     Build,
     KeyAnswer,
@@ -84,6 +85,7 @@ class JobClient(WorkflowCalls, ResultCalls):
         # Cancels, keys, results, workflows, status: Postgres, opened on first use (so a
         # client that uses none never connects), or a JobTester's memory.
         self._stores: ClientStores = stores or PostgresStores(settings)
+        self._spans = job_spans()  # None unless something records traces (docs/tracing.md)
 
     @property
     def _producer(self) -> Producer:
@@ -174,7 +176,10 @@ class JobClient(WorkflowCalls, ResultCalls):
         if conn is not None:
             await write_async(conn, [(topic, record)], self.settings.database_schema)
             return record.job_id
-        await self._producer.send(topic, record)
+        if self._spans is None:
+            await self._producer.send(topic, record)
+        else:
+            await self._spans.send(self._producer.send, topic, record, Hop.ENQUEUE)
         return record.job_id
 
     async def enqueue_many(self, jobs: Iterable[Job], *, conn: Any = None) -> list[str]:
@@ -188,7 +193,10 @@ class JobClient(WorkflowCalls, ResultCalls):
         if conn is not None:
             await write_async(conn, prepared, self.settings.database_schema)
             return [record.job_id for _, record in prepared]
-        await self._producer.send_many(prepared)
+        if self._spans is None:
+            await self._producer.send_many(prepared)
+        else:
+            await self._spans.send_many(self._producer.send_many, prepared, Hop.ENQUEUE)
         return [record.job_id for _, record in prepared]
 
     async def enqueue_keyed(self, job: Job, claim: KeyClaim, conn: Any = None) -> Enqueued:
@@ -281,6 +289,8 @@ class JobClient(WorkflowCalls, ResultCalls):
             not_before_ms=not_before if not_before is not None and not_before > now else None,
             expires_at_ms=now + int(expires_s * 1000) if expires_s is not None else None,
             lane=job.priority,
+            # A job enqueued under a span (a request's, a parent job's attempt) is in its trace.
+            traceparent=self._spans.current_traceparent() if self._spans is not None else None,
         )
         return self._route(record, now, policy), record
 

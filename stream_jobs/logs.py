@@ -2,9 +2,10 @@
 
 stream-jobs logs through the standard library's `logging`, under logger names
 `stream_jobs.*`, so an application's own logging configuration applies to it as it is.
-A line about a job carries `job_type`, `job_id`, `attempt`, `topic`, `partition` and
-`offset` as fields of the log record (`extra=job_fields(...)`); a line about a
-partition (a rebalance, a commit) carries the ones it has. `STREAM_JOBS_LOG_FORMAT=json`
+A line about a job carries `job_type`, `job_id`, `attempt`, `topic`, `partition`,
+`offset` and, when the job has a trace, `trace_id` as fields of the log record
+(`extra=job_fields(...)`); a line about a partition (a rebalance, a commit) carries the
+ones it has. `STREAM_JOBS_LOG_FORMAT=json`
 (or `configure(format="json")`) writes one JSON object per line with those fields as
 keys; the default text format appends them as `key=value`. No line carries payload
 bytes or a setting's secret: fields are identities and positions only.
@@ -33,14 +34,15 @@ from typing import Any, Literal
 import orjson
 
 from stream_jobs.job_ids import CONTROL_CHARACTERS
-from stream_jobs.record import JobRecord, Record
+from stream_jobs.record import JobRecord, Record, trace_id_of
 
 LogFormat = Literal["text", "json"]
 # The fields of a line about a job, in the order text lines show them.
 JOB_FIELDS = ("job_type", "job_id", "attempt", "topic", "partition", "offset")
-# Other fields our lines may carry (a group, a worker, a reason code, a duration).
-OTHER_FIELDS = ("group", "worker_id", "reason", "outcome", "tier", "timeout_s", "blocked_s",
-                "child", "partitions")
+# Other fields our lines may carry (a job's trace, a group, a worker, a reason code, a
+# duration).
+OTHER_FIELDS = ("trace_id", "group", "worker_id", "reason", "outcome", "tier", "timeout_s",
+                "blocked_s", "child", "partitions")
 FIELDS = (*JOB_FIELDS, *OTHER_FIELDS)
 
 
@@ -50,6 +52,8 @@ def job_fields(job: JobRecord | None, record: Record | None = None, **more: Any
     fields: dict[str, Any] = {}
     if job is not None:
         fields.update(job_type=job.job_type, job_id=job.job_id, attempt=job.attempt)
+        if job.traceparent is not None:  # the job's trace (docs/tracing.md), if it has one
+            fields["trace_id"] = trace_id_of(job.traceparent)
     if record is not None:
         fields.update(topic=record.topic, partition=record.partition, offset=record.offset)
     fields.update(more)

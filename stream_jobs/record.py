@@ -74,6 +74,9 @@ _KNOWN_HEADERS = frozenset(
 _INT_DIGITS_MAX = 19
 _INT64_MAX = 2**63 - 1
 _ORIGIN_NUMBER = re.compile(r"[0-9]{1,19}")
+# A W3C trace context: version, trace ID, parent span ID, flags (a later version may add
+# fields after these four).
+TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 
 
 class Record(Protocol):
@@ -301,6 +304,15 @@ def _traceparent(raw: bytes | None) -> str | None:
         return raw.decode()
     except UnicodeDecodeError:
         return None
+
+
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace ID (32 lowercase hex digits) a W3C `traceparent` names, or None when there
+    is none or it is not one: what logs, `stream-jobs job` and the dashboard show."""
+    found = TRACEPARENT.fullmatch(traceparent.strip().lower()) if traceparent else None
+    if found is None or found.group(1) == "ff" or found.group(2) == "0" * 32:
+        return None
+    return found.group(2)
 
 
 def decode_payload(record: JobRecord) -> Any:

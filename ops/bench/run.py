@@ -6,6 +6,7 @@
     BENCH_ONLY=processes .venv/bin/python -m ops.bench.run # worker --processes 2 against 1
     BENCH_ONLY=results .venv/bin/python -m ops.bench.run   # keep_result and batch members
     BENCH_ONLY=tester .venv/bin/python -m ops.bench.run    # JobTester beside the real stack
+    BENCH_ONLY=tracing .venv/bin/python -m ops.bench.run   # what tracing costs the no-op path
     BENCH_SKIP=scaling .venv/bin/python -m ops.bench.run   # full, but keep Scaling's last
 
 The code under test (stream_jobs/, ops/bench/) is copied to ops/bench/out/code first and
@@ -57,6 +58,7 @@ from ops.bench import (
     schedules,
     sync_noop,
     tester,
+    tracing,
 )
 from ops.bench import results as results_section  # `results` names the run's Results
 from ops.bench.backlog import ENQUEUE_BATCH, payload_bytes
@@ -232,6 +234,7 @@ def _sections() -> list[Section]:
         ("results", results_section.results),
         ("control", control.control),
         ("gateway", gateway.gateway),
+        ("tracing", tracing.tracing),
     ]
 
 

@@ -32,6 +32,7 @@ from stream_jobs.cli.topics import topics_app
 from stream_jobs.errors import ConfigError, StreamJobsError
 from stream_jobs.redaction import redact_text
 from stream_jobs.settings import Settings, load_settings
+from stream_jobs.tracing.setup import configure_from_env
 
 app.add_typer(dev_app, name="dev")
 app.add_typer(topics_app, name="topics")
@@ -69,6 +70,7 @@ def _settings_or_none() -> Settings | None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script."""
     _quiet_driver_logs()
+    configure_from_env()  # traces, when OTEL_TRACES_EXPORTER asks for them (docs/tracing.md)
     try:
         # Without standalone mode typer returns the code of typer.Exit (and 130 for
         # Ctrl-C) instead of exiting with it.

@@ -142,7 +142,7 @@ def job(
 
     async def run() -> JobLocation:
         return await locate_job(settings, types, job_id, job_type=job_type,
-                                max_records_per_topic=max_records)
+                                max_records_per_topic=max_records, records_of_done=True)
 
     if as_json:
         _print_json(asyncio.run(run()).to_dict())
@@ -152,6 +152,8 @@ def job(
     style = _STATUS_STYLE[found.status]
     console.print(f"[bold {style}]{found.status}[/] {found.summary()}", highlight=False,
                   soft_wrap=True)
+    if found.trace_id is not None:
+        console.print(f"trace {found.trace_id}", highlight=False, soft_wrap=True)
     for note in found.notes:
         console.print(f"[dim]{note}[/]", highlight=False, soft_wrap=True)
     if found.sightings:

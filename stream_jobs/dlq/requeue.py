@@ -64,6 +64,7 @@ from stream_jobs.naming import DEFAULT_LANE, dlq_group, dlq_topic, lane_topic
 from stream_jobs.plurals import counted
 from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
+from stream_jobs.tracing import Hop, job_spans
 
 SAMPLE_IDS = 10  # job IDs a plan names per kind of letter it leaves
 _CHUNK = 500  # letters per fetch, send and commit when no rate is given
@@ -415,8 +416,12 @@ async def _send(producer: JobProducer, batch: list[tuple[str, JobRecord]],
                 pacer: _Pacer | None, sent_before: int) -> int:
     if pacer is not None:
         await pacer.take(len(batch))
+    spans = job_spans()  # a requeue continues each job's trace, if traced
     try:
-        await producer.send_many(batch)
+        if spans is None:
+            await producer.send_many(batch)
+        else:
+            await spans.send_many(producer.send_many, batch, Hop.REQUEUE)
     except PublishError as exc:
         raise PublishError(f"{exc}. {counted(sent_before, 'letter was', 'letters were')} "
                            "requeued before this and the "

@@ -279,7 +279,9 @@ _CANCELLABLE = ("pending", "retrying", "scheduled")
 async def _located(gateway: Gateway, job_id: str, job_type: str | None) -> JobLocation:
     if job_type:
         get_job_type(gateway.types, job_type)
-    return await locate_job(gateway.settings, gateway.types, job_id, job_type=job_type or None)
+    # A done job's records too: the page lists them and shows its trace ID.
+    return await locate_job(gateway.settings, gateway.types, job_id, job_type=job_type or None,
+                            records_of_done=True)
 
 
 @router.get("/ui/jobs")

@@ -42,12 +42,15 @@ def capped(ranges: Sequence[scan.PartitionRange], max_records: int
 
 async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job_id: str, *,
                      job_type: str | None = None,
-                     max_records_per_topic: int = DEFAULT_MAX_RECORDS_PER_TOPIC) -> JobLocation:
+                     max_records_per_topic: int = DEFAULT_MAX_RECORDS_PER_TOPIC,
+                     records_of_done: bool = False) -> JobLocation:
     """Where `job_id` is: done, dead-lettered, retrying, scheduled, pending, finished,
     cancelled, superseded or not seen.
 
     `job_type` narrows the scan to one type (UnknownJobType if undeclared). Postgres
     being unreachable is a note, not an error: the topics still tell most of the story.
+    A done job's dedup row says enough, so its topics are read only with
+    `records_of_done` (what a person looks at: its records and its trace ID).
     """
     chosen = ([get_job_type(types, job_type)] if job_type is not None
               else [types[name] for name in sorted(types)])
@@ -59,11 +62,16 @@ async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
     result = await _result_row(settings, job_id, notes)
     if row is not None:
         row_type, attempt, finished_at = row
+        if records_of_done and row_type in types:
+            sightings, _, scanned, complete = await _scan(
+                settings, [types[row_type]], job_id, _since_ms(job_id), max_records_per_topic)
+            return JobLocation(job_id, "done", row_type, attempt, finished_at, None,
+                               tuple(sightings), scanned, complete, tuple(notes),
+                               result=result)
         return JobLocation(job_id, "done", row_type, attempt, finished_at, notes=tuple(notes),
                            result=result)
 
-    created_ms = job_id_time_ms(job_id)
-    since_ms = None if created_ms is None else created_ms - SCAN_SLACK_MS
+    since_ms = _since_ms(job_id)
     if since_ms is None:
         notes.append("The ID carries no time (not a UUIDv7), so topics were scanned from "
                      "their beginning.")
@@ -84,6 +92,11 @@ async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
                        last.attempt if last else None, None, last, tuple(sightings), scanned,
                        complete, tuple(notes), result=result)
 
+
+def _since_ms(job_id: str) -> int | None:
+    """Where a scan for `job_id` starts: a little before its UUIDv7's time, if it has one."""
+    created_ms = job_id_time_ms(job_id)
+    return None if created_ms is None else created_ms - SCAN_SLACK_MS
 
 
 async def _scan(settings: Settings, chosen: Sequence[JobTypePolicy], job_id: str,

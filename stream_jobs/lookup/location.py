@@ -18,8 +18,10 @@ from stream_jobs.record import (
     HEADER_JOB_ID,
     HEADER_NOT_BEFORE,
     HEADER_REQUEUES,
+    HEADER_TRACEPARENT,
     HEADER_WORKFLOW,
     Record,
+    trace_id_of,
 )
 from stream_jobs.results.rules import StoredResult
 
@@ -49,6 +51,7 @@ class Sighting:
     not_before_ms: int | None = None
     failure: FailureInfo | None = None
     workflow: str | None = None  # its `sj-workflow` header: a batch member or chain step
+    trace_id: str | None = None  # of its `traceparent` header: the job's trace (docs/tracing.md)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,12 @@ class JobLocation:
     detail: str = ""  # cancelled or superseded: when, why, by which job
     # Its row of stream_jobs_results: a kept result, or how a job that keeps one ended.
     result: StoredResult | None = None
+
+    @property
+    def trace_id(self) -> str | None:
+        """The job's trace ID, as its latest record that carries one says (docs/tracing.md)."""
+        traced = [seen for seen in self.sightings if seen.trace_id is not None]
+        return traced[-1].trace_id if traced else None
 
     def summary(self) -> str:
         """One sentence for a person (two when a result is kept)."""
@@ -112,7 +121,7 @@ class JobLocation:
 
         return {
             "job_id": self.job_id, "status": self.status, "summary": self.summary(),
-            "job_type": self.job_type, "attempt": self.attempt,
+            "job_type": self.job_type, "attempt": self.attempt, "trace_id": self.trace_id,
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
             "last": None if self.last is None else sighting(self.last),
             "sightings": [sighting(s) for s in self.sightings],
@@ -162,6 +171,7 @@ def sighting_of(record: Record, job_id: str, *, role: TopicRole, name: str,
         not_before_ms=_number(found.get(HEADER_NOT_BEFORE)),
         failure=parse_failure(found.get(HEADER_ERROR)),
         workflow=_text(found.get(HEADER_WORKFLOW)),
+        trace_id=trace_id_of(_text(found.get(HEADER_TRACEPARENT))),
     )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -29,13 +30,15 @@ from typing import Any
 
 import asyncpg
 
-from stream_jobs.errors import DatabaseUnavailable, OutboxWriteError, StreamJobsError
+from stream_jobs.errors import BadRecord, DatabaseUnavailable, OutboxWriteError, StreamJobsError
 from stream_jobs.kafka.clients import Producer
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.outbox import rows as sql
 from stream_jobs.outbox.rows import OutboxRow, decode_headers, retry_delay_s, sendable
+from stream_jobs.record import HEADER_TYPE, JobRecord, decode_record
 from stream_jobs.redaction import redact_text, redact_url
 from stream_jobs.settings import Settings
+from stream_jobs.tracing import Hop, job_spans
 
 log = logging.getLogger("stream_jobs.outbox")
 
@@ -78,6 +81,7 @@ class OutboxRelay:
         self.moved = 0
         self.rounds = 0
         self.failures = 0  # rounds that failed (Kafka or Postgres away), waited out by `run`
+        self._spans = job_spans()  # None unless something records traces
         self._complained: tuple[str, float] | None = None  # the failure last logged, when
 
     async def __aenter__(self) -> OutboxRelay:
@@ -233,7 +237,7 @@ class OutboxRelay:
             by_topic.setdefault(row.topic, []).append(row)
         topics = list(by_topic)
         results = await asyncio.gather(
-            *(producer.send_many([(topic, row) for row in by_topic[topic]]) for topic in topics),
+            *(self._send_rows(producer, topic, by_topic[topic]) for topic in topics),
             return_exceptions=True)
         sent: list[int] = []
         failures: dict[str, str] = {}
@@ -247,6 +251,32 @@ class OutboxRelay:
             else:
                 sent.extend(row.id for row in by_topic[topic])
         return sent, failures
+
+
+    async def _send_rows(self, producer: Producer, topic: str, rows: list[OutboxRow]
+                         ) -> Sequence[object]:
+        """One topic's rows, each in its send span when traced: a child of the trace the
+        row carries (the attempt that enqueued a child job, the caller's request)."""
+        jobs = _jobs_of(rows) if self._spans is not None else None
+        if self._spans is None or jobs is None:
+            return await producer.send_many([(topic, row) for row in rows])
+        return await self._spans.send_many(producer.send_many,
+                                           [(topic, job) for job in jobs], Hop.OUTBOX)
+
+
+def _jobs_of(rows: Sequence[OutboxRow]) -> list[JobRecord] | None:
+    """The rows as the jobs they hold, for their send spans; None if one holds no job
+    (that batch is sent as it is, untraced)."""
+    jobs: list[JobRecord] = []
+    for row in rows:
+        job_type = dict(row.header_pairs).get(HEADER_TYPE, b"")
+        try:
+            jobs.append(decode_record(key=row.key, value=row.payload, headers=row.header_pairs,
+                                      expected_type=job_type.decode(errors="replace"),
+                                      max_payload_bytes=sys.maxsize, check_json=False))
+        except BadRecord:
+            return None
+    return jobs
 
 
 @asynccontextmanager

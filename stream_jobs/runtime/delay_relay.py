@@ -39,6 +39,7 @@ from stream_jobs.retry import RetryPolicy, tier_for_delay
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.member import GroupMember
 from stream_jobs.settings import Settings
+from stream_jobs.tracing import Hop, job_spans
 
 log = logging.getLogger("stream_jobs.relay")
 
@@ -78,6 +79,7 @@ class Relay(GroupMember):
         self.held_jobs: dict[TopicPartition, str] = {}  # the job ID of each held head
         # The worker's record of a cancelled job's end (kept results, batch counters).
         self._ended = ended
+        self._spans = job_spans()  # None unless something records traces
 
     def on_cancel(self, job_id: str) -> None:
         """A cancel arrived: wake the partition holding that job, which then finishes it."""
@@ -143,12 +145,21 @@ class Relay(GroupMember):
                 self.held_jobs.pop(work.tp, None)
         if due > now:
             hop = tier_for_delay(self.policy.retry_tiers, (due - now) / 1000)
-            await self.write(tier_topic(prefix, job.job_type, hop), job)
+            await self._write(tier_topic(prefix, job.job_type, hop), job, Hop.DELAY, hop)
             self.hops += 1
             return
         lane = job.lane if job.lane in self.policy.priorities else "default"
-        await self.write(lane_topic(prefix, job.job_type, lane), replace(job, not_before_ms=None))
+        await self._write(lane_topic(prefix, job.job_type, lane),
+                          replace(job, not_before_ms=None), Hop.RELEASE, tier)
         self.released += 1
+
+    async def _write(self, topic: str, job: JobRecord, hop: Hop, tier: str) -> None:
+        """A release or a hop, in its send span when traced: the job's next attempt (or
+        hop) is its child, and it links to the write of the record it moves."""
+        if self._spans is None:
+            await self.write(topic, job)
+        else:
+            await self._spans.send(self.write, topic, job, hop, tier=tier)
 
     async def _cancelled_here(self, job: JobRecord) -> None:
         if self._ended is not None:

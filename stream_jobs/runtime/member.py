@@ -24,7 +24,7 @@ from stream_jobs.errors import BadRecord, CommitRefused
 from stream_jobs.failures import FailureInfo
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients, Producer
-from stream_jobs.kafka.producer import until_acked
+from stream_jobs.kafka.producer import Written, until_acked
 from stream_jobs.naming import dlq_topic
 from stream_jobs.record import JobRecord, Record, dead_letter_headers, dead_letter_origin
 from stream_jobs.runtime.dispatch import Dispatcher, LentSlot, PartitionWork, Runner
@@ -200,9 +200,9 @@ class GroupMember(ABC):
 
     # -- durable writes -----------------------------------------------------------------------
 
-    async def write(self, topic: str, job: JobRecord) -> None:
+    async def write(self, topic: str, job: JobRecord) -> Written:
         """Write `job` and wait for the ack, retrying; `Abandoned` once stopping."""
-        await until_acked(lambda: self.producer.send(topic, job), self.stopping)
+        return await until_acked(lambda: self.producer.send(topic, job), self.stopping)
 
     async def dead_letter_raw(self, record: Record, bad: BadRecord) -> FailureInfo:
         """An undecodable record goes to the type's DLQ with its bytes as they were; the

@@ -23,13 +23,14 @@ from stream_jobs.naming import dlq_topic, tier_topic
 from stream_jobs.outcomes import Outcome, Reason
 from stream_jobs.record import JobRecord, Record, dead_letter_origin
 from stream_jobs.retry import DeadLetter, RetryPolicy, decide
+from stream_jobs.tracing import Hop, job_spans
 
 log = logging.getLogger("stream_jobs.worker")
 
 class Writer(Protocol):
     """Where a worker's records go: `GroupMember.write`, acknowledged by the broker."""
 
-    async def write(self, topic: str, job: JobRecord) -> None: ...
+    async def write(self, topic: str, job: JobRecord) -> object: ...
 
 
 class Retries:
@@ -41,6 +42,7 @@ class Retries:
         self._prefix = prefix
         self.policy = RetryPolicy(tiers=policy.retry_tiers, max_attempts=policy.max_attempts)
         self._timeout_s = timeout_s  # the handler's, for the log of a run past it
+        self._spans = job_spans()  # a retry or letter is a hop of the job's trace, if traced
 
     async def failed(self, job: JobRecord, record: Record,
                      error: Exception) -> Outcome | FailureInfo:
@@ -53,6 +55,8 @@ class Retries:
                         extra=job_fields(job, record, timeout_s=self._timeout_s))
         else:
             reason = Reason.PERMANENT if isinstance(error, PermanentError) else Reason.HANDLER_ERROR
+        if self._spans is not None:
+            self._spans.attempt_failed(error)
         now = now_ms()
         decision = decide(self.policy, attempt=job.attempt,
                           permanent=isinstance(error, PermanentError), now_ms=now,
@@ -67,7 +71,8 @@ class Retries:
         failure = FailureInfo.from_exception(error, reason, now)
         retry = replace(with_failure(job, record, failure), attempt=decision.attempt,
                         not_before_ms=decision.not_before_ms)
-        await self._writer.write(tier_topic(self._prefix, job.job_type, decision.tier), retry)
+        await self._write(tier_topic(self._prefix, job.job_type, decision.tier), retry,
+                          Hop.RETRY, decision.tier)
         log.info("job %s (%s) attempt %d failed (%s, %s); attempt %d waits in delay tier %s",
                  job.job_id, job.job_type, job.attempt, reason, type(error).__name__,
                  decision.attempt, decision.tier,
@@ -76,8 +81,15 @@ class Retries:
 
     async def dead_letter(self, job: JobRecord, record: Record, failure: FailureInfo) -> None:
         """Write `job` to its type's DLQ, carrying `failure`."""
-        await self._writer.write(dlq_topic(self._prefix, job.job_type),
-                                 with_failure(job, record, failure))
+        await self._write(dlq_topic(self._prefix, job.job_type),
+                          with_failure(job, record, failure), Hop.DEAD_LETTER)
+
+    async def _write(self, topic: str, job: JobRecord, hop: Hop, tier: str | None = None
+                     ) -> None:
+        if self._spans is None:
+            await self._writer.write(topic, job)
+        else:
+            await self._spans.send(self._writer.write, topic, job, hop, tier=tier)
 
 
 def with_failure(job: JobRecord, record: Record, failure: FailureInfo) -> JobRecord:

@@ -14,9 +14,7 @@ transaction if it has one: `stream_jobs.results.finish`) and *end*, the one plac
 outcome is counted, a dead letter's reason too, its kept row written and its unique key
 given back.
 
-Flow control (docs/flow-control.md): lanes are served by their weights; the type's
-rate limit is shared across the group and heartbeats are written into every lane
-partition (`stream_jobs.runtime.flow_control`).
+Flow control: docs/flow-control.md (`stream_jobs.runtime.flow_control`).
 """
 
 from __future__ import annotations
@@ -42,19 +40,9 @@ from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients
 from stream_jobs.logs import job_fields
-from stream_jobs.naming import (
-    dlq_topic,
-    lane_topic,
-    tier_topic,
-    worker_group,
-)
+from stream_jobs.naming import dlq_topic, lane_topic, tier_topic, worker_group
 from stream_jobs.outcomes import Outcome
-from stream_jobs.record import (
-    HEADER_WORKFLOW,
-    JobRecord,
-    Record,
-    decode_record,
-)
+from stream_jobs.record import HEADER_WORKFLOW, JobRecord, Record, decode_record
 from stream_jobs.results.finish import Finish, Finisher, ending_row, record_ending
 from stream_jobs.runtime.admission import Admission, holds_key
 from stream_jobs.runtime.calls import handler_call
@@ -74,6 +62,7 @@ from stream_jobs.runtime.throttle import ControlFollower
 from stream_jobs.schedules import Scheduler
 from stream_jobs.settings import Settings
 from stream_jobs.storage import PostgresStorage, Storage
+from stream_jobs.tracing import job_spans
 
 log = logging.getLogger("stream_jobs.worker")
 
@@ -165,6 +154,7 @@ class Worker(FlowControlled):
         # On the loop, or (a plain `def`) on `concurrency` threads: chosen once, here.
         self._call_handler, self.threads = handler_call(self, handler)
         self.loop_watch = LoopWatch(self.group_id, lambda: self.dispatcher.runners)
+        self.spans = job_spans()  # None unless something records traces (docs/tracing.md)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -333,6 +323,13 @@ class Worker(FlowControlled):
         except BadRecord as bad:
             await self._not_a_job(record, bad)
             return
+        if self.spans is not None:  # traced: the attempt in its process span
+            await self.spans.attempt(job, record, self.group_id,
+                                     partial(self._attempt, job, record, runner))
+        else:
+            await self._attempt(job, record, runner)
+
+    async def _attempt(self, job: JobRecord, record: Record, runner: Runner) -> Ended:
         ended: Ended | None = await self._admit(job)
         if ended is None:
             due_ms = max(job.enqueued_at_ms, job.not_before_ms or 0)
@@ -342,6 +339,7 @@ class Worker(FlowControlled):
             await self._end(job, ended, (time.perf_counter() - begun, dwell_s))
         else:
             await self._end(job, ended)
+        return ended
 
     async def _admit(self, job: JobRecord) -> Outcome | None:
         """None if `job` may run, else how it ends unrun: superseded by a newer job of its

@@ -40,6 +40,7 @@ from stream_jobs.naming import DEFAULT_LANE, TopicRef, lane_topic, parse_topic
 from stream_jobs.record import JobRecord, decode_record
 from stream_jobs.runtime.heartbeats import is_heartbeat
 from stream_jobs.settings import Settings
+from stream_jobs.tracing import Hop, job_spans
 
 log = logging.getLogger("stream_jobs.replay")
 
@@ -378,9 +379,13 @@ class _Copier:
 
 async def _send(producer: JobProducer, batch: Sequence[tuple[str, JobRecord]]) -> None:
     backoff_s = 0.5
+    spans = job_spans()  # a replay continues each job's trace, if traced
     for attempt in range(1, SEND_ATTEMPTS + 1):
         try:
-            await producer.send_many(batch)
+            if spans is None:
+                await producer.send_many(batch)
+            else:
+                await spans.send_many(producer.send_many, list(batch), Hop.REPLAY)
             return
         except PublishError as exc:
             if attempt == SEND_ATTEMPTS:

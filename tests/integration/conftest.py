@@ -9,6 +9,7 @@ import pytest
 
 from stream_jobs.app import App
 from stream_jobs.testing.stack import Declare
+from tests.traced import exported, untraced  # noqa: F401 - the tracing tests' fixtures
 
 __all__ = ["Declare"]
 

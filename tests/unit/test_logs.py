@@ -43,6 +43,17 @@ def test_job_fields_name_the_job_and_where_it_was_read() -> None:
                                                         "offset": 7}
 
 
+def test_a_line_about_a_traced_job_carries_its_trace_id() -> None:
+    traced = JOB.with_(traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    fields = job_fields(traced, FakeRecord("t", 0, 7))
+    assert fields["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
+    text = TextFormatter().format(line("job j-1 retried", **fields))
+    assert "trace_id=0af7651916cd43dd8448eb211c80319c" in text
+    # No trace context, or one that is not W3C's: no field (never an error).
+    assert "trace_id" not in job_fields(JOB, FakeRecord("t", 0, 7))
+    assert job_fields(JOB.with_(traceparent="00-x"))["trace_id"] is None
+
+
 def test_json_lines_carry_the_fields_as_keys() -> None:
     record = line("job %s dead-lettered", "j-1", **job_fields(JOB, FakeRecord("t", 1, 5)))
     written = orjson.loads(JsonFormatter().format(record))

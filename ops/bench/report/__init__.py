@@ -15,7 +15,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ops.bench import control, gateway, outbox, tester
+from ops.bench import control, gateway, outbox, tester, tracing
 from ops.bench import processes as processes_bench
 from ops.bench import results as results_bench
 from ops.bench import scaling as scaling_bench
@@ -33,9 +33,10 @@ from ops.bench.report.tables import FigureJSON
 # (Aliased: the report's own modules `scaling` and `processes` are names in this package.)
 OWN_SECTIONS: dict[str, ModuleType] = {
     "scaling": scaling_bench, "processes": processes_bench, "outbox": outbox,
-    "results": results_bench, "control": control, "gateway": gateway, "tester": tester}
+    "results": results_bench, "control": control, "gateway": gateway, "tester": tester,
+    "tracing": tracing}
 OWN_HEADINGS: dict[str, str] = {name: module.HEADING for name, module in OWN_SECTIONS.items()}
-FEATURES = ("outbox", "results", "control", "gateway", "tester")
+FEATURES = ("outbox", "results", "control", "gateway", "tester", "tracing")
 
 
 def _opening(meta: dict[str, Any], details: dict[str, Any]) -> list[str]:

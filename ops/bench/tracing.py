@@ -1,0 +1,154 @@
+"""What tracing costs the no-op path (`BENCH_ONLY=tracing`), side by side on one backlog.
+
+One backlog, filled by a traced client (so every record carries a `traceparent`, as it
+would from an application that traces), drained in every run by a no-op handler in three
+rotated contenders:
+
+- **without the tracing code**: the worker's per-job path as it was before tracing,
+  `Worker.handle` replaced for that drain by its earlier body (decode, admit, run, end:
+  no `spans` test, no `_attempt` call in between); the client, relay and retries are off
+  this path. The `traceparent` header is decoded on every path alike, as it was before.
+- **tracing unconfigured** (the default): the API only, no tracer provider set, so
+  `job_spans()` is None and each job pays the `is None` test.
+- **SDK, no-op exporter**: the SDK's `TracerProvider` with a `BatchSpanProcessor` whose
+  exporter drops every batch: a process span per job, a child of its record's context,
+  made current while the handler runs, ended with its outcome (what a traced worker pays
+  before any network).
+
+Rates run from the first handler call to the last, as in the processing section; each
+drain checks that every job ran once. OpenTelemetry sets a process's provider once: the
+bench swaps it between drains the way its tests do (`tests/traced.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.util._once import Once
+
+from ops.bench.backlog import fill, rewind_worker_group
+from ops.bench.common import Bench, rotated, run_async
+from ops.bench.ours import drain
+from stream_jobs.errors import BadRecord
+from stream_jobs.record import decode_record
+from stream_jobs.runtime.dispatch import PartitionWork, Runner
+from stream_jobs.runtime.worker import Ended, Worker
+
+HEADING = "Tracing"
+INTRO = ("What tracing costs a no-op worker, side by side in one run "
+         "(ops/bench/tracing.py says how; docs/tracing.md).")
+PREFIX = "tracing."
+NOOP = "bench.tracing"
+CONTENDERS = ["bypassed", "unconfigured", "sdk"]
+GOALS = [  # (text, numerator or figure, denominator or None, op, target, unit)
+    ("no-op with tracing unconfigured >= 0.97x without the tracing code",
+     "tracing.noop_unconfigured", "tracing.noop_bypassed", ">=", 0.97, "x"),
+]
+
+
+class DroppingExporter(SpanExporter):
+    """An exporter that drops what it is given: the SDK's cost without a collector's."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _install(provider: TracerProvider | None) -> None:
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    trace._TRACER_PROVIDER = None
+    if provider is not None:
+        trace.set_tracer_provider(provider)
+
+
+@contextmanager
+def _sdk() -> Iterator[None]:
+    """The SDK with a no-op exporter as this process's tracer provider meanwhile."""
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(DroppingExporter()))
+    _install(provider)
+    try:
+        yield
+    finally:
+        _install(None)
+        provider.shutdown()
+
+
+async def _untraced_handle(self: Worker, work: PartitionWork, record: Any,
+                           runner: Runner) -> None:
+    """`Worker.handle` before tracing: the three phases with nothing in between."""
+    try:
+        job = decode_record(key=record.key, value=record.value, headers=record.headers,
+                            expected_type=self.policy.job_type,
+                            max_payload_bytes=self.policy.payload_limit(self.settings),
+                            check_json=False)
+    except BadRecord as bad:
+        await self._not_a_job(record, bad)
+        return
+    ended: Ended | None = await self._admit(job)
+    if ended is None:
+        ended = await self._run(job, record, runner)
+    await self._end(job, ended)
+
+
+@contextmanager
+def _bypassed() -> Iterator[None]:
+    traced = Worker.handle
+    Worker.handle = _untraced_handle  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Worker.handle = traced  # type: ignore[method-assign]
+
+
+@contextmanager
+def _unconfigured() -> Iterator[None]:
+    _install(None)
+    yield
+
+
+CONTEXTS = {"bypassed": _bypassed, "unconfigured": _unconfigured, "sdk": _sdk}
+
+
+def tracing(b: Bench) -> None:
+    s = b.settings()
+    # The whole processing backlog and two more runs than a figure's usual: a no-op drain
+    # of a quarter of it lasted under a second here, too short to tell 3% apart.
+    n = b.scale.backlog_n
+    run_async(b.declare(NOOP), 60)
+    with _sdk():  # a traced client: every record carries its enqueue's context
+        run_async(fill(s, NOOP, n), 600)
+    rates: dict[str, list[float]] = {kind: [] for kind in CONTENDERS}
+    for run in range(b.scale.runs + 2):
+        for kind in rotated(CONTENDERS, run):
+            with CONTEXTS[kind]():
+                result = run_async(drain(s, NOOP, n), 960)
+            rates[kind].append(result["rate"])
+            print(f"[bench] tracing {kind}: {result['rate']:,.0f} jobs/s", flush=True)
+            run_async(rewind_worker_group(s, NOOP), 60)
+    note = f"{n:,} jobs backlog (each with a traceparent), concurrency 64, ordering=key"
+    r = b.results
+    r.add("tracing.noop_bypassed", "no-op, without the tracing code (Worker.handle as before)",
+          "jobs/s", rates["bypassed"], note)
+    r.add("tracing.noop_unconfigured", "no-op, tracing unconfigured (the default)", "jobs/s",
+          rates["unconfigured"], note)
+    r.add("tracing.noop_sdk", "no-op, the SDK with a no-op exporter (a span per job)",
+          "jobs/s", rates["sdk"], f"{note}; BatchSpanProcessor, spans dropped by the exporter")
+
+
+RATIOS = [
+    ("no-op, tracing unconfigured / without the tracing code", "tracing.noop_unconfigured",
+     "tracing.noop_bypassed"),
+    ("no-op, SDK + no-op exporter / tracing unconfigured", "tracing.noop_sdk",
+     "tracing.noop_unconfigured"),
+]
+
+
+__all__ = ["GOALS", "HEADING", "INTRO", "PREFIX", "RATIOS", "tracing"]
