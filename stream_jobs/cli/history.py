@@ -10,6 +10,7 @@ gateway instead, for a single box.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 
 import typer
@@ -42,6 +43,11 @@ def history(
     settings = settings_of(ctx, log_format=log_format, kafka_log_level=kafka_log_level)
     logs.configure(log_format=settings.log_format, level=log_level,
                    kafka_level=settings.kafka_log_level)
+    # faust-streaming and its service library log every start and rebalance step at INFO:
+    # their lines from WARNING up, like the Kafka driver's (--log-level DEBUG shows them).
+    for library in ("faust", "mode"):
+        logging.getLogger(library).setLevel(max(logging.WARNING, logging.getLevelName(
+            log_level.value)) if log_level.value != "DEBUG" else logging.DEBUG)
 
     from stream_jobs.history.process import run_history  # faust: only for this command
 

@@ -30,6 +30,9 @@ def serve(
         help="Seconds between stats samples for /metrics and the dashboard (5)."),
     no_auth: bool = typer.Option(False, "--no-auth", help="Open every route without a token; "
                                  "only for a gateway nobody else can reach."),
+    history: bool = typer.Option(False, "--history", envvar="STREAM_JOBS_GATEWAY_HISTORY",
+                                 help="Run the history process inside the gateway (a single "
+                                 "box; else run `stream-jobs history` on its own)."),
     log_level: LogLevel = typer.Option(
         LogLevel.INFO, "--log-level", envvar="STREAM_JOBS_LOG_LEVEL", case_sensitive=False,
         help="Log lines from this level up (any case), uvicorn's access lines among them."),
@@ -55,7 +58,8 @@ def serve(
         models = job_app.models()
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    gateway = create_app(settings, models=models, require_token=not no_auth, host=host)
+    gateway = create_app(settings, models=models, require_token=not no_auth, host=host,
+                         history=history)
     console.print(f"gateway on http://{host}:{port}/ (dashboard), /docs (API), /metrics; "
                   f"Kafka {settings.kafka_bootstrap}")
     # Access logs name method, path and status; never a header, so never the token.

@@ -165,7 +165,7 @@ def _handlers(gateway: Gateway) -> dict[Any, Handler]:
 
 def create_app(settings: Settings, *, models: Mapping[str, type[BaseModel]] | None = None,
                require_token: bool = True, sample: bool = True,
-               host: str | None = None) -> FastAPI:
+               host: str | None = None, history: bool = False) -> FastAPI:
     """The gateway for the types declared in `settings.topics_dir` (read once, at start).
 
     `models` (job type -> pydantic model, e.g. `App.models()`) makes enqueue check payloads
@@ -173,6 +173,7 @@ def create_app(settings: Settings, *, models: Mapping[str, type[BaseModel]] | No
     gateway that nobody else can reach). `sample=False` skips the background stats.
     `host` is the address it listens on: with STREAM_JOBS_GATEWAY_ALLOWED_HOSTS empty,
     it answers to that, localhost, 127.0.0.1 and ::1 (any IP address for 0.0.0.0 / ::).
+    `history=True` runs the history process inside the gateway (`serve --history`).
     """
     types = load_job_types(settings.topics_dir)
     gateway = Gateway(settings, types, Enqueuer(settings, types, models or {}),
@@ -186,9 +187,17 @@ def create_app(settings: Settings, *, models: Mapping[str, type[BaseModel]] | No
         with contextlib.suppress(StreamJobsError):
             await gateway.enqueuer.client()  # warm now; if Kafka is down, on first use
         sampling = asyncio.create_task(gateway.sampler.run()) if sample else None
+        history_stop = asyncio.Event()
+        keeping = None
+        if history:
+            from stream_jobs.history.process import keep_history  # faust: only with history
+            keeping = asyncio.create_task(keep_history(settings, history_stop))
         try:
             yield
         finally:
+            if keeping is not None:
+                history_stop.set()
+                await keeping
             if sampling is not None:
                 sampling.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -65,4 +65,19 @@ async def run_history(settings: Settings, stop: asyncio.Event) -> History:
     return history
 
 
-__all__ = ["WINDOWS_TOPIC_CONFIG", "HistoryStopped", "prepare", "run_history"]
+async def keep_history(settings: Settings, stop: asyncio.Event, *,
+                       pause_s: float = 5.0) -> None:
+    """Run the history app until `stop`, starting it again after a crash or a failed start
+    (Kafka or Postgres away): what `serve --history` runs beside the gateway. Starting
+    again is always safe: each window counts a report once, whatever is replayed."""
+    while not stop.is_set():
+        try:
+            await run_history(settings, stop)
+        except StreamJobsError as exc:
+            log.error("history stopped (%s); starting it again in %.0f s", exc, pause_s)
+            with contextlib.suppress(TimeoutError):
+                # The pause before a restart, cut short by `stop`.
+                await asyncio.wait_for(stop.wait(), pause_s)
+
+
+__all__ = ["WINDOWS_TOPIC_CONFIG", "HistoryStopped", "keep_history", "prepare", "run_history"]

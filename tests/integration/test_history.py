@@ -29,6 +29,7 @@ from stream_jobs.history.tally import Tally, total
 from stream_jobs.history.windows import window_start
 from stream_jobs.settings import Settings
 from tests.integration.cli_env import settings_env
+from tests.integration.served_gateway import serve_env, serving
 
 from .conftest import Declare
 
@@ -207,4 +208,26 @@ async def test_a_job_ending_past_a_windows_end_counts_once_in_the_window_it_ende
     finally:
         stop.set()
         await history
+        await store.close()
+
+
+async def test_serve_with_history_keeps_the_history_inside_the_gateway(
+        app: App, declare: Declare, tmp_path: Path) -> None:
+    settings = _history_settings(app, tmp_path)
+    await declare("hist.served", max_attempts=1)
+    mixed = _mixed_app(settings, "hist.served")
+    env = serve_env(settings, settings.topics_dir, STREAM_JOBS_HISTORY_WINDOW_S=str(WINDOW_S),
+                    STREAM_JOBS_HISTORY_DATA_DIR=str(settings.history_data_dir))
+    store = HistoryStore(settings)
+    try:
+        with serving(env, tmp_path / "serve.log", "--no-auth", "--history") as (_, process):
+            await _enqueue(mixed, "hist.served", 500)
+            worker = mixed.worker("hist.served", report_interval_s=0.3)
+            await worker.run(until_idle=True)
+            await _all_agree(store, "hist.served", _counted(worker.outcomes))
+            process.send_signal(signal.SIGTERM)
+            # uvicorn ends by raising the signal it stopped on again: -SIGTERM is its clean end
+            assert process.wait(timeout=60) in (0, -signal.SIGTERM)
+        assert "Traceback" not in (tmp_path / "serve.log").read_text()
+    finally:
         await store.close()
