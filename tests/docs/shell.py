@@ -16,8 +16,8 @@
   tables. Only a line that is that export alone is read so (see `placed`), and a page
   shows no output that depends on the name (`...` stands for it).
 - A command that runs until stopped (`stream-jobs worker` without `--until-idle`,
-  `stats --watch`, `serve`, `scheduler`, `outbox relay`; alone, not joined to another by
-  `||` or `|`) starts in the background, as in a second terminal; at the page's end it
+  `stats --watch`, `serve`, `scheduler`, `history`, `outbox relay`; alone, not joined to
+  another by `||` or `|`) starts in the background, as in a second terminal; at the page's end it
   gets Ctrl-C (SIGINT) and must stop cleanly (exit 0). In a console block, the output
   shown under it is what it printed by then, from its start to its last line (`...` for
   the log lines a reader would skim).
@@ -188,7 +188,7 @@ def runs_until_stopped(command: str) -> bool:
     args = words[1:]
     if "--until-idle" in args or "--help" in args:
         return False
-    if args[:1] in (["worker"], ["serve"], ["scheduler"]):
+    if args[:1] in (["worker"], ["serve"], ["scheduler"], ["history"]):
         return True
     if args[:2] == ["outbox", "relay"]:
         return True
