@@ -59,14 +59,8 @@ def stats(
     outbox's depth and oldest row, from Postgres. With --history, one type's past windows
     as the history process keeps them in Postgres."""
     if history is not None:
-        window = checked_window(history, job_type, watch=watch, partitions=partitions)
-        settings, _ = _load(ctx, job_type)
-        assert job_type is not None  # checked_window refuses none
-        view = asyncio.run(read_history(settings, job_type, window))
-        if as_json:
-            _print_json(view.to_dict())
-        else:
-            print_history(console, view)
+        _show_history(ctx, job_type, history, as_json=as_json, watch=watch,
+                      partitions=partitions)
         return
     settings, types = _load(ctx, job_type)
 
@@ -97,6 +91,19 @@ def stats(
         asyncio.run(run())
     except KeyboardInterrupt:
         return  # a second Ctrl-C ends --watch at once; nothing is left half done
+
+
+def _show_history(ctx: typer.Context, job_type: str | None, window: str, *, as_json: bool,
+                  watch: bool, partitions: bool) -> None:
+    """`stats TYPE --history WINDOW`: one type's past windows, read once."""
+    window = checked_window(window, job_type, watch=watch, partitions=partitions)
+    settings, _ = _load(ctx, job_type)
+    assert job_type is not None  # checked_window refuses none
+    view = asyncio.run(read_history(settings, job_type, window))
+    if as_json:
+        _print_json(view.to_dict())
+    else:
+        print_history(console, view)
 
 
 # --watch stops on an event that SIGINT (Ctrl-C) or SIGTERM sets, as the worker, the relay
