@@ -23,10 +23,13 @@ GatewayDep = Annotated[Gateway, Depends(gateway_of)]
 Window = Literal["1h", "24h", "7d"]
 
 
-class Quantiles(BaseModel):
+class DwellQuantiles(BaseModel):
     p50: float | None
     p95: float | None
-    p99: float | None = None
+
+
+class DurationQuantiles(DwellQuantiles):
+    p99: float | None
 
 
 class HistoryRowOut(BaseModel):
@@ -42,9 +45,9 @@ class HistoryRowOut(BaseModel):
     failure_ratio: float | None = Field(description="failed / finished; null with none.")
     per_min: float = Field(description="Jobs finished per minute over the time the window "
                            "covers (for an open one, so far).")
-    duration_s: Quantiles = Field(description="Handler duration percentiles: the upper "
+    duration_s: DurationQuantiles = Field(description="Handler duration percentiles: the upper "
                                   "bound of the bucket each falls in; null without runs.")
-    dwell_s: Quantiles = Field(description="Waits from due to start, percentiles as above.")
+    dwell_s: DwellQuantiles = Field(description="Waits from due to start, percentiles as above.")
 
 
 class HistoryOut(BaseModel):
