@@ -60,6 +60,11 @@ def stats_topic(prefix: str) -> str:
     return f"{prefix}._stats"
 
 
+# `P._stats` keeps a day of reports: enough for `stats` and for a new history process to
+# fold the last day.
+STATS_TOPIC_CONFIG = {"retention.ms": str(24 * 3600 * 1000)}
+
+
 def control_topic(prefix: str) -> str:
     """Operators' run-time settings per type (`stream-jobs throttle`), compacted by type.
 

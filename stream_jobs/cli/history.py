@@ -25,6 +25,7 @@ from stream_jobs.cli.common import (
     run_fast,
     settings_of,
 )
+
 console = Console(stderr=True)
 
 

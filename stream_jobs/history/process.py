@@ -17,8 +17,7 @@ import logging
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.history.stream import History
 from stream_jobs.kafka.admin import admin_client, ensure_internal_topic
-from stream_jobs.naming import history_topic
-from stream_jobs.runtime.reports import ensure_stats_topic
+from stream_jobs.naming import STATS_TOPIC_CONFIG, history_topic, stats_topic
 from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.history")
@@ -35,7 +34,8 @@ class HistoryStopped(StreamJobsError):
 async def prepare(settings: Settings) -> int:
     """Make the topics the app reads and writes; the replication its own topics get (as
     many brokers as there are, up to 3)."""
-    await ensure_stats_topic(settings)
+    await ensure_internal_topic(settings, stats_topic(settings.topic_prefix),
+                                STATS_TOPIC_CONFIG)
     await ensure_internal_topic(settings, history_topic(settings.topic_prefix),
                                 WINDOWS_TOPIC_CONFIG)
     async with admin_client(settings) as admin:

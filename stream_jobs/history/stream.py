@@ -26,12 +26,14 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import faust
 import orjson
+from faust.tables.wrappers import WindowWrapper
 
 from stream_jobs.errors import StreamJobsError
+from stream_jobs.history.reports import ReportSlots
 from stream_jobs.history.store import TOTAL_SIZE_S, HistoryStore, WindowRow
 from stream_jobs.history.tally import Tally
 from stream_jobs.history.windows import (
@@ -42,8 +44,8 @@ from stream_jobs.history.windows import (
     slot_deltas,
     window_start,
 )
+from stream_jobs.kafka.connection import sasl_options, ssl_context
 from stream_jobs.naming import history_app_id, history_topic, stats_topic
-from stream_jobs.runtime.reports import WorkerReport
 from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.history")
@@ -57,26 +59,18 @@ FORGET_EVERY = 200
 
 
 def credentials(settings: Settings) -> Any:
-    """faust's credentials for the settings' Kafka security, or None for PLAINTEXT."""
+    """faust's credentials for the settings' Kafka security (checked and loaded as every
+    other client of ours does), or None for PLAINTEXT."""
     protocol = settings.kafka_security_protocol
     if protocol == "PLAINTEXT":
         return None
-    ssl_context = None
-    if protocol in ("SSL", "SASL_SSL"):
-        from aiokafka.helpers import create_ssl_context
-        key_password = settings.kafka_ssl_key_password
-        ssl_context = create_ssl_context(
-            cafile=str(settings.kafka_ssl_cafile) if settings.kafka_ssl_cafile else None,
-            certfile=str(settings.kafka_ssl_certfile) if settings.kafka_ssl_certfile else None,
-            keyfile=str(settings.kafka_ssl_keyfile) if settings.kafka_ssl_keyfile else None,
-            password=key_password.get_secret_value() if key_password else None)
-        if protocol == "SSL":
-            return faust.SSLCredentials(ssl_context)
-    password = settings.kafka_sasl_password
-    return faust.SASLCredentials(
-        username=settings.kafka_sasl_username,
-        password=password.get_secret_value() if password else None,
-        mechanism=settings.kafka_sasl_mechanism or "PLAIN", ssl_context=ssl_context)
+    context = ssl_context(settings) if protocol in ("SSL", "SASL_SSL") else None
+    if protocol == "SSL":
+        return faust.SSLCredentials(context)
+    sasl = sasl_options(settings)
+    return faust.SASLCredentials(username=sasl["sasl_plain_username"],
+                                 password=sasl["sasl_plain_password"],
+                                 mechanism=sasl["sasl_mechanism"], ssl_context=context)
 
 
 class History:
@@ -111,11 +105,15 @@ class History:
         self.last_seen = self.app.Table("last-seen", default=dict, partitions=1)
         self.totals = self.app.Table("totals", default=dict, partitions=1)
         minute_s, hour_s = self.windows.minute_s, self.windows.hour_s
-        self.sized = (
-            (minute_s, self.app.Table("minutes", default=dict, partitions=1).tumbling(
-                minute_s, expires=timedelta(seconds=MINUTES_KEPT_S))),
-            (hour_s, self.app.Table("hours", default=dict, partitions=1).tumbling(
-                hour_s, expires=timedelta(seconds=HOURS_KEPT_S))),
+        # Tumbling windows; `relative_to(t)` (of the class: faust's protocol type lacks
+        # it) puts a slot's delta in the window of the slot's start, not of the report.
+        self.sized: tuple[tuple[int, WindowWrapper], ...] = (
+            (minute_s, cast(WindowWrapper, self.app.Table(
+                "minutes", default=dict, partitions=1).tumbling(
+                    minute_s, expires=timedelta(seconds=MINUTES_KEPT_S)))),
+            (hour_s, cast(WindowWrapper, self.app.Table(
+                "hours", default=dict, partitions=1).tumbling(
+                    hour_s, expires=timedelta(seconds=HOURS_KEPT_S)))),
         )
         self._folded = 0
         self.app.agent(self.reports, name="fold")(self._fold)
@@ -126,21 +124,16 @@ class History:
 
     async def _fold(self, stream: Any) -> AsyncIterator[None]:
         async for raw in stream:
-            report = WorkerReport.from_json(raw)
-            if report is not None and report.slot_ms > 0:
+            report = ReportSlots.from_json(raw)
+            if report is not None:
                 await self.fold(report)
             yield None
 
-    async def fold(self, report: WorkerReport) -> None:
+    async def fold(self, report: ReportSlots) -> None:
         """Add what `report` says that its worker's previous report did not."""
         before = {int(start): Tally.from_obj(obj)
                   for start, obj in self.last_seen[report.worker_id].get("slots", {}).items()}
-        after: dict[int, Tally] = {}
-        for start, obj in report.slots.items():
-            try:
-                after[start] = Tally.from_obj(obj)
-            except ValueError as exc:
-                log.warning("report of %s: slot %d skipped: %s", report.worker_id, start, exc)
+        after = report.slots
         deltas = slot_deltas(before, after)
         for start, delta in deltas:
             for size_s, table in self.sized:
@@ -208,7 +201,7 @@ class History:
     async def _prune(self) -> None:
         try:
             gone = await self.store.prune(self.windows)
-        except Exception as exc:  # noqa: BLE001 - pruning waits for the next round
+        except StreamJobsError as exc:  # Postgres away: the next round tries again
             log.warning("old history windows not pruned: %s", exc)
         else:
             if gone:

@@ -48,18 +48,18 @@ def kafka_client_kwargs(settings: Settings, *, client_id: str | None = None) -> 
         kwargs["client_id"] = client_id
     protocol = settings.kafka_security_protocol
     if protocol in _SASL:
-        kwargs.update(_sasl_kwargs(settings))
+        kwargs.update(sasl_options(settings))
     elif settings.kafka_sasl_mechanism is not None:
         raise ConfigError(
             f"STREAM_JOBS_KAFKA_SASL_MECHANISM is set but STREAM_JOBS_KAFKA_SECURITY_PROTOCOL "
             f"is {protocol}; use SASL_SSL (or SASL_PLAINTEXT) for SASL to be used."
         )
     if protocol in _TLS:
-        kwargs["ssl_context"] = _ssl_context(settings)
+        kwargs["ssl_context"] = ssl_context(settings)
     return kwargs
 
 
-def _sasl_kwargs(settings: Settings) -> dict[str, Any]:
+def sasl_options(settings: Settings) -> dict[str, Any]:
     missing = [
         name
         for name, value in (
@@ -82,7 +82,7 @@ def _sasl_kwargs(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _ssl_context(settings: Settings) -> ssl.SSLContext:
+def ssl_context(settings: Settings) -> ssl.SSLContext:
     if settings.kafka_ssl_keyfile is not None and settings.kafka_ssl_certfile is None:
         raise ConfigError(
             "STREAM_JOBS_KAFKA_SSL_KEYFILE is set without STREAM_JOBS_KAFKA_SSL_CERTFILE; "

@@ -22,13 +22,10 @@ import orjson
 
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients, Producer
-from stream_jobs.naming import stats_topic
+from stream_jobs.naming import STATS_TOPIC_CONFIG, stats_topic
 from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.reports")
-
-REPORT_RETENTION_MS = 24 * 3600 * 1000
-
 
 def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -164,7 +161,7 @@ class ShadowReport:
 async def ensure_stats_topic(settings: Settings, kafka: KafkaClients = AIOKAFKA) -> None:
     """Create `P._stats` if it is missing (one partition, one day of reports)."""
     await kafka.ensure_internal_topic(settings, stats_topic(settings.topic_prefix),
-                                      {"retention.ms": str(REPORT_RETENTION_MS)})
+                                      STATS_TOPIC_CONFIG)
 
 
 class Report(Protocol):
