@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.table import Table
 
 from stream_jobs.cli.common import settings_of
+from stream_jobs.cli.stats_history import checked_window, print_history, read_history
 from stream_jobs.dlq.census import DlqCensus
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
 from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, JobLocation, locate_job
@@ -48,11 +49,21 @@ def stats(
     partitions: bool = typer.Option(False, "--partitions", help="Show every partition."),
     window_s: float = typer.Option(DEFAULT_WINDOW_S, "--window", min=1.0,
                                    help="Seconds the rates are averaged over."),
+    history: str | None = typer.Option(
+        None, "--history", metavar="1h|24h|7d",
+        help="One TYPE's history instead (docs/history.md): jobs by outcome, failure "
+        "ratio, jobs/min and duration and dwell percentiles per 5 minutes (1h), hour (24h) "
+        "or day (7d); --json gives every window."),
 ) -> None:
     """Lag and oldest job per lane, delay-tier depths, dead-lettered jobs (and their
     letters), recent rates and live
     workers per type, from Kafka (worker reports in P._stats give the rates); and the
-    outbox's depth and oldest row, from Postgres."""
+    outbox's depth and oldest row, from Postgres. With --history, one type's past windows
+    as the history process keeps them in Postgres."""
+    if history is not None:
+        _show_history(ctx, job_type, history, as_json=as_json, watch=watch,
+                      partitions=partitions)
+        return
     settings, types = _load(ctx, job_type)
     census = DlqCensus()  # with --watch, each refresh reads only the new dead letters
 
@@ -83,6 +94,19 @@ def stats(
         asyncio.run(run())
     except KeyboardInterrupt:
         return  # a second Ctrl-C ends --watch at once; nothing is left half done
+
+
+def _show_history(ctx: typer.Context, job_type: str | None, window: str, *, as_json: bool,
+                  watch: bool, partitions: bool) -> None:
+    """`stats TYPE --history WINDOW`: one type's past windows, read once."""
+    window = checked_window(window, job_type, watch=watch, partitions=partitions)
+    settings, _ = _load(ctx, job_type)
+    assert job_type is not None  # checked_window refuses none
+    view = asyncio.run(read_history(settings, job_type, window))
+    if as_json:
+        _print_json(view.to_dict())
+    else:
+        print_history(console, view)
 
 
 # --watch stops on an event that SIGINT (Ctrl-C) or SIGTERM sets, as the worker, the relay

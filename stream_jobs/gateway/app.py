@@ -1,8 +1,8 @@
 """`create_app`: the gateway as an ASGI app (FastAPI), run by `stream-jobs serve`.
 
-One `JobClient` lives as long as the app (its producer stays connected), and a
-background task samples stats for `/metrics` and the dashboard. Errors of ours become
-HTTP answers here, one sentence each: UnknownJobType, LetterNotFound, JobNotFound and
+One `JobClient` lives as long as the app (its producer stays connected), and background
+tasks sample stats and read the recent history for `/metrics` and the dashboard. Errors
+of ours become HTTP answers here, one sentence each: UnknownJobType, LetterNotFound, JobNotFound and
 UnknownWorkflow 404, CancelPending 409,
 PayloadTooLarge 413, PayloadError and ConfigError 422, Kafka not answering 503 with
 Retry-After, NotAuthorized 401.
@@ -40,10 +40,11 @@ from stream_jobs.errors import (
     UnknownJobType,
     UnknownWorkflow,
 )
-from stream_jobs.gateway import api, dashboard
+from stream_jobs.gateway import api, dashboard, history_api
 from stream_jobs.gateway.api_docs import mount_api_docs
 from stream_jobs.gateway.guard import Guard, nothing_to_read
 from stream_jobs.gateway.origins import AllowedHosts
+from stream_jobs.gateway.recent import RecentHistory
 from stream_jobs.gateway.sampler import StatsSampler
 from stream_jobs.gateway.state import Enqueuer, Gateway
 from stream_jobs.job_types import load_job_types
@@ -170,7 +171,8 @@ def create_app(settings: Settings, *, models: Mapping[str, type[BaseModel]] | No
 
     `models` (job type -> pydantic model, e.g. `App.models()`) makes enqueue check payloads
     the way the handlers will. `require_token=False` opens every route (only for a
-    gateway that nobody else can reach). `sample=False` skips the background stats.
+    gateway that nobody else can reach). `sample=False` skips the background stats
+    and history reading.
     `host` is the address it listens on: with STREAM_JOBS_GATEWAY_ALLOWED_HOSTS empty,
     it answers to that, localhost, 127.0.0.1 and ::1 (any IP address for 0.0.0.0 / ::).
     `history=True` runs the history process inside the gateway (`serve --history`).
@@ -179,6 +181,8 @@ def create_app(settings: Settings, *, models: Mapping[str, type[BaseModel]] | No
     gateway = Gateway(settings, types, Enqueuer(settings, types, models or {}),
                       StatsSampler(settings, types,
                                    interval_s=settings.gateway_sample_interval_s),
+                      RecentHistory(settings, types,
+                                    interval_s=settings.gateway_sample_interval_s),
                       require_token=require_token,
                       allowed_hosts=AllowedHosts.of(settings.gateway_allowed_hosts, host))
 
@@ -186,7 +190,8 @@ def create_app(settings: Settings, *, models: Mapping[str, type[BaseModel]] | No
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         with contextlib.suppress(StreamJobsError):
             await gateway.enqueuer.client()  # warm now; if Kafka is down, on first use
-        sampling = asyncio.create_task(gateway.sampler.run()) if sample else None
+        sampling = [asyncio.create_task(gateway.sampler.run()),
+                    asyncio.create_task(gateway.recent.run())] if sample else []
         history_stop = asyncio.Event()
         keeping = None
         if history:
@@ -198,10 +203,11 @@ def create_app(settings: Settings, *, models: Mapping[str, type[BaseModel]] | No
             if keeping is not None:
                 history_stop.set()
                 await keeping
-            if sampling is not None:
-                sampling.cancel()
+            for task in sampling:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await sampling
+                    await task
+            await gateway.recent.close()
             await gateway.enqueuer.close()
 
     app = FastAPI(title="stream-jobs gateway", version="1",
@@ -214,6 +220,7 @@ def create_app(settings: Settings, *, models: Mapping[str, type[BaseModel]] | No
     app.state.gateway = gateway
     mount_api_docs(app)
     app.include_router(api.router)
+    app.include_router(history_api.router)
     app.include_router(dashboard.router)
 
     @app.get("/metrics", include_in_schema=False)

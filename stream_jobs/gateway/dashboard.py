@@ -1,9 +1,11 @@
 """The dashboard: server-rendered pages over the same tools as the JSON routes.
 
-`/` shows every type's lanes, tiers, DLQ depth, oldest job and live workers, with
-throughput and failure-rate charts over the last hour from the gateway's stats samples,
-the schedules (next fire, last firing, paused, leader) and the open batches and chains
-(members done, failed, pending) read from Postgres; it refreshes itself. `/ui/dlq/{type}`
+`/` shows every type's lanes, tiers, DLQ depth, oldest job and live workers; charts of
+the last hour from the history process's windows (jobs/min, failure ratio, p95 duration
+and p95 dwell per minute window, so a restarted gateway draws the same hour) and of the
+lag from the gateway's own samples (since it started); the schedules (next fire, last
+firing, paused, leader) and the open batches and chains (members done, failed, pending)
+read from Postgres; it refreshes itself. `/ui/dlq/{type}`
 browses the DLQ (reason histogram, recent letters, a letter's details) and requeues,
 always through a confirmation page that shows what a dry run found. `/ui/jobs/{id}` shows
 what happened to one job, with a button that cancels it (through a confirmation page)
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote, urlencode
@@ -30,8 +33,10 @@ from stream_jobs.dlq.requeue import requeue
 from stream_jobs.errors import ConfigError, LetterNotFound, StreamJobsError
 from stream_jobs.gateway.api import RequeueIn, run_requeue
 from stream_jobs.gateway.charts import bar_chart, line_chart
+from stream_jobs.gateway.recent import RecentHistory
 from stream_jobs.gateway.sessions import FAILURE_WINDOW_S, Session
 from stream_jobs.gateway.state import SESSION_COOKIE, Gateway, gateway_of
+from stream_jobs.history.view import NO_HISTORY, HistoryRow
 from stream_jobs.job_types import get_job_type
 from stream_jobs.lookup import JobLocation, locate_job
 from stream_jobs.redaction import redact_text
@@ -129,12 +134,10 @@ async def overview(gateway: GatewayDep) -> HTMLResponse:
             "done": stats.rates.counts.done,
             "failed": stats.rates.counts.retried + stats.rates.counts.dead_lettered,
             "in_flight": sum(w.in_flight for w in stats.workers),
-            "throughput": line_chart([(t, p.done_per_s) for t, p in series],
-                                     title="done", unit="/s", end_ms=now_ms),
-            "failures": line_chart([(t, p.failure_ratio) for t, p in series],
-                                   title="failure rate", unit="", end_ms=now_ms, percent=True),
             "backlog": line_chart([(t, float(p.lag)) for t, p in series],
-                                  title="lag", unit="jobs", end_ms=now_ms),
+                                  title="lag since the gateway started", unit="jobs",
+                                  end_ms=now_ms),
+            **_history_charts(gateway.recent, stats.job_type, now_ms),
         })
     schedules, schedules_problem = await _schedules(gateway)
     batches_open, batches = await _open_batches(gateway)
@@ -143,6 +146,33 @@ async def overview(gateway: GatewayDep) -> HTMLResponse:
                  window_s=sampler.window_s, schedules=schedules,
                  schedules_problem=schedules_problem, now_ms=now_ms,
                  batches_open=batches_open, batches=batches)
+
+
+def _history_charts(recent: RecentHistory, job_type: str, now_ms: int) -> dict[str, Any]:
+    """The last hour from the history: charts of the closed minute windows (a window
+    still open would draw a rate of its first seconds), the hour's figures, and a note
+    when there is nothing to draw."""
+    view = recent.views.get(job_type)
+    if view is None or view.empty:
+        counted = recent.totals is not None and job_type in recent.totals
+        note = (f"History could not be read: {recent.problem}" if recent.problem else
+                "No job finished in the last hour." if counted else
+                f"No history recorded: the history process is not running (or no job has "
+                f"finished yet); {NO_HISTORY}.")
+        return {"history": None, "history_note": note}
+    closed = [r for r in view.rows if not r.open]
+
+    def points(value: Callable[[HistoryRow], float | None]) -> list[tuple[int, float | None]]:
+        return [(r.start_ms + r.size_s * 1000, value(r)) for r in closed]
+
+    return {"history": view.totals(), "history_note": None, "charts": [
+        line_chart(points(lambda r: r.per_min), title="jobs/min", unit="/min", end_ms=now_ms),
+        line_chart(points(lambda r: r.failure_ratio), title="failure ratio", unit="",
+                   end_ms=now_ms, percent=True),
+        line_chart(points(lambda r: r.tally.duration_s(0.95)), title="p95 duration",
+                   unit="s", end_ms=now_ms),
+        line_chart(points(lambda r: r.tally.dwell_s(0.95)), title="p95 dwell", unit="s",
+                   end_ms=now_ms)]}
 
 
 async def _open_batches(gateway: Gateway) -> tuple[int, list[Progress]]:

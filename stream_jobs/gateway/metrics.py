@@ -4,17 +4,18 @@ The gateway samples `stream_jobs.tools.stats` in the background and `StatsCollec
 turns the latest snapshot into gauges: lag, oldest age, tier and DLQ depth (letters),
 dead-lettered jobs (distinct job IDs: a job can leave several letters), rates, live
 workers, the rate limit in force, and per-partition lag and committed offsets (what the
-"partition stuck" alert watches), and the outbox's depth and oldest row. Nothing here
-runs per job or per request.
+"partition stuck" alert watches), and the outbox's depth and oldest row. `HistoryCollector`
+counts the jobs the history process recorded. Nothing here runs per job or per request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from stream_jobs.history.tally import Tally
 from stream_jobs.runtime.metrics import WORKER_METRICS, gauge
 from stream_jobs.tools.type_stats import StatsSnapshot
 
@@ -36,6 +37,7 @@ GATEWAY_METRICS = frozenset({
     "stream_jobs_outbox_oldest_age_seconds",
     "stream_jobs_gateway_enqueued_total",
     "stream_jobs_gateway_requests_total",
+    "stream_jobs_history_jobs_total",
 })
 # Every series a worker or the gateway exports: what ops/ may refer to.
 EXPORTED_METRICS = WORKER_METRICS | GATEWAY_METRICS
@@ -56,6 +58,28 @@ class StatsCollector(Collector):
                     "When the gateway last sampled these stats (Unix time).",
                     [([], snapshot.at_ms / 1000)], [])
         yield from _outbox_gauges(snapshot)
+
+
+class HistoryCollector(Collector):
+    """`stream_jobs_history_jobs_total{type,outcome}`: jobs finished since the history
+    began, as the history process counted them (docs/history.md). Unlike a worker's own
+    `stream_jobs_jobs_total` it does not start over when a worker restarts. Read at the
+    stats sampler's pace; absent until the first reading."""
+
+    def __init__(self, totals: Callable[[], Mapping[str, Tally] | None]) -> None:
+        self.totals = totals
+
+    def collect(self) -> Iterator[Metric]:
+        totals = self.totals()
+        if totals is None:
+            return
+        jobs = CounterMetricFamily("stream_jobs_history_jobs", "Jobs finished since the "
+                                   "history began, by outcome, from the history process.",
+                                   labels=["type", "outcome"])
+        for job_type, tally in sorted(totals.items()):
+            for outcome, n in sorted(tally.outcomes.items()):
+                jobs.add_metric([job_type, outcome], n)
+        yield jobs
 
 
 def _type_gauges(snapshot: StatsSnapshot) -> Iterator[Metric]:
@@ -131,4 +155,4 @@ def _outbox_gauges(snapshot: StatsSnapshot) -> Iterator[Metric]:
                     ["schema"])
 
 
-__all__ = ["EXPORTED_METRICS", "GATEWAY_METRICS", "StatsCollector"]
+__all__ = ["EXPORTED_METRICS", "GATEWAY_METRICS", "HistoryCollector", "StatsCollector"]

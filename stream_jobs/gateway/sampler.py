@@ -3,8 +3,8 @@
 Every `interval_s` the sampler takes a `stream_jobs.tools.stats` snapshot of every declared
 type (per partition, for the partition metrics) and keeps a small point per type in a
 ring that covers the last hour. `/metrics` and the dashboard read the latest snapshot;
-the dashboard's charts read the ring. Nothing is persisted: a restarted gateway starts
-its charts afresh.
+the dashboard's lag chart reads the ring. Nothing is persisted: a restarted gateway
+starts that chart afresh (the other charts read the history: `recent.py`).
 """
 
 from __future__ import annotations

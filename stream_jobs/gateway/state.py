@@ -1,5 +1,5 @@
 """What the gateway holds for its lifetime: settings, the declared types, one warm
-client, the stats sampler, the metrics registry, the hosts it answers to and the
+client, the stats sampler, the recent history, the metrics registry, the hosts it answers to and the
 dashboard's sessions."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel
 
 from stream_jobs.client import JobClient
-from stream_jobs.gateway.metrics import StatsCollector
+from stream_jobs.gateway.metrics import HistoryCollector, StatsCollector
 from stream_jobs.gateway.origins import AllowedHosts
+from stream_jobs.gateway.recent import RecentHistory
 from stream_jobs.gateway.sampler import StatsSampler
 from stream_jobs.gateway.sessions import LoginThrottle, Session, Sessions, fingerprint
 from stream_jobs.job_types import JobTypePolicy
@@ -62,6 +63,7 @@ class Gateway:
     types: dict[str, JobTypePolicy]
     enqueuer: Enqueuer
     sampler: StatsSampler
+    recent: RecentHistory
     require_token: bool = True
     allowed_hosts: AllowedHosts = field(default_factory=AllowedHosts.anything)
     registry: CollectorRegistry = field(
@@ -71,6 +73,7 @@ class Gateway:
 
     def __post_init__(self) -> None:
         self.registry.register(StatsCollector(lambda: self.sampler.latest))
+        self.registry.register(HistoryCollector(lambda: self.recent.totals))
         self.enqueued = Counter("stream_jobs_gateway_enqueued", "Jobs the gateway enqueued "
                                 "(acknowledged by the broker).", ["type"], registry=self.registry)
         self.requests = Counter("stream_jobs_gateway_requests", "Requests the gateway "

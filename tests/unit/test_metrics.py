@@ -20,8 +20,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stream_jobs.dlq.tally import DlqCounts
 from stream_jobs.gateway.charts import bar_chart, line_chart, nice_max
-from stream_jobs.gateway.metrics import EXPORTED_METRICS, GATEWAY_METRICS, StatsCollector
+from stream_jobs.gateway.metrics import (
+    EXPORTED_METRICS,
+    GATEWAY_METRICS,
+    HistoryCollector,
+    StatsCollector,
+)
 from stream_jobs.histogram import DurationHistogram
+from stream_jobs.history.tally import Tally
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.offsets import OffsetTracker
 from stream_jobs.outbox.depth import OutboxDepth
@@ -101,7 +107,8 @@ def test_stats_collector_exports_its_declared_names() -> None:
     registry.register(StatsCollector(lambda: snapshot))
     assert _exposed(registry) == set()  # nothing before the first sample
     snapshot = _snapshot()
-    own = {"stream_jobs_gateway_enqueued_total", "stream_jobs_gateway_requests_total"}
+    own = {"stream_jobs_gateway_enqueued_total", "stream_jobs_gateway_requests_total",
+           "stream_jobs_history_jobs_total"}
     assert _exposed(registry) == GATEWAY_METRICS - own
     text = generate_latest(registry).decode()
     assert 'stream_jobs_partition_stuck{partition="0",topic="jobs.t",type="t"} 1.0' in text
@@ -110,6 +117,21 @@ def test_stats_collector_exports_its_declared_names() -> None:
     # Two letters of one job: the DLQ's depth counts letters, its jobs gauge the job.
     assert 'stream_jobs_dlq_depth{type="t"} 2.0' in text
     assert 'stream_jobs_dlq_jobs{type="t"} 1.0' in text
+
+
+def test_history_collector_counts_the_history_totals() -> None:
+    """The history's running totals as a counter per type and outcome; nothing before the
+    gateway first read them."""
+    registry = CollectorRegistry(auto_describe=False)
+    totals: dict[str, Tally] | None = None
+    registry.register(HistoryCollector(lambda: totals))
+    assert _exposed(registry) == set()
+    totals = {"a.b": Tally({"succeeded": 400, "dead_lettered": 100}), "c": Tally()}
+    assert _exposed(registry) == {"stream_jobs_history_jobs_total"}
+    text = generate_latest(registry).decode()
+    assert 'stream_jobs_history_jobs_total{outcome="succeeded",type="a.b"} 400.0' in text
+    assert 'stream_jobs_history_jobs_total{outcome="dead_lettered",type="a.b"} 100.0' in text
+    assert "# TYPE stream_jobs_history_jobs_total counter" in text
 
 
 def _grafana_exprs() -> list[str]:
