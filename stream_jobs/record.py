@@ -43,6 +43,9 @@ HEADER_ERROR = "sj-error"
 HEADER_REQUEUES = "sj-requeues"
 HEADER_RERUN_OF = "sj-rerun-of"
 HEADER_TRACEPARENT = "traceparent"
+# The trace context of the attempt a retry or a dead letter came from: what a release from
+# the tier, a requeue and a replay link to as "the attempt before" (stream_jobs/tracing/).
+HEADER_ATTEMPT_TRACE = "sj-attempt-trace"
 # Unique jobs and debounce (stream_jobs/unique/rules.py): the key a job holds, so the worker
 # releases it (or checks for a newer job of it) only for jobs that carry one.
 HEADER_UNIQUE = "sj-unique"
@@ -64,6 +67,7 @@ _KNOWN_HEADERS = frozenset(
         HEADER_REQUEUES,
         HEADER_RERUN_OF,
         HEADER_TRACEPARENT,
+        HEADER_ATTEMPT_TRACE,
         HEADER_UNIQUE,
         HEADER_DEBOUNCE,
         HEADER_WORKFLOW,
@@ -115,6 +119,7 @@ class _Changes(TypedDict, total=False):
     requeues: int
     rerun_of: str | None
     traceparent: str | None
+    attempt_trace: str | None
     unique_key: str | None
     debounce_key: str | None
     workflow: str | None
@@ -154,6 +159,7 @@ class JobRecord:
     requeues: int = 0
     rerun_of: str | None = None
     traceparent: str | None = None
+    attempt_trace: str | None = None  # the attempt a retry or dead letter came from
     unique_key: str | None = None  # held from enqueue until the job finishes
     debounce_key: str | None = None  # of its key's jobs in one window, only the last runs
     workflow: str | None = None
@@ -180,6 +186,8 @@ class JobRecord:
             out.append((HEADER_RERUN_OF, self.rerun_of.encode()))
         if self.traceparent is not None:
             out.append((HEADER_TRACEPARENT, self.traceparent.encode()))
+        if self.attempt_trace is not None:
+            out.append((HEADER_ATTEMPT_TRACE, self.attempt_trace.encode()))
         if self.unique_key is not None:
             out.append((HEADER_UNIQUE, self.unique_key.encode()))
         if self.debounce_key is not None:
@@ -268,6 +276,7 @@ def _from_headers(found: dict[str, bytes | None], payload: bytes, key: bytes | N
         rerun_of=_text(found, HEADER_RERUN_OF) if HEADER_RERUN_OF in found else None,
         failure=parse_failure(found.get(HEADER_ERROR)),
         traceparent=_traceparent(found.get(HEADER_TRACEPARENT)),
+        attempt_trace=_traceparent(found.get(HEADER_ATTEMPT_TRACE)),
         unique_key=_text(found, HEADER_UNIQUE) if HEADER_UNIQUE in found else None,
         debounce_key=_text(found, HEADER_DEBOUNCE) if HEADER_DEBOUNCE in found else None,
         workflow=_text(found, HEADER_WORKFLOW) if HEADER_WORKFLOW in found else None,

@@ -11,8 +11,10 @@ provider), so the hot path then pays one `is None` test per job and nothing else
 - A *process* span (CONSUMER) per attempt, a child of the record's `traceparent`,
   current while the attempt runs: a child job enqueued in `ctx.once()` and the attempt's
   own retry or dead letter are its children, in its trace.
-- A hop's send span also links to the span before it: the attempt that failed, or the
-  write of the record the relay, `dlq requeue` or `replay` moves.
+- A hop's send span also links to the attempt before it: the attempt that failed (for a
+  retry or a dead letter, which carry that attempt's context on, `attempt_trace`), or
+  for what the relay, `dlq requeue` or `replay` moves, the attempt its record came from
+  (the record's own write where it names none: a replayed lane record).
 """
 
 from __future__ import annotations
@@ -122,14 +124,21 @@ class JobSpans:
                    ) -> SendSpan:
         """The send span of `job` to `topic`, started. A first send (enqueue, outbox,
         firing) is a child of the trace context the job carries (a parent job's attempt,
-        the caller's request), else of the current span; a hop is a child of the attempt
-        it happens in, else of the record it moves, and links to that span."""
+        the caller's request), else of the current span. A hop in an attempt (a retry, a
+        dead letter) is its child, links to it and carries its context on; a hop that
+        moves a record (release, requeue, replay) is a child of the record's write and
+        links to the attempt the record came from (else to that write)."""
         current = trace.get_current_span().get_span_context()
         carried = span_context_of(job.traceparent)
         links: list[Link] = []
         if hop.continues:
-            before = current if current.is_valid else carried
-            parent = _context(before)
+            if current.is_valid:
+                before: SpanContext | None = current
+                parent = _context(current)
+                job = job.with_(attempt_trace=traceparent_of(trace.get_current_span()))
+            else:
+                before = span_context_of(job.attempt_trace) or carried
+                parent = _context(carried)
             if before is not None:
                 links.append(Link(before, {LINK_KIND: LINK_ATTEMPT_BEFORE}))
         else:

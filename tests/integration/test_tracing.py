@@ -77,10 +77,10 @@ async def test_a_job_failing_twice_then_succeeding_is_one_trace_parented_and_lin
     chain = [enqueue, p1, retry1, release1, p2, retry2, release2, p3]
     for before, after in itertools.pairwise(chain):
         assert parent_id(after) == span_id(before), (after.name, before.name)
-    # A hop links to the span before it: the attempt that failed, the retry it releases.
-    assert linked_to(retry1) == [span_id(p1)]
-    assert linked_to(release1) == [span_id(retry1)]
-    assert linked_to(retry2) == [span_id(p2)]
+    # A hop links to the attempt before it: the retry and its release both to the attempt
+    # that failed.
+    assert linked_to(retry1) == linked_to(release1) == [span_id(p1)]
+    assert linked_to(retry2) == linked_to(release2) == [span_id(p2)]
     assert linked_to(enqueue) == linked_to(p1) == []
 
     lane = lane_topic(settings.topic_prefix, "traced.flaky")
@@ -223,8 +223,9 @@ async def test_a_requeue_and_a_replay_continue_the_trace_with_a_link(
     _, first, letter, requeued, second, replayed_span, third = spans
     assert len({trace_id(s) for s in spans}) == 1
     assert (parent_id(letter), linked_to(letter)) == (span_id(first), [span_id(first)])
-    # The requeue continues from the letter, the replay from the record it read again.
-    assert (parent_id(requeued), linked_to(requeued)) == (span_id(letter), [span_id(letter)])
+    # The requeue continues from the letter and links to the attempt that died; the replay
+    # continues from the record it read again (an enqueued one: no attempt before it).
+    assert (parent_id(requeued), linked_to(requeued)) == (span_id(letter), [span_id(first)])
     assert parent_id(second) == span_id(requeued)
     enqueue = spans[0]
     assert parent_id(replayed_span) == span_id(enqueue)  # offset 0: the enqueued record
