@@ -82,7 +82,7 @@ def render_history(view: HistoryView) -> Group | str:
         table.add_row(_start(row, view.window), *_cells(row, outcomes),
                       end_section=i == len(rows) - 1)
     table.add_row("total", *_cells(view.totals(), outcomes), style="bold")
-    return Group(table, f"[dim]* still open. Run: handler duration; wait: dwell (due to "
+    return Group(table, f"[dim]* still open. Run: run duration; wait: dwell (due to "
                         f"start); percentiles are bucket bounds. `--json` gives every "
                         f"{view.size_s} s window.[/]")
 
