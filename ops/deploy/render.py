@@ -50,7 +50,6 @@ from ops.deploy.options import (  # noqa: E402
 from stream_jobs.job_types import JobTypePolicy, load_job_types  # noqa: E402
 from stream_jobs.naming import worker_group  # noqa: E402
 
-
 # -- compose ------------------------------------------------------------------------------
 
 
