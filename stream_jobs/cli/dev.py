@@ -69,7 +69,9 @@ def down(ctx: typer.Context) -> None:
     stopped = [name for process in HistoryProcess.known(settings) for name in process.down()]
     stopped += [*KafkaCluster(settings, 1).down(), *KafkaCluster(settings, 3).down(),
                 *PostgresServer(settings).down()]
-    console.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    # One line at any width: the history processes made it longer than a terminal.
+    console.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"),
+                  soft_wrap=True, highlight=False)
 
 
 @dev_app.command("status")
