@@ -99,8 +99,9 @@ class HistoryProcess:
             stop_pid(pid, STOP_GRACE_S)
             self.pid_file.unlink(missing_ok=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.env_file.touch(mode=0o600)  # a database URL may hold a password
+        self.env_file.chmod(0o600)
         self.env_file.write_text("".join(f"{k}={v}\n" for k, v in wanted.items()))
-        self.env_file.chmod(0o600)  # a database URL may hold a password
         start = self.log_file.stat().st_size if self.log_file.exists() else 0
         pid = spawn([cli_path(), "--topic-prefix", self.prefix, "history"], self.log_file,
                     self.pid_file, cwd=self.home, env={**os.environ, **wanted})
