@@ -2,21 +2,27 @@
 
     python -m ops.docker.compose_check
 
-Brings up Kafka, Postgres, the one-shot setup and the demo worker with the repository's
-compose file, waits for the worker's health check, enqueues email.send jobs from the host
-through the published Kafka port, sees every job's effect row in the published Postgres,
-and tears everything down (volumes included), whatever happened. It proves the file's
-wiring: the listeners the host and the containers use, the health checks, and the
-start-up order (setup only after a healthy stack, the worker only after setup).
+Brings up Kafka, Postgres, the one-shot setup, the demo worker and the history process
+with the repository's compose file, waits for the worker's health check, enqueues
+email.send jobs from the host through the published Kafka port, sees every job's effect
+row in the published Postgres, then the history's running total of email.send count
+exactly those jobs (its windows in stream_jobs_history), and tears everything down
+(volumes included), whatever happened. It proves the file's wiring: the listeners the
+host and the containers use, the health checks, the start-up order (setup only after a
+healthy stack, the worker and the history only after setup), and a broker that allows
+the history's transactions.
 
 The images must exist (ops/docker/images.py; no `--build` here, so nothing is pulled).
 The stack is published on STREAM_JOBS_COMPOSE_KAFKA_PORT / STREAM_JOBS_COMPOSE_POSTGRES_PORT,
-39092 and 39432 unless set, so it runs beside a `stream-jobs dev up` on 9092 / 54320.
+39092 and 39432 unless set, so it runs beside a `stream-jobs dev up` on 9092 / 54320;
+STREAM_JOBS_COMPOSE_PROJECT names the compose project (stream-jobs-compose-check), so two
+checkouts can run it at once on other ports.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -33,12 +39,14 @@ from stream_jobs.settings import Settings
 from stream_jobs.stack.process import ensure_port_free
 
 REPO = Path(__file__).resolve().parents[2]
-PROJECT = "stream-jobs-compose-check"
+PROJECT = os.environ.get("STREAM_JOBS_COMPOSE_PROJECT", "stream-jobs-compose-check")
 KAFKA_PORT_ENV = "STREAM_JOBS_COMPOSE_KAFKA_PORT"
 POSTGRES_PORT_ENV = "STREAM_JOBS_COMPOSE_POSTGRES_PORT"
 JOBS = 20
 HEALTHY_WITHIN_S = 300.0
 DONE_WITHIN_S = 120.0
+# The worker reports every 5 s; the history joins its group and writes within seconds.
+COUNTED_WITHIN_S = 120.0
 
 
 class CheckFailed(Exception):
@@ -77,7 +85,7 @@ async def poll(check: Callable[[], Awaitable[bool]], what: str, within_s: float)
 async def run_check(env: dict[str, str], kafka_port: int, postgres_port: int) -> dict[str, float]:
     timings: dict[str, float] = {}
     start = time.monotonic()
-    compose("up", "-d", "--no-build", "worker", env=env)
+    compose("up", "-d", "--no-build", "worker", "history", env=env)
     timings["up"] = time.monotonic() - start
     worker = compose("ps", "-q", "worker", env=env).strip()
     setup = compose("ps", "-a", "-q", "setup", env=env).strip()
@@ -122,11 +130,42 @@ async def run_check(env: dict[str, str], kafka_port: int, postgres_port: int) ->
         timings["jobs done"] = time.monotonic() - sent
         copies = await conn.fetchval(
             "SELECT count(*) FROM demo_outbox WHERE job_id = ANY($1)", list(ids))
+        if copies != JOBS:
+            raise CheckFailed(f"{copies} effect rows for {JOBS} jobs: an effect happened twice.")
+        timings["history counted"] = await history_counted(conn, env) - sent
     finally:
         await conn.close()
-    if copies != JOBS:
-        raise CheckFailed(f"{copies} effect rows for {JOBS} jobs: an effect happened twice.")
     return timings
+
+
+async def history_counted(conn: asyncpg.Connection, env: dict[str, str]) -> float:
+    """When the history's running total of email.send came to the jobs enqueued (the
+    worker did nothing else on these fresh volumes); CheckFailed if it crashed, restarted
+    or counted otherwise."""
+    history = compose("ps", "-q", "history", env=env).strip()
+    if not history:
+        raise CheckFailed("docker-compose up started no history container.")
+    seen: dict[str, int] = {}
+
+    async def counted() -> bool:
+        if inspect(history, "{{.RestartCount}}") not in ("", "0") \
+                or inspect(history, "{{.State.Status}}") != "running":
+            raise CheckFailed("the history process stopped: "
+                              + compose("logs", "--tail", "20", "history", env=env))
+        raw = await conn.fetchval("SELECT tally::text FROM stream_jobs_history WHERE "
+                                  "job_type = 'email.send' AND size_s = 0 AND start_ms = 0")
+        seen.clear()
+        seen.update(json.loads(raw)["outcomes"] if raw else {})
+        if seen.get("succeeded", 0) > JOBS:
+            raise CheckFailed(f"the history counted {seen} for {JOBS} jobs done once each.")
+        return seen == {"succeeded": JOBS}
+
+    try:
+        await poll(counted, f"the history's total of email.send is {JOBS} done",
+                   COUNTED_WITHIN_S)
+    except CheckFailed as exc:
+        raise CheckFailed(f"{exc} (it counts {seen or 'nothing yet'})") from exc
+    return time.monotonic()
 
 
 def main() -> int:
@@ -156,7 +195,8 @@ def main() -> int:
         print(f"compose check failed: {failure}", file=sys.stderr)
         return 1
     print(f"compose check passed: {JOBS} jobs enqueued from the host, each done once by "
-          f"the compose worker ({shown}; {time.monotonic() - begin:.1f} s in all)")
+          f"the compose worker and counted once by its history ({shown}; "
+          f"{time.monotonic() - begin:.1f} s in all)")
     return 0
 
 

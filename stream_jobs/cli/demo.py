@@ -4,7 +4,9 @@ It starts the stack if needed, applies the demo types from `topics/` (with delay
 seconds, so it ends in under a minute), runs a worker per type, enqueues a mixed load
 (jobs that succeed, fail once, always fail, and malformed records), and ends with a
 table of outcomes and a check that every effect happened exactly once. Each run uses its
-own topic prefix and Postgres schema, so its counts are its own.
+own topic prefix and Postgres schema, so its counts are its own; its own history process
+runs beside the workers, and the run ends once the history in Postgres counts what the
+workers counted, so `stream-jobs serve` on the run's prefix and schema has its charts.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from stream_jobs.cli.stats import render_stats
 from stream_jobs.client import Job, JobClient
 from stream_jobs.clock import now_ms
 from stream_jobs.errors import ConfigError
+from stream_jobs.history.store import HistoryStore
+from stream_jobs.history.tally import Tally, total
+from stream_jobs.history.windows import window_start
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.kafka.topics import apply
@@ -43,6 +48,10 @@ from stream_jobs.tools.stats import collect
 
 # Wide enough for the tables when output is piped (make, CI logs).
 console = Console(width=None if sys.stdout.isatty() else 110)
+
+# How long the history may take to fold the workers' last reports into Postgres once they
+# are idle (it starts with the run; a report every second, written within a second).
+HISTORY_WITHIN_S = 60.0
 
 # Records no client would send: each must end in the DLQ with its reason.
 MALFORMED: list[tuple[str, bytes, list[tuple[str, bytes]]]] = [
@@ -63,7 +72,8 @@ def demo(
                                      help="Start the local Kafka and Postgres if needed."),
     seed: int = typer.Option(7, help="Seed of the scenario's random choices."),
 ) -> None:
-    """Run the demo app on the local stack and check every effect happened exactly once."""
+    """Run the demo app on the local stack and check every effect happened exactly once,
+    and that the run's history counts every outcome once."""
     base = settings_of(ctx)
     stamp = time.strftime("%Y%m%d%H%M%S")
     settings = base.model_copy(update={"topic_prefix": f"demo-{stamp}",
@@ -105,10 +115,29 @@ async def _run(settings: Settings, module: Any, rng: random.Random) -> bool:
                   "delay tiers shortened to 1s/2s/3s so it ends in under a minute")
     await prepare_schema(settings, module.SCHEMA)
     await apply(settings, types)
+    # The run's own history process, in this process from the start (it reads the
+    # reports from the beginning): its windows stay in the run's schema for `serve`.
+    from stream_jobs.history.process import run_history  # faust: only for this command
 
+    stop = asyncio.Event()
+    history = asyncio.create_task(run_history(settings, stop))
+    since_ms = now_ms()
+    try:
+        workers, ok = await _work(settings, module, rng, types, since_ms)
+        ok = await _check_history(settings, workers, history, since_ms) and ok
+    finally:
+        stop.set()
+        await asyncio.wait({history})
+    history.result()  # a history that crashed fails the demo with its reason
+    return ok
+
+
+async def _work(settings: Settings, module: Any, rng: random.Random,
+                types: dict[str, JobTypePolicy], since_ms: int) -> tuple[dict[str, Worker], bool]:
+    """Enqueue the scenario, run a worker per type until idle, check effects and stats."""
+    demo_app: App = module.app
     jobs, expected = module.scenario(rng)
     started = time.monotonic()
-    since_ms = now_ms()
     async with JobClient(settings, types, models=demo_app.models()) as client:
         await client.enqueue_many([Job(t, p, key=k, priority=lane) for t, p, k, lane in jobs])
     await _produce_malformed(settings)
@@ -128,7 +157,8 @@ async def _run(settings: Settings, module: Any, rng: random.Random) -> bool:
         run.result()  # a worker that crashed fails the demo loudly
     console.print(f"\nall workers idle after {time.monotonic() - started:.1f} s")
     effects_ok = await _check(settings, module.EFFECT_TABLES, workers, expected, malformed)
-    return await _check_stats(settings, types, expected, malformed, since_ms) and effects_ok
+    stats_ok = await _check_stats(settings, types, expected, malformed, since_ms)
+    return workers, stats_ok and effects_ok
 
 
 async def _check_stats(settings: Settings, types: dict[str, JobTypePolicy],
@@ -205,3 +235,62 @@ async def _check(settings: Settings, tables: dict[str, str], workers: dict[str, 
     console.print("[green]every effect happened exactly once[/]" if ok else
                   "[red]the outcomes do not match what was enqueued[/]")
     return ok
+
+
+async def _check_history(settings: Settings, workers: dict[str, Worker],
+                         history: asyncio.Task[Any], since_ms: int) -> bool:
+    """The history's windows in Postgres must count each type's outcomes as its workers
+    did: in its running totals, and added up over its minute windows (once, in one)."""
+    counted = {name: {str(k): n for k, n in w.outcomes.items() if n}
+               for name, w in workers.items()}
+    store = HistoryStore(settings)
+    found: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
+    began = time.monotonic()
+    deadline = began + HISTORY_WITHIN_S
+    try:
+        # Until its last report is folded and written (or it crashed: the caller raises).
+        while not history.done():
+            found = await _history_counts(store, list(counted), settings.history_window_s,
+                                          since_ms)
+            if all(found[t] == (c, c) for t, c in counted.items()) \
+                    or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.25)  # polling the history's writes, with a deadline
+    finally:
+        await store.close()
+    table = Table(title=f"demo history (stream_jobs_history in schema "
+                        f"{settings.database_schema})")
+    for column in ("type", "outcomes (workers)", "history totals", "minute windows",
+                   "exact"):
+        table.add_column(column, justify="right" if column != "type" else "left")
+    ok = bool(found)
+    for name, want in counted.items():
+        totals, minutes = found.get(name, ({}, {}))
+        exact = totals == minutes == want
+        ok = ok and exact
+        table.add_row(name, str(sum(want.values())), str(sum(totals.values())),
+                      str(sum(minutes.values())), "[green]yes[/]" if exact else "[red]NO[/]")
+    console.print(table)
+    if ok:
+        console.print("[green]history matches: every outcome counted once, in one window[/] "
+                      f"(waited {time.monotonic() - began:.1f} s for the last reports); "
+                      "its charts: STREAM_JOBS_TOPIC_PREFIX="
+                      f"{settings.topic_prefix} STREAM_JOBS_DATABASE_SCHEMA="
+                      f"{settings.database_schema} stream-jobs serve", soft_wrap=True)
+    else:
+        console.print(f"[red]the history does not count what the workers did (after "
+                      f"{HISTORY_WITHIN_S:.0f} s; its log lines are in the worker logs)[/]")
+    return ok
+
+
+async def _history_counts(store: HistoryStore, job_types: list[str], minute_s: int,
+                          since_ms: int) -> dict[str, tuple[dict[str, int], dict[str, int]]]:
+    """Per type, the outcomes of its running total and of its minute windows since
+    `since_ms`, added up."""
+    totals = await store.totals()
+    out = {}
+    for job_type in job_types:
+        rows = await store.span(job_type, minute_s, window_start(since_ms, minute_s))
+        out[job_type] = (totals.get(job_type, Tally()).outcomes,
+                         total([row.tally for row in rows]).outcomes)
+    return out

@@ -1,4 +1,5 @@
-"""`stream-jobs dev up|down|status|check`: the local Kafka + Postgres stack."""
+"""`stream-jobs dev up|down|status|check`: the local Kafka + Postgres stack, and the history
+process of the settings' topic prefix."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from stream_jobs.errors import StreamJobsError
 from stream_jobs.plurals import counted
 from stream_jobs.postgres.migrate import migrate
 from stream_jobs.redaction import redact_url
-from stream_jobs.stack import KafkaCluster, PostgresServer, ServiceStatus
+from stream_jobs.stack import HistoryProcess, KafkaCluster, PostgresServer, ServiceStatus
 from stream_jobs.tools.probe import probe_stack
 
-dev_app = typer.Typer(help="Run a real Kafka and Postgres locally (development and tests).",
+dev_app = typer.Typer(help="Run a real Kafka and Postgres locally, and the history process "
+                      "(development and tests).",
                       no_args_is_help=True)
 console = Console()
 
@@ -27,9 +29,13 @@ def up(
     ctx: typer.Context,
     brokers: int = typer.Option(1, "--brokers", help="1 broker, or a 3-node KRaft cluster."),
     postgres: bool = typer.Option(True, "--postgres/--no-postgres", help="Also start Postgres."),
+    history: bool = typer.Option(
+        True, "--history/--no-history",
+        help="Also run `stream-jobs history` for the prefix and schema (needs Postgres)."),
 ) -> None:
     """Start the stack (idempotent), wait until it answers, migrate the schema as `db
-    migrate` does, then print how to connect."""
+    migrate` does, start the history process of the prefix in the background, then print
+    how to connect."""
     settings = settings_of(ctx)
     if brokers not in (1, 3):
         raise typer.BadParameter("use --brokers 1 or --brokers 3", param_hint="--brokers")
@@ -45,6 +51,11 @@ def up(
             migration = asyncio.run(migrate(settings.model_copy(
                 update={"database_url": server.dsn})))
         services.append(server.status())
+        if history:
+            process = HistoryProcess(settings)
+            with console.status(f"starting the history of prefix {process.prefix}"):
+                process.up(kafka.bootstrap, server.dsn)
+            services.append(process.status())
     _print_table(services)
     if migration is not None:
         console.print(migrated(migration), highlight=False, soft_wrap=True)
@@ -54,9 +65,13 @@ def up(
 def down(ctx: typer.Context) -> None:
     """Stop every service of the stack that we started (data folders are kept)."""
     settings = settings_of(ctx)
-    stopped = [*KafkaCluster(settings, 1).down(), *KafkaCluster(settings, 3).down(),
-               *PostgresServer(settings).down()]
-    console.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    # The history processes first, while the broker they commit to still answers.
+    stopped = [name for process in HistoryProcess.known(settings) for name in process.down()]
+    stopped += [*KafkaCluster(settings, 1).down(), *KafkaCluster(settings, 3).down(),
+                *PostgresServer(settings).down()]
+    # One line at any width: the history processes made it longer than a terminal.
+    console.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"),
+                  soft_wrap=True, highlight=False)
 
 
 @dev_app.command("status")
@@ -64,7 +79,8 @@ def status(ctx: typer.Context) -> None:
     """What runs, where, how to connect, and where each service logs."""
     settings = settings_of(ctx)
     rows = [*KafkaCluster(settings, 1).status(), *KafkaCluster(settings, 3).status(),
-            PostgresServer(settings).status()]
+            PostgresServer(settings).status(),
+            *(process.status() for process in HistoryProcess.known(settings))]
     _print_table(rows)
 
 

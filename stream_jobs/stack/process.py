@@ -8,7 +8,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,8 +115,10 @@ def ensure_port_free(host: str, port: int, what: str, setting: str) -> None:
             ) from exc
 
 
-def spawn(argv: Sequence[str], log_file: Path, pid_file: Path, cwd: Path) -> int:
-    """Start a long-running service detached from our session; its output goes to `log_file`."""
+def spawn(argv: Sequence[str], log_file: Path, pid_file: Path, cwd: Path,
+          env: Mapping[str, str] | None = None) -> int:
+    """Start a long-running service detached from our session; its output goes to `log_file`
+    (its environment is ours, or `env`)."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("ab") as log:
         proc = subprocess.Popen(
@@ -125,6 +127,7 @@ def spawn(argv: Sequence[str], log_file: Path, pid_file: Path, cwd: Path) -> int
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=cwd,
+            env=None if env is None else dict(env),
             start_new_session=True,
         )
     # Just after exec, /proc/<pid>/cmdline can read empty, and read_pid would then take the

@@ -15,6 +15,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -31,8 +32,10 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
 from stream_jobs.errors import BrokerUnavailable, DatabaseUnavailable
+from stream_jobs.history.store import HistoryStore
+from stream_jobs.runtime.reports import WorkerReport, ensure_stats_topic
 from stream_jobs.settings import Settings
-from stream_jobs.stack import KafkaCluster, PostgresServer
+from stream_jobs.stack import HistoryProcess, KafkaCluster, PostgresServer
 from stream_jobs.stack.process import cmdline, pid_alive
 from stream_jobs.tools.probe import probe_kafka, probe_postgres
 
@@ -149,6 +152,8 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
 
 
 def stop_everything(settings: Settings) -> None:
+    for history in HistoryProcess.known(settings):
+        history.down()
     KafkaCluster(settings, 1).down()
     KafkaCluster(settings, 3).down()
     PostgresServer(settings).down()
@@ -274,27 +279,111 @@ def test_up_twice_is_a_no_op_and_down_leaves_nothing_running(
     settings = isolated()
     env = cli_env(settings)
     kafka, postgres = KafkaCluster(settings, 1), PostgresServer(settings)
+    history = HistoryProcess(settings)
 
     first = run_cli("dev", "up", env=env)
     assert first.returncode == 0, first.stderr
     kafka_pid, postgres_pid = kafka.status()[0].pid, postgres.running_pid()
+    history_pid = history.pid()
     assert kafka_pid is not None
     assert postgres_pid is not None
+    assert history_pid is not None
+    assert status_rows(first.stdout)["history jobs"][:3] == \
+        ["history jobs", "running", str(history_pid)]
 
     second = run_cli("dev", "up", env=env)
     assert second.returncode == 0, second.stderr
-    assert (kafka.status()[0].pid, postgres.running_pid()) == (kafka_pid, postgres_pid)
+    assert (kafka.status()[0].pid, postgres.running_pid(), history.pid()) == \
+        (kafka_pid, postgres_pid, history_pid)
 
     down = run_cli("dev", "down", env=env)
     assert down.returncode == 0, down.stderr
     assert f"pid {kafka_pid}" in down.stdout
     assert f"pid {postgres_pid}" in down.stdout
+    # The history first, while the broker it commits to still answers.
+    assert down.stdout.index(f"history jobs (pid {history_pid})") < \
+        down.stdout.index(f"pid {kafka_pid}")
     assert not pid_alive(kafka_pid)
     assert not pid_alive(postgres_pid)
+    assert not pid_alive(history_pid)
+    assert "history stopped" in history.log_file.read_text()  # SIGTERM: a clean stop
     assert processes_mentioning(str(settings.stack_dir.resolve())) == []
     assert processes_mentioning(str(postgres.data)) == []
     assert not kafka.status()[0].running
     assert not postgres.status().running
+
+
+async def report_and_see_counted(settings: Settings, slot_ms: int, succeeded: int,
+                                 counted: int) -> None:
+    """Publish one worker's report (`succeeded` jobs in its slot `slot_ms`, cumulative) to
+    the prefix's reports topic; the history's running total must come to `counted`."""
+    at_ms = int(time.time() * 1000)
+    report = WorkerReport(job_type="dev.history", worker_id="dev-stack-test", at_ms=at_ms,
+                          started_at_ms=at_ms, outcomes={"succeeded": succeeded},
+                          slot_ms=settings.history_window_s * 1000,
+                          slots={slot_ms: {"outcomes": {"succeeded": succeeded}}})
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(f"{settings.topic_prefix}._stats", report.to_json(),
+                                     key=report.worker_id.encode())
+    finally:
+        await producer.stop()
+    store = HistoryStore(settings)
+
+    async def counted_so() -> bool:
+        tally = (await store.totals()).get("dev.history")
+        return tally is not None and tally.outcomes == {"succeeded": counted}
+
+    try:
+        # Joining its group takes seconds; after a kill -9, the dead member's session too.
+        await apoll(counted_so, 120, f"the history's total of {counted} in Postgres")
+    finally:
+        await store.close()
+
+
+async def test_dev_up_runs_the_history_of_the_prefix_and_the_next_up_revives_it(
+    isolated: Callable[[], Settings],
+) -> None:
+    settings = isolated()
+    env = cli_env(settings)
+    kafka, postgres = KafkaCluster(settings, 1), PostgresServer(settings)
+    history = HistoryProcess(settings)
+    up = await asyncio.to_thread(run_cli, "dev", "up", env=env)
+    assert up.returncode == 0, up.stderr
+    first = history.pid()
+    assert first is not None
+    assert f"--topic-prefix {settings.topic_prefix} history" in cmdline(first)
+    stack = settings.model_copy(update={"kafka_bootstrap": kafka.bootstrap,
+                                        "database_url": postgres.dsn})
+    # The schema dev up migrated, the broker dev up runs: a report folds into Postgres.
+    await ensure_stats_topic(stack)
+    size_ms = stack.history_window_s * 1000
+    slot_ms = int(time.time() * 1000) // size_ms * size_ms
+    await report_and_see_counted(stack, slot_ms, succeeded=3, counted=3)
+
+    os.kill(first, signal.SIGKILL)
+    await apoll(lambda: not pid_alive(first), 30, "the killed history to disappear")
+    status = await asyncio.to_thread(run_cli, "dev", "status", env=env)
+    rows = status_rows(status.stdout)
+    assert rows["history jobs"][1] == "stopped"
+    assert rows["kafka"][1] == rows["postgres"][1] == "running"
+    logs = dict(line.split(": ", 1) for line in status_lines(status.stdout, "log"))
+    assert logs["history jobs"] == str(history.log_file)
+    assert "history of prefix jobs" in history.log_file.read_text()
+
+    without = await asyncio.to_thread(run_cli, "dev", "up", "--no-history", env=env)
+    assert without.returncode == 0, without.stderr
+    assert history.pid() is None
+    again = await asyncio.to_thread(run_cli, "dev", "up", env=env)
+    assert again.returncode == 0, again.stderr
+    second = history.pid()
+    assert second not in (None, first)
+    assert status_rows(again.stdout)["history jobs"][:3] == \
+        ["history jobs", "running", str(second)]
+    # The same worker's next report (5 in the same slot, cumulative) adds 2, not 5: the
+    # history restarted from its changelogs, not from nothing.
+    await report_and_see_counted(stack, slot_ms, succeeded=5, counted=5)
 
 
 async def test_broker_killed_with_sigkill_comes_back_with_its_data(solo: Settings) -> None:

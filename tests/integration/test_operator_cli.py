@@ -76,6 +76,21 @@ async def test_demo_ends_with_every_effect_once_and_matching_stats(settings: Set
         assert (done_now, dead_now, in_flight) == (done_want, dead_want, "0"), name
         assert int(done_now) + int(dead_now) + int(expired) == int(sent), name
 
+    # The run's history process counted every outcome once, in its totals and its minute
+    # windows in Postgres, where `serve` reads its charts.
+    assert "history matches" in out
+    history = {row[0]: row for row in _rows(out, "demo history")}
+    assert set(history) == set(progress)
+    for name, (_, counted, totals, minutes, exact) in history.items():
+        _, _, done, retried, dead, expired, _ = progress[name]
+        ended = int(done.split("/")[0]) + int(retried) + int(dead.split("/")[0]) + int(expired)
+        assert (counted, totals, minutes, exact) == (str(ended), str(ended), str(ended),
+                                                      "yes"), name
+    serve = re.search(r"STREAM_JOBS_TOPIC_PREFIX=(\S+) STREAM_JOBS_DATABASE_SCHEMA=(\S+) "
+                      r"stream-jobs serve", out)
+    assert serve is not None, out
+    assert serve.group(1).startswith("demo-")
+
     # The stats table: nothing waits in a lane or tier, the DLQ holds the dead-lettered
     # jobs (its row says how many letters they left: "dlq (N letters)").
     outcomes = {row[0]: row for row in _rows(out, "demo outcomes")}

@@ -238,3 +238,24 @@ async def test_worker_healthcheck_passes_only_on_a_live_workers_metrics(
         await other.wait_closed()
     # Nothing listening: the worker is gone.
     assert await run_probe(program, port, live_port) != 0
+
+
+def test_the_history_process_runs_beside_the_worker(services: dict[str, Any]) -> None:
+    history, worker = services["history"], services["worker"]
+    assert history["command"] == ["stream-jobs", "history"]
+    assert history["image"] == worker["image"]
+    assert history["build"] == worker["build"]
+    # After setup: its `db migrate` made stream_jobs_history.
+    assert history["depends_on"]["setup"]["condition"] == "service_completed_successfully"
+    for name in ("kafka", "postgres"):
+        assert history["depends_on"][name]["condition"] == "service_healthy"
+    assert history["restart"] in ("on-failure", "unless-stopped")  # a crash exits 1
+    env = environment(history)
+    fields = {f"{PREFIX}{name.upper()}": name for name in Settings.model_fields}
+    assert not sorted(set(env) - set(fields)), "not settings"
+    settings = Settings(**{fields[key]: value for key, value in env.items()})
+    # The worker's stack and prefix; a folder the image's unprivileged user can write
+    # without a volume (its state is in Kafka).
+    assert {k: v for k, v in env.items() if k in environment(worker)} == {
+        k: v for k, v in environment(worker).items() if k != f"{PREFIX}METRICS_PORT"}
+    assert settings.history_data_dir.is_relative_to("/tmp")
