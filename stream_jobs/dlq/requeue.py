@@ -29,8 +29,6 @@ to run again.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +51,7 @@ from stream_jobs.dlq.listing import (
     drain_starts,
     policy_of,
 )
+from stream_jobs.dlq.pacing import Pacer, chunk_size
 from stream_jobs.dlq.tally import LetterTally, job_key
 from stream_jobs.errors import CommitRefused, ConfigError, PublishError
 from stream_jobs.job_types import JobTypePolicy
@@ -67,7 +66,6 @@ from stream_jobs.settings import Settings
 from stream_jobs.tracing import Hop, job_spans
 
 SAMPLE_IDS = 10  # job IDs a plan names per kind of letter it leaves
-_CHUNK = 500  # letters per fetch, send and commit when no rate is given
 
 
 @dataclass(frozen=True)
@@ -188,28 +186,6 @@ class _Options:
         return lane_topic(self.prefix, self.policy.job_type, lane), record
 
 
-class _Pacer:
-    """Token pacing: `take(n)` returns when n more sends keep the average at the rate."""
-
-    def __init__(self, rate_per_s: float) -> None:
-        self.interval_s = 1.0 / rate_per_s
-        self._next = time.monotonic()
-
-    async def take(self, n: int) -> None:
-        now = time.monotonic()
-        if self._next > now:
-            await asyncio.sleep(self._next - now)  # pacing, not waiting for a condition
-        self._next = max(self._next, now) + n * self.interval_s
-
-
-def chunk_size(rate_per_s: float | None) -> int:
-    """Letters per send-and-commit: large when unpaced, ~0.2 s worth when paced, so an
-    interrupted paced run re-sends little."""
-    if rate_per_s is None:
-        return _CHUNK
-    return max(1, min(_CHUNK, int(rate_per_s * 0.2)))
-
-
 async def requeue(
     settings: Settings,
     job_type: str,
@@ -245,7 +221,7 @@ async def requeue(
         on_plan(plan)
     if dry_run or plan.total_work == 0:
         return RequeueResult(plan, 0, 0, dry_run)
-    pacer = _Pacer(rate_per_s) if rate_per_s is not None else None
+    pacer = Pacer(rate_per_s) if rate_per_s is not None else None
     size = chunk_size(rate_per_s)
     progress = on_progress or (lambda _n: None)
     async with JobProducer(settings) as producer:
@@ -346,7 +322,7 @@ class _Picks:
 
 
 async def _send_chosen(settings: Settings, options: _Options, plan: RequeuePlan,
-                       producer: JobProducer, pacer: _Pacer | None, size: int,
+                       producer: JobProducer, pacer: Pacer | None, size: int,
                        progress: Callable[[int], None]) -> int:
     """Send the planned letters of a selection. Commits nothing: the DLQ is unchanged."""
     sent = 0
@@ -370,7 +346,7 @@ async def _send_chosen(settings: Settings, options: _Options, plan: RequeuePlan,
 
 
 async def _drain(settings: Settings, options: _Options, plan: RequeuePlan,
-                 producer: JobProducer, pacer: _Pacer | None, size: int,
+                 producer: JobProducer, pacer: Pacer | None, size: int,
                  progress: Callable[[int], None]) -> tuple[int, int]:
     """Requeue from the group's position to the planned ends, committing each chunk only
     after its records are acknowledged. Returns (records sent, letters committed past)."""
@@ -413,7 +389,7 @@ async def _drain(settings: Settings, options: _Options, plan: RequeuePlan,
 
 
 async def _send(producer: JobProducer, batch: list[tuple[str, JobRecord]],
-                pacer: _Pacer | None, sent_before: int) -> int:
+                pacer: Pacer | None, sent_before: int) -> int:
     if pacer is not None:
         await pacer.take(len(batch))
     spans = job_spans()  # a requeue continues each job's trace, if traced

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -164,6 +165,38 @@ def _handlers(gateway: Gateway) -> dict[Any, Handler]:
     return handlers
 
 
+def _lifespan(gateway: Gateway, *, sample: bool, history: bool
+              ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """What runs beside the routes: the stats sampler and the history reader (unless
+    `sample` is off), the history process itself with `history`; stopped in reverse."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        with contextlib.suppress(StreamJobsError):
+            await gateway.enqueuer.client()  # warm now; if Kafka is down, on first use
+        sampling = [asyncio.create_task(gateway.sampler.run()),
+                    asyncio.create_task(gateway.recent.run())] if sample else []
+        history_stop = asyncio.Event()
+        keeping = None
+        if history:
+            from stream_jobs.history.process import keep_history  # faust: only with history
+            keeping = asyncio.create_task(keep_history(gateway.settings, history_stop))
+        try:
+            yield
+        finally:
+            if keeping is not None:
+                history_stop.set()
+                await keeping
+            for task in sampling:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await gateway.recent.close()
+            await gateway.enqueuer.close()
+
+    return lifespan
+
+
 def create_app(settings: Settings, *, models: Mapping[str, type[BaseModel]] | None = None,
                require_token: bool = True, sample: bool = True,
                host: str | None = None, history: bool = False) -> FastAPI:
@@ -186,30 +219,7 @@ def create_app(settings: Settings, *, models: Mapping[str, type[BaseModel]] | No
                       require_token=require_token,
                       allowed_hosts=AllowedHosts.of(settings.gateway_allowed_hosts, host))
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        with contextlib.suppress(StreamJobsError):
-            await gateway.enqueuer.client()  # warm now; if Kafka is down, on first use
-        sampling = [asyncio.create_task(gateway.sampler.run()),
-                    asyncio.create_task(gateway.recent.run())] if sample else []
-        history_stop = asyncio.Event()
-        keeping = None
-        if history:
-            from stream_jobs.history.process import keep_history  # faust: only with history
-            keeping = asyncio.create_task(keep_history(settings, history_stop))
-        try:
-            yield
-        finally:
-            if keeping is not None:
-                history_stop.set()
-                await keeping
-            for task in sampling:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            await gateway.recent.close()
-            await gateway.enqueuer.close()
-
+    lifespan = _lifespan(gateway, sample=sample, history=history)
     app = FastAPI(title="stream-jobs gateway", version="1",
                   description="Enqueue jobs over HTTP, look them up, watch the queues and "
                   "work the DLQ. Write and operator routes need `Authorization: Bearer "

@@ -21,12 +21,14 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, cast
 
 from stream_jobs.context import JobContext
 from stream_jobs.errors import JobInterrupted, RunFailed
 from stream_jobs.handlers import AsyncHandlerFunc, JobHandler, SyncHandlerFunc
 from stream_jobs.histogram import DurationHistogram
+from stream_jobs.results.finish import Finish
 from stream_jobs.runtime.dispatch import Runner
 from stream_jobs.runtime.threads import HandlerThreads, context_fields
 
@@ -150,3 +152,25 @@ def handler_call(site: CallSite, handler: JobHandler) -> tuple[HandlerCall, Hand
         return LoopCaller(site, func, handler.timeout_s).call, None
     threads = HandlerThreads(handler.concurrency, f"sj-{handler.job_type}")
     return SyncCaller(site, threads, handler.func, handler.timeout_s).call, threads
+
+
+async def call_finished(call: HandlerCall, finish: Finish, runner: Runner, payload: Any,
+                        ctx: JobContext,
+                        lend_slot: Callable[[], AbstractContextManager[None]]) -> None:
+    """The handler of a job with a finish transaction (stream_jobs.results.finish), called
+    through `call`: its result, dedup row, effects and counters commit when it returns.
+    `RunFailed` with the handler's error, `AlreadyDone` for a duplicate, or why the
+    finish failed."""
+    error: Exception | None = await finish.before()
+    returned: object = None
+    if error is None:
+        try:
+            returned = await call(runner, payload, ctx)
+        except RunFailed as failed:
+            error = failed.error
+        except BaseException:
+            await finish.abandon()  # revoked or torn down: nothing of it commits
+            raise
+    error = await finish.after(error, returned, lend_slot)
+    if error is not None:
+        raise RunFailed(error)

@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from functools import partial
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
@@ -43,9 +43,9 @@ from stream_jobs.logs import job_fields
 from stream_jobs.naming import dlq_topic, lane_topic, tier_topic, worker_group
 from stream_jobs.outcomes import Outcome
 from stream_jobs.record import HEADER_WORKFLOW, JobRecord, Record, decode_record
-from stream_jobs.results.finish import Finish, Finisher, ending_row, record_ending
+from stream_jobs.results.finish import Finisher, ending_row, record_ending
 from stream_jobs.runtime.admission import Admission, holds_key
-from stream_jobs.runtime.calls import handler_call
+from stream_jobs.runtime.calls import call_finished, handler_call
 from stream_jobs.runtime.delay_relay import Relay
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.flow_control import FlowControlled, header_expires_at_ms
@@ -380,7 +380,8 @@ class Worker(FlowControlled):
         error: Exception | None = None
         try:
             if finish is not None:
-                await self._call_finished(finish, runner, payload, ctx)
+                await call_finished(self._call_handler, finish, runner, payload, ctx,
+                                    self.lend_slot)
             else:  # a cancel meanwhile finds the run in `runner.ctx`, and stops it
                 await self._call_handler(runner, payload, ctx)
         except RunFailed as failed:
@@ -444,22 +445,3 @@ class Worker(FlowControlled):
                     record.topic, record.partition, record.offset, bad.reason,
                     extra=job_fields(None, record, reason=bad.reason))
         await self._end(None, failure)
-
-    async def _call_finished(self, finish: Finish, runner: Runner, payload: Any,
-                             ctx: JobContext) -> None:
-        """The handler of a job with a finish transaction (stream_jobs.results.finish):
-        its result, dedup row, effects and counters commit when it returns. `RunFailed`
-        with the handler's error, `AlreadyDone` for a duplicate, or why the finish failed."""
-        error: Exception | None = await finish.before()
-        returned: object = None
-        if error is None:
-            try:
-                returned = await self._call_handler(runner, payload, ctx)
-            except RunFailed as failed:
-                error = failed.error
-            except BaseException:
-                await finish.abandon()  # revoked or torn down: nothing of it commits
-                raise
-        error = await finish.after(error, returned, self.lend_slot)
-        if error is not None:
-            raise RunFailed(error)
