@@ -53,6 +53,19 @@ from stream_jobs.naming import worker_group  # noqa: E402
 # -- compose ------------------------------------------------------------------------------
 
 
+
+# An app service of the compose file starts once the broker and Postgres answer and the
+# setup service (topics apply, db migrate) has finished.
+_DEPENDS_ON = (
+    "    depends_on:",
+    "      kafka:",
+    "        condition: service_healthy",
+    "      postgres:",
+    "        condition: service_healthy",
+    "      setup:",
+    "        condition: service_completed_successfully",
+)
+
 def compose(types: Mapping[str, JobTypePolicy], opts: Options) -> str:
     out = [
         f"# {GENERATED}.",
@@ -85,13 +98,7 @@ def compose(types: Mapping[str, JobTypePolicy], opts: Options) -> str:
             f"      STREAM_JOBS_TOPIC_PREFIX: {q(opts.prefix)}",
             "      STREAM_JOBS_TOPICS_DIR: /app/topics",
             f"      STREAM_JOBS_METRICS_PORT: {METRICS_PORT}",
-            "    depends_on:",
-            "      kafka:",
-            "        condition: service_healthy",
-            "      postgres:",
-            "        condition: service_healthy",
-            "      setup:",
-            "        condition: service_completed_successfully",
+            *_DEPENDS_ON,
             "    healthcheck:",
             f"      test: {q(HEALTH_PROBE)}",
             "      interval: 15s",
@@ -123,13 +130,7 @@ def compose_history(opts: Options) -> list[str]:
         f"      STREAM_JOBS_TOPIC_PREFIX: {q(opts.prefix)}",
         "      STREAM_JOBS_TOPICS_DIR: /app/topics",
         f"      STREAM_JOBS_HISTORY_DATA_DIR: {CONTAINER_HISTORY_DIR}",
-        "    depends_on:",
-        "      kafka:",
-        "        condition: service_healthy",
-        "      postgres:",
-        "        condition: service_healthy",
-        "      setup:",
-        "        condition: service_completed_successfully",
+        *_DEPENDS_ON,
         "    restart: on-failure",
         f"    stop_grace_period: {HISTORY_STOP_GRACE_S}s",
         "    deploy:",
