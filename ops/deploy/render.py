@@ -66,6 +66,7 @@ _DEPENDS_ON = (
     "        condition: service_completed_successfully",
 )
 
+
 def compose(types: Mapping[str, JobTypePolicy], opts: Options) -> str:
     out = [
         f"# {GENERATED}.",
