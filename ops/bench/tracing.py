@@ -4,10 +4,9 @@ One backlog, filled by a traced client (so every record carries a `traceparent`,
 would from an application that traces), drained in every run by a no-op handler in three
 rotated contenders:
 
-- **without the tracing code**: the worker's per-job path as it was before tracing,
-  `Worker.handle` replaced for that drain by its earlier body (decode, admit, run, end:
-  no `spans` test, no `_attempt` call in between); the client, relay and retries are off
-  this path. The `traceparent` header is decoded on every path alike, as it was before.
+- **without the tracing code**: the worker's per-job path without tracing,
+  `Worker.handle` replaced for that drain by its body minus the tracing branch (decode,
+  then the attempt: no `spans` test); the client, relay and retries are off this path. The `traceparent` header is decoded on every path alike, as it was before.
 - **tracing unconfigured** (the default): the API only, no tracer provider set, so
   `job_spans()` is None and each job pays the `is None` test.
 - **SDK, no-op exporter**: the SDK's `TracerProvider` with a `BatchSpanProcessor` whose
@@ -37,7 +36,7 @@ from ops.bench.ours import drain
 from stream_jobs.errors import BadRecord
 from stream_jobs.record import decode_record
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
-from stream_jobs.runtime.worker import Ended, Worker
+from stream_jobs.runtime.worker import Worker
 
 HEADING = "Tracing"
 INTRO = ("What tracing costs a no-op worker, side by side in one run "
@@ -83,7 +82,8 @@ def _sdk() -> Iterator[None]:
 
 async def _untraced_handle(self: Worker, work: PartitionWork, record: Any,
                            runner: Runner) -> None:
-    """`Worker.handle` before tracing: the three phases with nothing in between."""
+    """`Worker.handle` without tracing: the attempt (its three phases and its history
+    timing) with no `spans` test before it."""
     try:
         job = decode_record(key=record.key, value=record.value, headers=record.headers,
                             expected_type=self.policy.job_type,
@@ -92,10 +92,7 @@ async def _untraced_handle(self: Worker, work: PartitionWork, record: Any,
     except BadRecord as bad:
         await self._not_a_job(record, bad)
         return
-    ended: Ended | None = await self._admit(job)
-    if ended is None:
-        ended = await self._run(job, record, runner)
-    await self._end(job, ended)
+    await self._attempt(job, record, runner)
 
 
 @contextmanager
