@@ -6,7 +6,8 @@ rotated contenders:
 
 - **without the tracing code**: the worker's per-job path without tracing,
   `Worker.handle` replaced for that drain by its body minus the tracing branch (decode,
-  then the attempt: no `spans` test); the client, relay and retries are off this path. The `traceparent` header is decoded on every path alike, as it was before.
+  then the attempt: no `spans` test); the client, relay and retries are off this path.
+  The `traceparent` header is decoded on every path alike.
 - **tracing unconfigured** (the default): the API only, no tracer provider set, so
   `job_spans()` is None and each job pays the `is None` test.
 - **SDK, no-op exporter**: the SDK's `TracerProvider` with a `BatchSpanProcessor` whose
