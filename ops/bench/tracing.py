@@ -5,8 +5,9 @@ would from an application that traces), drained in every run by a no-op handler 
 rotated contenders:
 
 - **without the tracing code**: the worker's per-job path without tracing,
-  `Worker.handle` replaced for that drain by its body minus the tracing branch (decode,
-  then the attempt: no `spans` test); the client, relay and retries are off this path.
+  `Worker.handle` replaced for that drain by its body minus the tracing (decode, then
+  the three phases with the history's timing: no `spans` test, no try around them);
+  the client, relay and retries are off this path.
   The `traceparent` header is decoded on every path alike.
 - **tracing unconfigured** (the default): the API only, no tracer provider set, so
   `job_spans()` is None and each job pays the `is None` test.
@@ -22,6 +23,7 @@ bench swaps it between drains the way its tests do (`tests/traced.py`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -37,7 +39,7 @@ from ops.bench.ours import drain
 from stream_jobs.errors import BadRecord
 from stream_jobs.record import decode_record
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
-from stream_jobs.runtime.worker import Worker
+from stream_jobs.runtime.worker import Ended, Worker
 
 HEADING = "Tracing"
 INTRO = ("What tracing costs a no-op worker, side by side in one run "
@@ -83,8 +85,8 @@ def _sdk() -> Iterator[None]:
 
 async def _untraced_handle(self: Worker, work: PartitionWork, record: Any,
                            runner: Runner) -> None:
-    """`Worker.handle` without tracing: the attempt (its three phases and its history
-    timing) with no `spans` test before it."""
+    """`Worker.handle` without tracing: the three phases and the history's timing, as
+    `Worker.handle` runs them, with no `spans` test and no attempt span around them."""
     try:
         job = decode_record(key=record.key, value=record.value, headers=record.headers,
                             expected_type=self.policy.job_type,
@@ -93,7 +95,14 @@ async def _untraced_handle(self: Worker, work: PartitionWork, record: Any,
     except BadRecord as bad:
         await self._not_a_job(record, bad)
         return
-    await self._attempt(job, record, runner)
+    ended: Ended | None = await self._admit(job)
+    if ended is None:
+        started = time.time()
+        dwell_s = started - max(job.enqueued_at_ms, job.not_before_ms or 0) / 1000
+        ended = await self._run(job, record, runner)
+        await self._end(job, ended, started, dwell_s)
+    else:
+        await self._end(job, ended)
 
 
 @contextmanager
@@ -133,8 +142,9 @@ def tracing(b: Bench) -> None:
             run_async(rewind_worker_group(s, NOOP), 60)
     note = f"{n:,} jobs backlog (each with a traceparent), concurrency 64, ordering=key"
     r = b.results
-    r.add("tracing.noop_bypassed", "no-op, without the tracing code (Worker.handle as before)",
-          "jobs/s", rates["bypassed"], note)
+    r.add("tracing.noop_bypassed",
+          "no-op, without the tracing code (Worker.handle minus its spans)", "jobs/s",
+          rates["bypassed"], note)
     r.add("tracing.noop_unconfigured", "no-op, tracing unconfigured (the default)", "jobs/s",
           rates["unconfigured"], note)
     r.add("tracing.noop_sdk", "no-op, the SDK with a no-op exporter (a span per job)",

@@ -314,7 +314,8 @@ class Worker(FlowControlled):
 
     async def handle(self, work: PartitionWork, record: Record, runner: Runner) -> None:
         """One record's job, in three phases: `_admit` (may it run?), `_run` (its handler)
-        and `_end` (its outcome recorded). A record that is not a job is dead-lettered."""
+        and `_end` (its outcome recorded), in its attempt's process span when traced. A
+        record that is not a job is dead-lettered."""
         try:
             job = decode_record(key=record.key, value=record.value, headers=record.headers,
                                 expected_type=self.policy.job_type,
@@ -323,23 +324,24 @@ class Worker(FlowControlled):
         except BadRecord as bad:
             await self._not_a_job(record, bad)
             return
-        if self.spans is not None:  # traced: the attempt in its process span
-            await self.spans.attempt(job, record, self.group_id,
-                                     partial(self._attempt, job, record, runner))
-        else:
-            await self._attempt(job, record, runner)
-
-    async def _attempt(self, job: JobRecord, record: Record, runner: Runner) -> Ended:
-        ended: Ended | None = await self._admit(job)
-        if ended is None:
-            due_ms = max(job.enqueued_at_ms, job.not_before_ms or 0)
-            dwell_s = (now_ms() - due_ms) / 1000
-            begun = time.perf_counter()
-            ended = await self._run(job, record, runner)
-            await self._end(job, ended, (time.perf_counter() - begun, dwell_s))
-        else:
-            await self._end(job, ended)
-        return ended
+        # Traced: the attempt in its process span (no await between here and the phases).
+        attempt = None if self.spans is None else self.spans.begin_attempt(
+            job, record, self.group_id)
+        try:
+            ended: Ended | None = await self._admit(job)
+            if ended is None:
+                started = time.time()  # the run's dwell and duration, for its history slot
+                dwell_s = started - max(job.enqueued_at_ms, job.not_before_ms or 0) / 1000
+                ended = await self._run(job, record, runner)
+                await self._end(job, ended, started, dwell_s)
+            else:
+                await self._end(job, ended)
+        except BaseException as exc:
+            if attempt is not None:
+                attempt.failed(exc)
+            raise
+        if attempt is not None:
+            attempt.ended(ended)
 
     async def _admit(self, job: JobRecord) -> Outcome | None:
         """None if `job` may run, else how it ends unrun: superseded by a newer job of its
@@ -397,13 +399,14 @@ class Worker(FlowControlled):
             return Outcome.CANCELLED if met_cancel else Outcome.DUPLICATE
         return await self.retries.failed(job, record, error)
 
-    async def _end(self, job: JobRecord | None, ended: Ended,
-                   timing: tuple[float, float] | None = None) -> None:
+    async def _end(self, job: JobRecord | None, ended: Ended, started: float | None = None,
+                   dwell_s: float = 0.0) -> None:
         """The one place a job's end is recorded, once its outcome is durable (a retry or
         a dead letter acknowledged by the broker): the row of a job that keeps one and did
         not succeed (its result says why, its batch counts it), its unique key given back
         unless it waits in a delay tier, then its outcome and a dead letter's reason
-        counted (with the run's duration and dwell time, `timing`, in its history slot).
+        counted (with, for a run that `started` at that wall-clock time, its duration and
+        `dwell_s` in its history slot).
         `job` is None for a record that is not a job."""
         if isinstance(ended, FailureInfo):
             outcome, failure = Outcome.DEAD_LETTERED, ended
@@ -417,10 +420,11 @@ class Worker(FlowControlled):
                 await self.admission.give_back(job)  # finished: its unique key is free again
         if failure is not None:
             self.dead_letter_reasons[failure.reason] += 1
-        self.slots.tick(now_ms())
+        now = time.time()
+        self.slots.tick(int(now * 1000))
         self.outcomes[outcome] += 1
-        if timing is not None:
-            self.slots.observe(*timing)
+        if started is not None:
+            self.slots.observe(now - started, dwell_s)
 
     async def _record_end(self, job: JobRecord, outcome: Outcome,
                           failure: FailureInfo | None = None) -> None:

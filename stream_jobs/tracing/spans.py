@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import Token
 from typing import Protocol, TypeVar
 
 from opentelemetry import context as otel_context
@@ -112,6 +113,28 @@ class SendSpan:
         self.span.end()
 
 
+class OpenAttempt:
+    """An attempt's process span while the attempt runs (current in its task)."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: Span, token: Token[otel_context.Context]) -> None:
+        self.span = span
+        self.token = token
+
+    def ended(self, ended: object) -> None:
+        """The attempt ended as `ended` (an outcome, or a dead letter's failure)."""
+        otel_context.detach(self.token)
+        self.span.set_attribute(OUTCOME, _outcome(ended))
+        self.span.end()
+
+    def failed(self, error: BaseException) -> None:
+        """The attempt raised `error` (torn down, revoked): no outcome was recorded."""
+        otel_context.detach(self.token)
+        _failed(self.span, error)
+        self.span.end()
+
+
 class JobSpans:
     """Starts the spans of jobs on `tracer` (see the module's docstring)."""
 
@@ -182,10 +205,9 @@ class JobSpans:
 
     # -- processing -------------------------------------------------------------------------
 
-    async def attempt(self, job: JobRecord, record: Record, group: str,
-                      run: Callable[[], Awaitable[T]]) -> T:
-        """`run()`, one attempt of `job`, in its process span, current meanwhile; the
-        span says how it ended (`stream_jobs.job.outcome`)."""
+    def begin_attempt(self, job: JobRecord, record: Record, group: str) -> OpenAttempt:
+        """The process span of one attempt of `job`, started and made current until the
+        attempt's `ended` or `failed` (the worker calls its phases between)."""
         carried = span_context_of(job.traceparent)
         # A fresh context, not the runner's: an attempt is a child of its record only.
         parent = _context(carried) if carried is not None else otel_context.Context()
@@ -193,15 +215,19 @@ class JobSpans:
             span_name(PROCESS, record.topic), context=parent, kind=SpanKind.CONSUMER,
             attributes=process_attributes(job, record.topic, record.partition,
                                           record.offset, group))
-        with _current(span):
-            try:
-                ended = await run()
-            except BaseException as exc:
-                _failed(span, exc)
-                span.end()
-                raise
-        span.set_attribute(OUTCOME, _outcome(ended))
-        span.end()
+        return OpenAttempt(span, otel_context.attach(trace.set_span_in_context(span)))
+
+    async def attempt(self, job: JobRecord, record: Record, group: str,
+                      run: Callable[[], Awaitable[T]]) -> T:
+        """`run()`, one attempt of `job`, in its process span, current meanwhile; the
+        span says how it ended (`stream_jobs.job.outcome`)."""
+        open_attempt = self.begin_attempt(job, record, group)
+        try:
+            ended = await run()
+        except BaseException as exc:
+            open_attempt.failed(exc)
+            raise
+        open_attempt.ended(ended)
         return ended
 
     @staticmethod
@@ -248,4 +274,4 @@ def _is_placed(value: object) -> bool:
     return hasattr(value, "partition") and hasattr(value, "offset")
 
 
-__all__ = ["JobSpans", "SendSpan", "job_spans", "span_context_of", "traceparent_of"]
+__all__ = ["JobSpans", "OpenAttempt", "SendSpan", "job_spans", "span_context_of", "traceparent_of"]
