@@ -41,7 +41,7 @@ from stream_jobs.errors import (
     UnknownJobType,
     UnknownWorkflow,
 )
-from stream_jobs.gateway import api, dashboard, history_api
+from stream_jobs.gateway import api, history_api, pages
 from stream_jobs.gateway.api_docs import mount_api_docs
 from stream_jobs.gateway.guard import Guard, nothing_to_read
 from stream_jobs.gateway.origins import AllowedHosts
@@ -231,7 +231,8 @@ def create_app(settings: Settings, *, models: Mapping[str, type[BaseModel]] | No
     mount_api_docs(app)
     app.include_router(api.router)
     app.include_router(history_api.router)
-    app.include_router(dashboard.router)
+    for router in pages.routers:
+        app.include_router(router)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

@@ -3,14 +3,13 @@
 requeueing a dead letter from the DLQ page.
 
 The browser is Debian's `chromium` (ops/setup-system.sh installs it), driven by
-playwright; no browser is downloaded. Screenshots are kept under
-`$STREAM_JOBS_STACK_DIR/artifacts/` (default `.stack/artifacts/`).
+playwright (tests/integration/browser.py); each page is checked at 1280 and 390 px wide,
+with screenshots.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import threading
 import time
@@ -42,13 +41,10 @@ from stream_jobs.settings import Settings
 from tests.waiting import until
 
 from ..conftest import Stack
+from .browser import chromium, fits, needs_chromium, new_page
 
 TOKEN = "served-gw-token-9a7e"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 REPO = Path(__file__).resolve().parents[2]
 POLL_S = 0.1
 
@@ -131,18 +127,9 @@ def test_openapi_schema_holds(served: Served) -> None:
 
 
 
-def _artifacts() -> Path:
-    folder = Path(os.environ.get("STREAM_JOBS_STACK_DIR", REPO / ".stack")) / "artifacts"
-    if not folder.is_absolute():
-        folder = REPO / folder
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium "
-                    "(ops/setup-system.sh installs it)")
+@needs_chromium
 async def test_dashboard_in_a_browser(served: Served) -> None:
-    from playwright.async_api import Page, async_playwright
+    from playwright.async_api import Page
 
     job_app = App(served.settings)
 
@@ -155,64 +142,57 @@ async def test_dashboard_in_a_browser(served: Served) -> None:
         text = await page.locator(f'[data-type="gw.ui"] [data-figure="{name}"]').inner_text()
         return int(text.replace(",", "").replace("—", "0"))
 
-    async with async_playwright() as driver, httpx.AsyncClient(base_url=served.url,
-                                                               headers=AUTH) as http:
-        browser = await driver.chromium.launch(executable_path=str(CHROMIUM),
-                                               args=CHROMIUM_ARGS)
+    async with chromium() as browser, httpx.AsyncClient(base_url=served.url,
+                                                        headers=AUTH) as http:
+        page = await new_page(browser)
+        await page.goto(served.url + "/")
+        await page.wait_for_selector('[data-type="gw.ui"]')
+
+        # Jobs arrive: the lag shown grows to what was enqueued.
+        enqueued = await http.post("/jobs/gw.ui", json={"jobs": [
+            {"payload": {"n": i, "fail": i < 2}} for i in range(30)]})
+        assert enqueued.status_code == 202, enqueued.text
+        failing = enqueued.json()["job_ids"][:2]
+
+        async def shows(name: str, at_least: int) -> bool:
+            await page.reload()
+            return await figure(page, name) >= at_least
+
+        await until(lambda: shows("lag", 30), "the dashboard to show a lag of 30")
+
+        # A worker runs them: the lag falls to 0, done and dead letters count up.
+        worker = job_app.worker("gw.ui", report_interval_s=0.3)
+        running = asyncio.create_task(worker.run())
         try:
-            page = await browser.new_page(viewport={"width": 1280, "height": 900})
-            await page.goto(served.url + "/")
-            await page.wait_for_selector('[data-type="gw.ui"]')
-
-            # Jobs arrive: the lag shown grows to what was enqueued.
-            enqueued = await http.post("/jobs/gw.ui", json={"jobs": [
-                {"payload": {"n": i, "fail": i < 2}} for i in range(30)]})
-            assert enqueued.status_code == 202, enqueued.text
-            failing = enqueued.json()["job_ids"][:2]
-
-            async def shows(name: str, at_least: int) -> bool:
+            async def drained() -> bool:
                 await page.reload()
-                return await figure(page, name) >= at_least
+                return (await figure(page, "lag") == 0 and await figure(page, "dlq") == 2
+                        and await figure(page, "done") == 28)
 
-            await until(lambda: shows("lag", 30), "the dashboard to show a lag of 30")
+            await until(drained, "the dashboard to show 28 done, 2 dead letters, no lag")
+            await fits(page, "dashboard-overview")
 
-            # A worker runs them: the lag falls to 0, done and dead letters count up.
-            worker = job_app.worker("gw.ui", report_interval_s=0.3)
-            running = asyncio.create_task(worker.run())
-            try:
-                async def drained() -> bool:
-                    await page.reload()
-                    return (await figure(page, "lag") == 0 and await figure(page, "dlq") == 2
-                            and await figure(page, "done") == 28)
+            # The DLQ page: sign in, see the reason, requeue one letter, confirming.
+            await page.click('[data-type="gw.ui"] a[href="/ui/dlq/gw.ui"]')
+            await page.fill('input[name="token"]', TOKEN)
+            await page.click('button[type="submit"]')
+            await page.wait_for_selector('[data-figure="letters"]')
+            assert await page.locator('[data-figure="letters"]').inner_text() == "2"
+            assert "permanent" in await page.content()
+            await page.click(f'tr[data-job-id="{failing[0]}"] a.button')
+            assert await page.locator('[data-figure="to-requeue"]').inner_text() == "1"
+            await page.click("text=Yes, requeue")
+            flash = await page.locator('[role="status"]').inner_text()
+            assert "Requeued 1 of 1" in flash, flash
+            await fits(page, "dashboard-dlq")
 
-                await until(drained, "the dashboard to show 28 done, 2 dead letters, no lag")
-                await page.screenshot(path=str(_artifacts() / "dashboard-overview.png"),
-                                      full_page=True)
+            # The requeued job ran again (attempt 2) and finished.
+            async def finished() -> bool:
+                found = (await http.get(f"/jobs/{failing[0]}",
+                                        params={"type": "gw.ui"})).json()
+                return bool(found["status"] == "finished")
 
-                # The DLQ page: sign in, see the reason, requeue one letter, confirming.
-                await page.click('[data-type="gw.ui"] a[href="/ui/dlq/gw.ui"]')
-                await page.fill('input[name="token"]', TOKEN)
-                await page.click('button[type="submit"]')
-                await page.wait_for_selector('[data-figure="letters"]')
-                assert await page.locator('[data-figure="letters"]').inner_text() == "2"
-                assert "permanent" in await page.content()
-                await page.click(f'tr[data-job-id="{failing[0]}"] a.button')
-                assert await page.locator('[data-figure="to-requeue"]').inner_text() == "1"
-                await page.click("text=Yes, requeue")
-                flash = await page.locator('[role="status"]').inner_text()
-                assert "Requeued 1 of 1" in flash, flash
-                await page.screenshot(path=str(_artifacts() / "dashboard-dlq.png"),
-                                      full_page=True)
-
-                # The requeued job ran again (attempt 2) and finished.
-                async def finished() -> bool:
-                    found = (await http.get(f"/jobs/{failing[0]}",
-                                            params={"type": "gw.ui"})).json()
-                    return bool(found["status"] == "finished")
-
-                await until(finished, "the requeued job to finish")
-            finally:
-                worker.request_stop()
-                await running
+            await until(finished, "the requeued job to finish")
         finally:
-            await browser.close()
+            worker.request_stop()
+            await running

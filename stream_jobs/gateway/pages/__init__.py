@@ -1,0 +1,13 @@
+"""The dashboard: server-rendered pages over the same tools as the JSON routes, one
+module per page family (`common` is what they share). `routers` is every page's router,
+in the order the app includes them."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from stream_jobs.gateway.pages import dlq, jobs, login, overview
+
+routers: list[APIRouter] = [overview.router, login.router, dlq.router, jobs.router]
+
+__all__ = ["routers"]
