@@ -115,8 +115,9 @@ class Worker(FlowControlled):
         self.kafka = kafka
         self.policy = policy
         self.handler = handler
+        self.worker_id = new_worker_id()
         # A failed run's retry or dead letter, written (and a payload that does not fit).
-        self.retries = Retries(self, prefix, policy, handler.timeout_s)
+        self.retries = Retries(self, prefix, policy, handler.timeout_s, self.worker_id)
         # The database's part (docs/design/layout.md): the app's, or Postgres's own.
         storage = storage or PostgresStorage(settings)
         self.dedup: Dedup = storage.dedup_store()
@@ -143,7 +144,6 @@ class Worker(FlowControlled):
         self.dead_letter_reasons: Counter[str] = Counter()
         # Handler run times, kept only while metrics are on (`stream_jobs.runtime.metrics`).
         self.durations: DurationHistogram | None = None
-        self.worker_id = new_worker_id()
         self.report_interval_s = heartbeat_report_interval_s(report_interval_s,
                                                              policy.heartbeat_interval_s)
         self._started_at_ms = now_ms()
@@ -332,7 +332,7 @@ class Worker(FlowControlled):
             if ended is None:
                 started = time.time()  # the run's dwell and duration, for its history slot
                 dwell_s = started - max(job.enqueued_at_ms, job.not_before_ms or 0) / 1000
-                ended = await self._run(job, record, runner)
+                ended = await self._run(job, record, runner, started)
                 await self._end(job, ended, started, dwell_s)
             else:
                 await self._end(job, ended)
@@ -359,10 +359,11 @@ class Worker(FlowControlled):
             return Outcome.EXPIRED
         return None
 
-    async def _run(self, job: JobRecord, record: Record, runner: Runner) -> Ended:
-        """The handler's run on the job's payload, in its finish transaction if it has one,
-        and how it ended: succeeded, duplicate, cancelled, or retried or dead-lettered (a
-        payload that does not fit the handler's model, without a run)."""
+    async def _run(self, job: JobRecord, record: Record, runner: Runner,
+                   started: float) -> Ended:
+        """The handler's run (from `started`, wall clock) on the job's payload, in its
+        finish transaction if it has one, and how it ended: succeeded, duplicate,
+        cancelled, or retried or dead-lettered (a payload that does not fit, unrun)."""
         try:
             payload = self.handler.parse_payload(job.payload)
         except BadRecord as bad:
@@ -397,7 +398,7 @@ class Worker(FlowControlled):
         if isinstance(error, AlreadyDone):
             met_cancel = await self.admission.cancelled_instead(job)
             return Outcome.CANCELLED if met_cancel else Outcome.DUPLICATE
-        return await self.retries.failed(job, record, error)
+        return await self.retries.failed(job, record, error, int(started * 1000))
 
     async def _end(self, job: JobRecord | None, ended: Ended, started: float | None = None,
                    dwell_s: float = 0.0) -> None:
