@@ -472,7 +472,8 @@ def test_a_failure_header_without_the_run_fields_still_parses() -> None:
            b'"traceback":"t","failed_at_ms":5}')
     failure = parse_failure(old)
     assert failure == FailureInfo("handler-error", "ValueError", "m", "t", 5)
-    assert failure.worker_id is None and failure.duration_ms is None
+    assert failure.worker_id is None
+    assert failure.duration_ms is None
     assert failure.to_json() == old  # nothing unknown is written back
 
 
@@ -484,7 +485,9 @@ def test_a_failed_run_names_its_worker_start_and_duration() -> None:
     assert parse_failure(failure.to_json()) == failure
     odd = orjson.loads(failure.to_json()) | {"worker_id": 7, "duration_ms": "long"}
     parsed = parse_failure(orjson.dumps(odd))
-    assert parsed is not None and parsed.worker_id is None and parsed.duration_ms is None
+    assert parsed is not None
+    assert parsed.worker_id is None
+    assert parsed.duration_ms is None
 
 
 @FUZZ
