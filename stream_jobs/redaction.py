@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote, unquote_plus
+
+import orjson
 
 from stream_jobs.settings import Settings
 
@@ -111,6 +113,21 @@ def mask_fields(payload: object, paths: Iterable[str]) -> object:
     return _masked(payload, tree)
 
 
+def shown_payload(raw: bytes | None, paths: Sequence[str]) -> str | None:
+    """A payload's JSON as an operator sees it: indented, the fields `paths` name masked.
+    Bytes that are not JSON are shown as text only when no field is to be masked (what
+    to mask in them cannot be told); None when there is no payload."""
+    if raw is None:
+        return None
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        if paths:
+            return f"({len(raw):,} bytes that are not JSON, not shown: the type masks fields)"
+        return raw.decode(errors="replace")
+    return orjson.dumps(mask_fields(value, paths), option=orjson.OPT_INDENT_2).decode()
+
+
 def _masked(value: object, tree: dict[str, Any]) -> object:
     if isinstance(value, list):
         return [_masked(item, tree) for item in value]
@@ -167,5 +184,6 @@ __all__ = [
     "redact_text",
     "redact_url",
     "secrets_of",
+    "shown_payload",
     "url_passwords",
 ]

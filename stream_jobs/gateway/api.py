@@ -29,6 +29,7 @@ from stream_jobs.gateway.state import Gateway, gateway_of
 from stream_jobs.job_ids import MAX_JOB_ID_CHARS, id_problem, key_problem
 from stream_jobs.job_types import get_job_type
 from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, locate_job
+from stream_jobs.redaction import shown_payload
 from stream_jobs.tools.cancel import cancel_job
 from stream_jobs.tools.stats import collect
 from stream_jobs.workflows.progress import read_progress
@@ -169,6 +170,10 @@ class JobOut(BaseModel):
     result: dict[str, Any] | None = Field(
         default=None, description="Its row of kept results (docs/results.md): state, "
         "result, error, attempt, finished_at, expires_at; null when none is kept.")
+    payload: str | None = Field(
+        default=None, description="Its payload as its latest record carries it, indented "
+        "JSON text with the fields its type's `redact` names shown as •••; null when no "
+        "record of it was read (a done job's records are not read).")
 
 
 class BatchOut(BaseModel):
@@ -309,7 +314,13 @@ async def job(gateway: GatewayDep,
     return JobOut(job_id=found.job_id, status=found.status, summary=found.summary(),
                   job_type=found.job_type, attempt=found.attempt, complete=found.complete,
                   location=found.to_dict(),
-                  result=None if found.result is None else found.result.to_dict())
+                  result=None if found.result is None else found.result.to_dict(),
+                  payload=shown_payload(found.payload, _redacted(gateway, found.job_type)))
+
+
+def _redacted(gateway: Gateway, job_type: str | None) -> tuple[str, ...]:
+    policy = gateway.types.get(job_type) if job_type else None
+    return policy.redact if policy is not None else ()
 
 
 @router.get("/batches/{workflow_id}", response_model=BatchOut, tags=["jobs"],

@@ -18,6 +18,7 @@ from stream_jobs.redaction import (
     redact_text,
     redact_url,
     secrets_of,
+    shown_payload,
 )
 from stream_jobs.settings import Settings
 
@@ -202,3 +203,14 @@ def test_nothing_named_survives_and_nothing_else_changes(payload: object,
     for path in named:
         assert all(found == FIELD_MASK for found in _reached(shown, path.split(".")))
     _untouched(payload, shown, {tuple(path.split(".")) for path in named})
+
+
+def test_a_payload_is_shown_indented_with_its_named_fields_masked() -> None:
+    shown = shown_payload(b'{"card_number": "4111", "n": 1}', ["card_number"])
+    assert shown is not None
+    assert "4111" not in shown
+    assert FIELD_MASK in shown
+    assert '"n": 1' in shown
+    assert shown_payload(None, ["a"]) is None
+    assert shown_payload(b"not json", []) == "not json"
+    assert "not json" not in (shown_payload(b"not json", ["a"]) or "")

@@ -1,5 +1,7 @@
-"""`/ui/jobs/{id}`: what happened to one job, with a button that cancels it (through a
-confirmation page) while it has not finished. Needs a signed-in session."""
+"""`/ui/jobs/{id}`: what happened to one job (its state, attempts, result, trace, tenant
+and payload, masked as its type's `redact` says), with buttons that cancel it while it
+has not finished, retry it now while it waits in a delay tier, and requeue it when it
+is dead-lettered, each through a confirmation page. Needs a signed-in session."""
 
 from __future__ import annotations
 
@@ -20,12 +22,16 @@ from stream_jobs.gateway.pages.common import (
 from stream_jobs.gateway.state import Gateway
 from stream_jobs.job_types import get_job_type
 from stream_jobs.lookup import JobLocation, locate_job
+from stream_jobs.lookup.attempts import NOT_RECORDED, steps_of
+from stream_jobs.redaction import shown_payload
 from stream_jobs.tools.cancel import cancel_job
+from stream_jobs.tracing.rules import tenant_of
 
 router = APIRouter(include_in_schema=False)
 
 
 _CANCELLABLE = ("pending", "retrying", "scheduled")
+_RETRYABLE = ("retrying", "scheduled")  # waiting in a delay tier
 
 
 async def _located(gateway: Gateway, job_id: str, job_type: str | None) -> JobLocation:
@@ -49,8 +55,13 @@ async def jobpage(request: Request, job_id: str, gateway: GatewayDep,
     if (session := session_of(request, gateway)) is None:
         return to_login(request)
     found = await _located(gateway, job_id, type)
-    return page("job.html", found=found, done=done, quote=quote,
-                 cancellable=found.status in _CANCELLABLE, session=session)
+    policy = gateway.types.get(found.job_type) if found.job_type else None
+    redact = policy.redact if policy is not None else ()
+    return page("job.html", found=found, done=done, quote=quote, steps=steps_of(found),
+                cancellable=found.status in _CANCELLABLE, session=session,
+                retryable=found.status in _RETRYABLE, tenant=tenant_of(found),
+                not_recorded=NOT_RECORDED, redact=redact,
+                payload=shown_payload(found.payload, redact))
 
 
 @router.get("/ui/jobs/{job_id}/cancel", response_class=HTMLResponse)
