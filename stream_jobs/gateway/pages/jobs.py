@@ -42,13 +42,6 @@ async def _located(gateway: Gateway, job_id: str, job_type: str | None) -> JobLo
                             records_of_done=True)
 
 
-@router.get("/ui/jobs")
-async def find_job(id: str | None = None) -> Response:
-    """The overview's search box: to the job's page."""
-    target = f"/ui/jobs/{quote(id.strip(), safe='')}" if id and id.strip() else "/"
-    return RedirectResponse(target, status_code=303)
-
-
 @router.get("/ui/jobs/{job_id}", response_class=HTMLResponse)
 async def jobpage(request: Request, job_id: str, gateway: GatewayDep,
                    type: str | None = None, done: str | None = None) -> Response:
