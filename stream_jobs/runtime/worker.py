@@ -44,6 +44,7 @@ from stream_jobs.naming import dlq_topic, lane_topic, tier_topic, worker_group
 from stream_jobs.outcomes import Outcome
 from stream_jobs.record import HEADER_WORKFLOW, JobRecord, Record, decode_record
 from stream_jobs.results.finish import Finisher, ending_row, record_ending
+from stream_jobs.retry_now.rules import released_original
 from stream_jobs.runtime.admission import Admission, holds_key
 from stream_jobs.runtime.calls import call_finished, handler_call
 from stream_jobs.runtime.delay_relay import Relay
@@ -137,10 +138,11 @@ class Worker(FlowControlled):
         self._cancelled = self.admission.cancelled
         self.relay = (Relay(settings, policy, self.producer, grace_s=grace_s, kafka=kafka,
                             cancelled=self._cancelled, outcomes=self.outcomes,
-                            ended=partial(self._record_end, outcome=Outcome.CANCELLED))
+                            ended=partial(self._record_end, outcome=Outcome.CANCELLED),
+                            released=self.admission.released)
                       if relay else None)
         if self.relay is not None:
-            self.admission.subscribe(self.relay.on_cancel)
+            self.admission.subscribe(self.relay.on_cancel, on_release=self.relay.on_cancel)
         self.dead_letter_reasons: Counter[str] = Counter()
         # Handler run times, kept only while metrics are on (`stream_jobs.runtime.metrics`).
         self.durations: DurationHistogram | None = None
@@ -315,7 +317,8 @@ class Worker(FlowControlled):
     async def handle(self, work: PartitionWork, record: Record, runner: Runner) -> None:
         """One record's job, in three phases: `_admit` (may it run?), `_run` (its handler)
         and `_end` (its outcome recorded), in its attempt's process span when traced. A
-        record that is not a job is dead-lettered."""
+        record that is not a job is dead-lettered; the original of an attempt retried now
+        (stream_jobs/retry_now/) is skipped, counted `duplicate`."""
         try:
             job = decode_record(key=record.key, value=record.value, headers=record.headers,
                                 expected_type=self.policy.job_type,
@@ -323,6 +326,11 @@ class Worker(FlowControlled):
                                 check_json=False)
         except BadRecord as bad:
             await self._not_a_job(record, bad)
+            return
+        released = self.admission.released  # attempts retried now: their copy runs instead
+        if released and released_original(record.headers, released):
+            self.slots.tick(now_ms())
+            self.outcomes[Outcome.DUPLICATE] += 1
             return
         # Traced: the attempt in its process span (no await between here and the phases).
         attempt = None if self.spans is None else self.spans.begin_attempt(

@@ -25,6 +25,7 @@ from stream_jobs.lookup import JobLocation, locate_job
 from stream_jobs.lookup.attempts import NOT_RECORDED, steps_of
 from stream_jobs.redaction import shown_payload
 from stream_jobs.tools.cancel import cancel_job
+from stream_jobs.tools.retry_now import retry_now
 from stream_jobs.tracing.rules import tenant_of
 
 router = APIRouter(include_in_schema=False)
@@ -86,6 +87,35 @@ async def do_cancel(request: Request, job_id: str, gateway: GatewayDep) -> Respo
     return RedirectResponse(f"/ui/jobs/{quote(job_id, safe='')}?{urlencode({'done': done})}",
                             status_code=303)
 
+
+
+@router.get("/ui/jobs/{job_id}/retry-now", response_class=HTMLResponse)
+async def confirm_retry_now(request: Request, job_id: str, gateway: GatewayDep,
+                            type: str | None = None) -> Response:
+    """Where the job waits and until when, with the button that runs it now."""
+    if (session := session_of(request, gateway)) is None:
+        return to_login(request)
+    found = await _located(gateway, job_id, type)
+    return page("retry_now.html", found=found, quote=quote, session=session,
+                retryable=found.status in _RETRYABLE)
+
+
+@router.post("/ui/jobs/{job_id}/retry-now")
+async def do_retry_now(request: Request, job_id: str, gateway: GatewayDep) -> Response:
+    if (session := session_of(request, gateway)) is None:
+        return to_login(request)
+    if (form := await checked_form(request, session)) is None:
+        return stale_form()
+    job_type = form.get("type") or None
+    if job_type:
+        get_job_type(gateway.types, job_type)
+    try:
+        done = (await retry_now(gateway.settings, gateway.types, job_id,
+                                job_type=job_type)).summary()
+    except StreamJobsError as exc:
+        done = str(exc)
+    return RedirectResponse(f"/ui/jobs/{quote(job_id, safe='')}?{urlencode({'done': done})}",
+                            status_code=303)
 
 
 __all__ = ["router"]
