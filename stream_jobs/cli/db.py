@@ -28,7 +28,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from typer.core import TyperCommand
 
 from stream_jobs.cancels.store import CancelStore
-from stream_jobs.retry_now.store import ReleaseStore
 from stream_jobs.cli.common import settings_of
 from stream_jobs.dedup.store import DedupStore
 from stream_jobs.durations import format_duration, parse_duration
@@ -37,6 +36,7 @@ from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.plurals import counted
 from stream_jobs.postgres.migrate import Migration, migrate
 from stream_jobs.results.store import prune_results
+from stream_jobs.retry_now.store import ReleaseStore
 from stream_jobs.settings import Settings
 from stream_jobs.workflows.progress import prune_finished
 
