@@ -73,6 +73,8 @@ async def _declared(app: App, declare: Declare) -> tuple[list[int], list[int], l
         flaky.append(ctx.attempt)
         if ctx.attempt < 3:
             raise ValueError(f"flaky attempt {ctx.attempt}")
+        async with ctx.once():  # its dedup row: the page can say which attempt committed
+            pass
 
     @app.job("page.later")
     async def run_later(job: dict[str, Any], ctx: JobContext) -> None:
