@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import uvicorn
 from pydantic import SecretStr
 
@@ -108,12 +109,15 @@ async def test_the_job_page_and_its_buttons(app: App, declare: Declare) -> None:
                 "customer": {"ssn": SECRET_SSN, "name": "Ada"}}, key="cust-42")
             later_id = await client.enqueue("page.later", {})
             dead_id = await client.enqueue("page.dead", {})
-        await until(lambda: flaky == [1, 2, 3], "the flaky job to fail twice and succeed", 60)
+        await until(lambda: _is(app, flaky_id, "page.flaky", "done"),
+                    "the flaky job to fail twice and succeed", 60)
+        assert flaky == [1, 2, 3]
         await until(lambda: _is(app, later_id, "page.later", "retrying"),
                     "the later job to wait in tier 1h", 60)
         await until(lambda: _is(app, dead_id, "page.dead", "dead_lettered"),
                     "the dead job to be dead-lettered", 60)
         with serving(app.settings) as url:
+            await _json_payload(url, flaky_id)
             async with chromium() as browser:
                 await _job_page(browser, url, flaky_id, workers[0].worker_id)
                 await _retry_now(browser, url, later_id, later, workers[1])
@@ -123,6 +127,21 @@ async def test_the_job_page_and_its_buttons(app: App, declare: Declare) -> None:
         for worker in workers:
             worker.request_stop()
         await asyncio.wait_for(asyncio.gather(*running), 60)
+
+
+async def _json_payload(url: str, job_id: str) -> None:
+    """`GET /jobs/{id}` shows the payload, masked, and only with the bearer token."""
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        refused = await http.get(f"/jobs/{job_id}", params={"type": "page.flaky"})
+        assert refused.status_code == 401
+        found = await http.get(f"/jobs/{job_id}", params={"type": "page.flaky"},
+                               headers={"Authorization": f"Bearer {TOKEN}"})
+    assert found.status_code == 200, found.text
+    payload = found.json()["payload"]
+    assert SECRET_CARD not in payload
+    assert SECRET_SSN not in payload
+    assert payload.count("•••") == 2
+    assert "payload" not in str(found.json()["location"])
 
 
 async def _job_page(browser: Any, url: str, job_id: str, worker_id: str) -> None:
