@@ -173,7 +173,7 @@ class JobOut(BaseModel):
     payload: str | None = Field(
         default=None, description="Its payload as its latest record carries it, indented "
         "JSON text with the fields its type's `redact` names shown as •••; null when no "
-        "record of it was read (a done job's records are not read).")
+        "record of it was read (a done job's are read with `records=true`).")
 
 
 class BatchOut(BaseModel):
@@ -306,11 +306,15 @@ async def job(gateway: GatewayDep,
               job_id: Annotated[str, Path(min_length=1, max_length=64)],
               job_type: Annotated[str | None, Query(alias="type", max_length=249)] = None,
               max_records: Annotated[int, Query(ge=1, le=1_000_000)]
-              = DEFAULT_MAX_RECORDS_PER_TOPIC) -> JobOut:
+              = DEFAULT_MAX_RECORDS_PER_TOPIC,
+              records: Annotated[bool, Query(description="Read a done job's records too "
+                                             "(its payload, its trace ID): a scan of its "
+                                             "type's topics instead of one row.")] = False
+              ) -> JobOut:
     """What happened to a job: done, dead-lettered, retrying, scheduled, pending, finished,
     cancelled, superseded, not seen."""
     found = await locate_job(gateway.settings, gateway.types, job_id, job_type=job_type,
-                             max_records_per_topic=max_records)
+                             max_records_per_topic=max_records, records_of_done=records)
     return JobOut(job_id=found.job_id, status=found.status, summary=found.summary(),
                   job_type=found.job_type, attempt=found.attempt, complete=found.complete,
                   location=found.to_dict(),
