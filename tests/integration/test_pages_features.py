@@ -336,3 +336,19 @@ async def test_history_page_charts_each_span(settings: Settings, app: App,
         async with httpx.AsyncClient(base_url=url) as http:
             assert (await http.get("/ui/history?span=2w")).status_code == 400
             assert (await http.get("/ui/history?type=nope.type")).status_code == 404
+
+
+async def test_pages_say_when_postgres_does_not_answer(settings: Settings, app: App) -> None:
+    from .test_gateway import served
+
+    (settings.topics_dir / f"{TICK}.toml").write_text(f"partitions = 1\n{HOURLY}")
+    gone = settings.model_copy(update={
+        "database_url": f"postgresql://stream_jobs@127.0.0.1:{free_port()}/stream_jobs"})
+    async with served(create_app(gone)) as http:
+        pages = {path: (await http.get(path)).text
+                 for path in ("/ui/schedules", "/ui/batches", "/ui/outbox",
+                              f"/ui/history?type={TICK}")}
+    for path, name in (("/ui/schedules", "schedules"), ("/ui/batches", "batches"),
+                       ("/ui/outbox", "outbox"), (f"/ui/history?type={TICK}", "history")):
+        assert f'data-problem="{name}"' in pages[path], path
+        assert "Postgres did not answer" in pages[path], path
