@@ -18,15 +18,12 @@ from stream_jobs import clock, logs
 from stream_jobs.app import load_app
 from stream_jobs.cli import common
 from stream_jobs.cli.common import LogLevel, app, run_fast, settings_of
-from stream_jobs.client import JobClient
 from stream_jobs.errors import ConfigError
-from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
+from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.schedules import Scheduler
-from stream_jobs.schedules.listing import ScheduleView, find_schedule, read_schedules
-from stream_jobs.schedules.scheduler import Payload
-from stream_jobs.schedules.state import declare_paused, set_paused
-from stream_jobs.schedules.timing import local_time
+from stream_jobs.schedules.listing import ScheduleView, read_schedules
 from stream_jobs.settings import Settings
+from stream_jobs.tools.schedules import set_schedule_paused, trigger_schedule
 
 console = Console()
 status = Console(stderr=True)
@@ -82,11 +79,15 @@ def scheduler(
     status.print(f"stopped: firings enqueued: {fired}")
 
 
-def _views(settings: Settings) -> tuple[dict[str, JobTypePolicy], list[ScheduleView]]:
+def _types(settings: Settings) -> dict[str, JobTypePolicy]:
     try:
-        types = load_job_types(settings.topics_dir)
+        return load_job_types(settings.topics_dir)
     except ConfigError:
-        types = {}  # schedules declared in code are still listed from their rows
+        return {}  # schedules declared in code are still listed from their rows
+
+
+def _views(settings: Settings) -> tuple[dict[str, JobTypePolicy], list[ScheduleView]]:
+    types = _types(settings)
     return types, asyncio.run(read_schedules(settings, types))
 
 
@@ -119,18 +120,8 @@ def list_schedules(
 
 def _toggle(ctx: typer.Context, name: str, job_type: str | None, paused: bool) -> None:
     settings = settings_of(ctx)
-    _, views = _views(settings)
-    view = find_schedule(views, name, job_type)
-    done = asyncio.run(set_paused(settings, settings.topic_prefix, view.job_type, name, paused))
-    if not done:
-        if not paused or view.spec is None:
-            status.print(f"{view.job_type}:{name} was not paused")
-            return
-        asyncio.run(declare_paused(settings, settings.topic_prefix, view.job_type, view.spec,
-                                   clock.now_ms()))
-    what = ("paused: no firing starts until `resume`" if paused
-            else "resumed: firings due while it was paused are not caught up")
-    status.print(f"{view.job_type}:{name} {what}")
+    types = _types(settings)
+    status.print(asyncio.run(set_schedule_paused(settings, types, name, job_type, paused)))
 
 
 @schedules_app.command("pause")
@@ -162,38 +153,12 @@ def trigger(
     """Enqueue one run of NAME now, with a new job ID (not one of its firings: it is
     not deduplicated against them), and print that ID."""
     settings = settings_of(ctx)
-    types, views = _views(settings)
-    view = find_schedule(views, name, job_type)
-    policy = get_job_type(types, view.job_type)
+    types = _types(settings)
     job_app = None
     if app_spec is not None:
         job_app = load_app(app_spec)
         job_app.use_settings(settings)
-    # The run's time: what a payload computed in code gets, and what is printed.
-    fire_ms = clock.now_ms()
-    spec = view.spec
-    payload: Payload
-    if spec is not None and not spec.in_code:
-        payload = spec.payload
-    else:
-        if job_app is None:
-            raise ConfigError(f"Schedule {name!r} computes its payload in code "
-                              "(@app.periodic): give --app MODULE:APP.")
-        declared = job_app.periodic_jobs.get(view.job_type, {}).get(name)
-        if declared is None:
-            raise ConfigError(f"{app_spec} declares no schedule {name!r} of "
-                              f"{view.job_type!r}.")
-        spec = declared[0]  # a schedule declared in code has no spec in topics/
-        runner = job_app.scheduler(view.job_type)
-        assert runner is not None
-        payload = asyncio.run(runner.payload_for(spec, fire_ms))
-    models = job_app.models() if job_app is not None else {}
-
-    async def main() -> str:
-        async with JobClient(settings, {policy.job_type: policy}, models=models) as client:
-            return await client.enqueue(policy.job_type, payload)
-
-    job_id = asyncio.run(main())
-    print(job_id)
-    status.print(f"{view.job_type}:{name} triggered at {local_time(spec, fire_ms).isoformat()}")
+    triggered = asyncio.run(trigger_schedule(settings, types, name, job_type, job_app))
+    print(triggered.job_id)
+    status.print(f"{triggered.job_type}:{name} triggered at {triggered.at.isoformat()}")
 

@@ -6,8 +6,18 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from stream_jobs.gateway.pages import dlq, jobs, login, overview
+from stream_jobs.gateway.pages import (
+    batches,
+    dlq,
+    history,
+    jobs,
+    login,
+    outbox,
+    overview,
+    schedules,
+)
 
-routers: list[APIRouter] = [overview.router, login.router, dlq.router, jobs.router]
+routers: list[APIRouter] = [overview.router, login.router, dlq.router, jobs.router,
+                             schedules.router, batches.router, outbox.router, history.router]
 
 __all__ = ["routers"]
