@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from stream_jobs.gateway.pages import dlq, jobs, login, overview
+from stream_jobs.gateway.pages import dlq, jobs, login, overview, waiting
 
-routers: list[APIRouter] = [overview.router, login.router, dlq.router, jobs.router]
+routers: list[APIRouter] = [overview.router, login.router, dlq.router, jobs.router,
+                            waiting.router]
 
 __all__ = ["routers"]
