@@ -3,8 +3,8 @@
 
 Cost: a page reads at most `size` records of each partition from the cursor on (the
 first page: from the group's committed offset), then, when some partition's records
-are all used up or passed over before the page is full, `size` more of it at a time,
-up to READ_CAP_PAGES pages' worth of records in all. The tiers hold both delayed
+are all used up or passed over before the page is full, more of it (twice as many each
+time), up to READ_CAP_PAGES pages' worth of records in all. The tiers hold both delayed
 enqueues and retries, so a list of one of them may stop there with fewer rows: the page
 then says more may follow, and its cursor goes on from where reading stopped. So a page
 costs about a page, whatever the backlog: `records_read` says how many it read. The
@@ -113,18 +113,24 @@ async def _fill(consumer: Consumer, merge: PageMerge, topic_of: dict[Slot, _Plac
     """Read for `merge` until its page is full, every slot is used up, or the cap is
     reached; the records read."""
     cap = max(READ_CAP_PAGES * size, size * len(merge.ends))
+    # A partition read again (its rows used up or passed over) is read twice as far each
+    # time: few round trips when one list's jobs are rare in a tier.
+    chunks = dict.fromkeys(merge.ends, size)
     read = 0
     merge.take()
     while not merge.full and (wanting := merge.wanting()) and read < cap:
         for slot in wanting:
             place, start = topic_of[slot], merge.read_to[slot]
-            stop = min(merge.ends[slot], start + size)
+            stop = min(merge.ends[slot], start + max(1, min(chunks[slot], cap - read)))
+            chunks[slot] *= 2
             rows: list[WaitingRow] = []
             async for record in scan(consumer, place.topic,
                                      [PartitionRange(slot[1], start, stop)]):
                 rows.append(row_of(record, role=place.role, name=place.name))
             read += len(rows)
             merge.feed(slot, rows, stop)
+            if read >= cap:
+                break
         merge.take()
     return read
 
