@@ -49,8 +49,9 @@ def waiting(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """List a type's jobs in one state, oldest first (due first in the delay tiers, newest
-    failure first for dead jobs), a page at a time. A page reads about a page of records
-    whatever the backlog; the next page's command is printed under it."""
+    failure first for dead jobs), a page at a time. A page of the lanes or tiers reads
+    about a page of records whatever the backlog; a page of dead jobs reads the type's
+    DLQ. The cursor of the next page is printed under it."""
     settings = settings_of(ctx)
     try:
         chosen = state_named(state)
@@ -100,7 +101,7 @@ def _table(listing: WaitingPage | DeadPage, wide: bool) -> Table:
         return table
     timed = "enqueued (UTC)" if listing.state == "pending" else "due (UTC)"
     where = "lane" if listing.state == "pending" else "tier"
-    table.add_column("try", justify="right")
+    table.add_column("attempt", justify="right")
     table.add_column(where)
     table.add_column(timed)
     if wide:
@@ -128,6 +129,9 @@ def _footer(listing: WaitingPage | DeadPage) -> None:
              if listing.rows else "none")
     where = {"pending": "waiting or running in the lanes", "dead": "dead jobs"}.get(
         listing.state, "waiting in the delay tiers (scheduled and retrying)")
+    if not listing.rows and not listing.total:
+        console.print(f"None: 0 {where}.", highlight=False)
+        return
     console.print(f"{shown} of {listing.total:,} {where}; {listing.records_read:,} records "
                   "read.", highlight=False, soft_wrap=True)
     if listing.more_may_follow:
