@@ -19,6 +19,7 @@ from stream_jobs.cli import flow as _flow  # noqa: F401 - registers `throttle`, 
 from stream_jobs.cli import history as _history  # noqa: F401 - registers `history`
 from stream_jobs.cli import schedules as _schedules  # registers `scheduler`
 from stream_jobs.cli import serve as _serve  # noqa: F401 - registers `serve`
+from stream_jobs.cli import waiting as _waiting  # noqa: F401 - registers `waiting`
 from stream_jobs.cli import worker as _worker  # noqa: F401 - registers `worker`
 from stream_jobs.cli.batch import batch
 from stream_jobs.cli.common import app

@@ -15,9 +15,11 @@ from stream_jobs.gateway.pages import (
     outbox,
     overview,
     schedules,
+    waiting,
 )
 
 routers: list[APIRouter] = [overview.router, login.router, dlq.router, jobs.router,
-                             schedules.router, batches.router, outbox.router, history.router]
+                            waiting.router, schedules.router, batches.router, outbox.router,
+                            history.router]
 
 __all__ = ["routers"]
