@@ -308,8 +308,9 @@ def _shadow_table(types: list[TypeStats], window_s: float, *, wide: bool) -> Fit
     """Shadow groups next to the real ones: over the window, records the shadows read
     against jobs the workers finished; and how far behind each group is (the workers'
     lag with --wide)."""
+    # A title no wider than the table: rich wraps a longer one.
     table = FittedTable(_SHADOW_COLUMNS, wide=wide, title=f"shadow vs worker, last "
-                        f"{window_s:g} s: records the shadows read, jobs the workers processed")
+                        f"{window_s:g} s: records read, jobs processed")
     for t in types:
         shadow = t.shadow
         assert shadow is not None
