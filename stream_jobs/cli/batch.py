@@ -22,6 +22,7 @@ from stream_jobs.cli.tables import (
     FittedTable,
     job_id_column,
     number_column,
+    print_table,
     word_column,
 )
 from stream_jobs.workflows.members import step_job_id
@@ -95,7 +96,7 @@ def _list_open(ctx: typer.Context, limit: int, as_json: bool, *, wide: bool) -> 
         document = {"open": count, "workflows": [p.to_dict() for p in found]}
         sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
-    console.print(open_table(count, found, wide=wide))
+    print_table(console, open_table(count, found, wide=wide), wide=wide)
 
 
 # At 80 columns the IDs, done of all and failed (the rest is pending); --wide adds when each

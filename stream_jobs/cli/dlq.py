@@ -27,6 +27,7 @@ from stream_jobs.cli.tables import (
     FittedTable,
     job_id_column,
     number_column,
+    print_table,
     text_column,
     word_column,
 )
@@ -95,7 +96,7 @@ def list_(
     each = "one row per letter" if every_letter else "one row per job, its newest letter"
     console.print(f"{len(listing.rows):,} of {matching}, {each}, most recent last "
                   "(times UTC):")
-    console.print(rows_table(listing.rows, wide=wide))
+    print_table(console, rows_table(listing.rows, wide=wide), wide=wide)
     shown = listing.matching if every_letter else listing.matching_jobs
     if shown > len(listing.rows):
         hidden = shown - len(listing.rows)

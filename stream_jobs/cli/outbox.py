@@ -28,6 +28,7 @@ from stream_jobs.cli.tables import (
     FittedTable,
     job_id_column,
     number_column,
+    print_table,
     text_column,
 )
 from stream_jobs.outbox.depth import FailingRow, OutboxDepth, failing_rows, read_depth
@@ -104,7 +105,7 @@ def status(
     out.print(f"outbox in schema {depth.schema}: {counted(depth.depth, 'row')} waiting, "
               f"oldest {age}, {depth.retrying:,} retrying", highlight=False)
     if rows:
-        out.print(failing_table(rows, wide=wide))
+        print_table(out, failing_table(rows, wide=wide), wide=wide)
 
 
 # At 80 columns each failing row's job, its attempts and last error; --wide adds the row's

@@ -22,6 +22,7 @@ from stream_jobs.cli.tables import (
     FittedTable,
     job_id_column,
     number_column,
+    print_table,
     text_column,
     word_column,
 )
@@ -112,7 +113,7 @@ def list_schedules(
         status.print("no schedules: declare [[schedules]] in topics/<type>.toml, or run a "
                      "scheduler for an app that uses @app.periodic")
         return
-    console.print(schedules_table(views, clock.now_ms(), wide=wide))
+    print_table(console, schedules_table(views, clock.now_ms(), wide=wide), wide=wide)
 
 
 # At 80 columns each schedule, when it fires next and whether it is paused; --wide adds how

@@ -22,6 +22,7 @@ from stream_jobs.cli.tables import (
     Column,
     FittedTable,
     number_column,
+    print_table,
     text_column,
     word_column,
 )
@@ -85,7 +86,8 @@ def stats(
             if as_json:
                 _print_json(shot.to_dict(per_partition=partitions))
             else:
-                console.print(render_stats(shot, settings, partitions, wide=wide))
+                print_table(console, render_stats(shot, settings, partitions, wide=wide),
+                            wide=wide)
             return
         stop = _stop_on_ctrl_c()
         if as_json:
@@ -191,7 +193,7 @@ def job(
     for note in found.notes:
         console.print(f"[dim]{note}[/]", highlight=False, soft_wrap=True)
     if found.sightings:
-        console.print(records_table(found, wide=wide))
+        print_table(console, records_table(found, wide=wide), wide=wide)
 
 
 # At 80 columns: where each record of the job is, when it was written, its attempt and

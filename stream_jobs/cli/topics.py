@@ -11,7 +11,13 @@ from rich.console import Console
 from rich.table import Table
 
 from stream_jobs.cli.common import settings_of
-from stream_jobs.cli.tables import WIDE_OPTION, FittedTable, number_column, text_column
+from stream_jobs.cli.tables import (
+    WIDE_OPTION,
+    FittedTable,
+    number_column,
+    print_table,
+    text_column,
+)
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka import topics as kafka_topics
 from stream_jobs.plurals import counted
@@ -58,8 +64,8 @@ def list_(ctx: typer.Context, directory: Path | None = _DIR, wide: bool = WIDE_O
     prefix that no file declares any more (kept: nothing is ever deleted)."""
     settings, types = _load(ctx, directory)
     rows = asyncio.run(kafka_topics.list_topics(settings, types))
-    console.print(topics_table(rows, f"topics under {settings.topic_prefix!r} on "
-                                     f"{settings.kafka_bootstrap}", wide=wide))
+    print_table(console, topics_table(rows, f"topics under {settings.topic_prefix!r} on "
+                                          f"{settings.kafka_bootstrap}", wide=wide), wide=wide)
     missing = sum(1 for row in rows if not row.exists)
     if missing:
         console.print(f"{missing} topic{'s' if missing != 1 else ''} missing: run "
