@@ -12,12 +12,20 @@ import signal
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from stream_jobs import clock, logs
 from stream_jobs.app import load_app
 from stream_jobs.cli import common
 from stream_jobs.cli.common import LogLevel, app, run_fast, settings_of
+from stream_jobs.cli.tables import (
+    WIDE_OPTION,
+    FittedTable,
+    job_id_column,
+    number_column,
+    print_table,
+    text_column,
+    word_column,
+)
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.schedules import Scheduler
@@ -95,6 +103,7 @@ def _views(settings: Settings) -> tuple[dict[str, JobTypePolicy], list[ScheduleV
 def list_schedules(
     ctx: typer.Context,
     job_type: str | None = typer.Option(None, "--type", "-t", help="Only this type's."),
+    wide: bool = WIDE_OPTION,
 ) -> None:
     """Every schedule: how it fires, its next fire time, its last firing, whether it is
     paused, firings left out by its missed policy, and the scheduler leading its type."""
@@ -105,9 +114,21 @@ def list_schedules(
         status.print("no schedules: declare [[schedules]] in topics/<type>.toml, or run a "
                      "scheduler for an app that uses @app.periodic")
         return
-    table = Table("type", "schedule", "fires", "next fire", "last fired", "last job ID",
-                  "paused", "missed", "leader")
-    now = clock.now_ms()
+    print_table(console, schedules_table(views, clock.now_ms(), wide=wide), wide=wide)
+
+
+# At 80 columns each schedule, when it fires next and whether it is paused; --wide adds how
+# it fires, its last firing (time and job ID), the firings its missed policy left out and
+# the scheduler leading its type.
+_SCHEDULE_COLUMNS = (text_column("type"), text_column("schedule"),
+                     text_column("fires", wide=True), text_column("next fire"),
+                     text_column("last fired", wide=True),
+                     job_id_column("last job ID", wide=True), word_column("paused"),
+                     number_column("missed", wide=True), text_column("leader", wide=True))
+
+
+def schedules_table(views: list[ScheduleView], now: int, *, wide: bool) -> FittedTable:
+    table = FittedTable(_SCHEDULE_COLUMNS, wide=wide)
     for v in views:
         nxt = "paused" if v.paused else v.when(v.next_fire_ms)
         if v.overdue and v.next_fire_ms is not None:
@@ -115,7 +136,7 @@ def list_schedules(
         table.add_row(v.job_type, v.name, v.fires, nxt, v.when(v.last_fired_ms),
                       v.last_job_id or "—", "yes" if v.paused else "no", str(v.missed_total),
                       v.leader or "[yellow]none[/]")
-    console.print(table)
+    return table
 
 
 def _toggle(ctx: typer.Context, name: str, job_type: str | None, paused: bool) -> None:
