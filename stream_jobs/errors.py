@@ -116,6 +116,10 @@ class LetterNotFound(StreamJobsError):
     """No dead letter of the type has the job ID that was asked for."""
 
 
+class BadCursor(StreamJobsError):
+    """A page cursor this list did not give out (damaged, edited, or another list's)."""
+
+
 class DlqRefused(StreamJobsError):
     """Kafka refused what a DLQ tool asked: the drain position, a commit, a deletion."""
 

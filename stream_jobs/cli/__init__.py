@@ -20,9 +20,10 @@ from stream_jobs.cli import history as _history  # noqa: F401 - registers `histo
 from stream_jobs.cli import retry_now as _retry_now  # noqa: F401 - registers `retry-now`
 from stream_jobs.cli import schedules as _schedules  # registers `scheduler`
 from stream_jobs.cli import serve as _serve  # noqa: F401 - registers `serve`
+from stream_jobs.cli import waiting as _waiting  # noqa: F401 - registers `waiting`
 from stream_jobs.cli import worker as _worker  # noqa: F401 - registers `worker`
 from stream_jobs.cli.batch import batch
-from stream_jobs.cli.common import app
+from stream_jobs.cli.common import app, flow_help
 from stream_jobs.cli.db import db_app
 from stream_jobs.cli.dev import dev_app
 from stream_jobs.cli.dlq import dlq_app
@@ -46,6 +47,8 @@ app.command("replay")(replay_command)
 app.command("stats")(stats)
 app.command("job")(job)
 app.command("batch")(batch)
+# Last, once every command is registered: help texts as sentences, not source lines.
+flow_help(app)
 
 err_console = Console(stderr=True)
 

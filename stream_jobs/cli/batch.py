@@ -16,6 +16,15 @@ from rich.console import Console
 from rich.table import Table
 
 from stream_jobs.cli.common import settings_of
+from stream_jobs.cli.tables import (
+    JOB_ID_WIDTH,
+    WIDE_OPTION,
+    FittedTable,
+    job_id_column,
+    number_column,
+    print_table,
+    word_column,
+)
 from stream_jobs.workflows.members import step_job_id
 from stream_jobs.workflows.progress import Progress, open_workflows, read_progress
 
@@ -33,12 +42,13 @@ def batch(
                                                           "finished yet, oldest first."),
     limit: int = typer.Option(20, "--limit", min=1, help="With --open: rows shown at most."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    wide: bool = WIDE_OPTION,
 ) -> None:
     """Where a batch or chain stands: a batch's members succeeded, failed and pending and
     which callbacks were written; a chain's current step, or the step that was
     dead-lettered and why."""
     if show_open:
-        _list_open(ctx, limit, as_json)
+        _list_open(ctx, limit, as_json, wide=wide)
         return
     if workflow_id is None:
         raise typer.BadParameter("give a batch or chain ID, or --open")
@@ -49,13 +59,14 @@ def batch(
         return
     console.print(f"[bold {_STYLE.get(found.state, 'white')}]{found.state}[/] "
                   f"{found.summary()}", highlight=False, soft_wrap=True)
-    console.print(_table(found))
+    console.print(progress_table(found))
 
 
-def _table(found: Progress) -> Table:
+def progress_table(found: Progress) -> Table:
     table = Table(title=f"{found.kind} {found.workflow_id}", show_header=False)
     table.add_column("", no_wrap=True)
-    table.add_column("", overflow="fold")
+    # Callbacks and steps are named by their job IDs: never folded.
+    table.add_column("", overflow="fold", min_width=JOB_ID_WIDTH)
     done = found.finished_at.isoformat(timespec="seconds") if found.finished_at else "-"
     rows = [("created", found.created_at.isoformat(timespec="seconds")), ("finished", done)]
     if found.kind == "batch":
@@ -79,17 +90,25 @@ def _table(found: Progress) -> Table:
     return table
 
 
-def _list_open(ctx: typer.Context, limit: int, as_json: bool) -> None:
+def _list_open(ctx: typer.Context, limit: int, as_json: bool, *, wide: bool) -> None:
     count, found = asyncio.run(open_workflows(settings_of(ctx), limit))
     if as_json:
         document = {"open": count, "workflows": [p.to_dict() for p in found]}
         sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
-    table = Table(title=f"{count:,} open batches and chains")
-    for column in ("id", "kind", "created (UTC)", "done", "failed", "pending"):
-        table.add_column(column, no_wrap=column != "id", overflow="fold",
-                         justify="right" if column in ("done", "failed", "pending") else "left")
+    print_table(console, open_table(count, found, wide=wide), wide=wide)
+
+
+# At 80 columns the IDs, done of all and failed (the rest is pending); --wide adds when each
+# was created and the pending count.
+_OPEN_COLUMNS = (job_id_column("id"), word_column("kind"),
+                 word_column("created (UTC)", wide=True), number_column("done"),
+                 number_column("failed"), number_column("pending", wide=True))
+
+
+def open_table(count: int, found: list[Progress], *, wide: bool) -> FittedTable:
+    table = FittedTable(_OPEN_COLUMNS, wide=wide, title=f"{count:,} open batches and chains")
     for p in found:
         table.add_row(p.workflow_id, p.kind, p.created_at.isoformat(timespec="seconds"),
                       f"{p.succeeded:,}/{p.total:,}", f"{p.failed:,}", f"{p.pending:,}")
-    console.print(table)
+    return table

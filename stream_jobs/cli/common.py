@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+import inspect
+from collections.abc import Callable, Coroutine
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
+from typer.models import ParameterInfo
 
 from stream_jobs.settings import Settings, load_settings
 
@@ -87,3 +89,49 @@ KAFKA_LOG_LEVEL_OPTION: Any = typer.Option(
 LOG_FORMAT_OPTION: Any = typer.Option(
     None, "--log-format", envvar="STREAM_JOBS_LOG_FORMAT", metavar="text|json",
     help="text (fields as key=value after the message) or json (one object a line).")
+
+
+def flowing(text: str) -> str:
+    """`text` as sentences: each paragraph on one line (the renderer wraps it to the
+    terminal), blank lines between paragraphs kept; a paragraph that starts with \\b (click's
+    "keep my line breaks") and anything after \\f (not shown) are left as written."""
+    shown, cut, hidden = inspect.cleandoc(text).partition("\f")
+    paragraphs = [part if part.startswith("\b")
+                  else " ".join(line.strip() for line in part.strip().splitlines())
+                  for part in shown.split("\n\n")]
+    return "\n\n".join(paragraphs) + cut + hidden
+
+
+def flow_help(typer_app: typer.Typer) -> None:
+    """Make every help text of `typer_app`'s command tree read as sentences.
+
+    typer keeps a docstring's own line breaks in what `--help` shows (beyond a command's
+    first paragraph), so a help text wrapped at 90 columns in the source broke mid-sentence
+    in a terminal. Called once, after every command is registered; running it again
+    changes nothing."""
+    if isinstance(typer_app.info.help, str):
+        typer_app.info.help = flowing(typer_app.info.help)
+    if typer_app.registered_callback is not None:
+        _flow_callback(typer_app.registered_callback.callback)
+    for command in typer_app.registered_commands:
+        if isinstance(command.help, str):
+            command.help = flowing(command.help)
+        _flow_callback(command.callback)
+    for group in typer_app.registered_groups:
+        if isinstance(group.help, str):
+            group.help = flowing(group.help)
+        _flow_callback(group.callback)
+        if group.typer_instance is not None:
+            flow_help(group.typer_instance)
+
+
+def _flow_callback(callback: Callable[..., Any] | object) -> None:
+    """The docstring of a command's function and the help of its arguments and options."""
+    if not inspect.isfunction(callback):  # none, or typer's placeholder for none
+        return
+    if callback.__doc__:
+        callback.__doc__ = flowing(callback.__doc__)
+    for parameter in inspect.signature(callback).parameters.values():
+        info = parameter.default
+        if isinstance(info, ParameterInfo) and isinstance(info.help, str):
+            info.help = flowing(info.help)

@@ -1,12 +1,15 @@
 """`stream-jobs demo`: the main job end to end on the local stack, with live progress.
 
-It starts the stack if needed, applies the demo types from `topics/` (with delay tiers of
-seconds, so it ends in under a minute), runs a worker per type, enqueues a mixed load
-(jobs that succeed, fail once, always fail, and malformed records), and ends with a
+It starts the stack if needed, applies the demo types as `consumers/demo_topics/` declares
+them (`topics/`'s, with delay tiers of seconds, so it ends in under a minute), runs a
+worker per type, enqueues a mixed load (jobs that succeed, fail once, always fail, and
+malformed records), and ends with a
 table of outcomes and a check that every effect happened exactly once. Each run uses its
 own topic prefix and Postgres schema, so its counts are its own; its own history process
 runs beside the workers, and the run ends once the history in Postgres counts what the
 workers counted, so `stream-jobs serve` on the run's prefix and schema has its charts.
+The run's settings are written to `.stack/demo.env` for that: `make demo-serve` opens the
+dashboard on the last run, with the demo's own declarations.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import logging
 import random
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,10 @@ console = Console(width=None if sys.stdout.isatty() else 110)
 # are idle (it starts with the run; a report every second, written within a second).
 HISTORY_WITHIN_S = 60.0
 
+# The demo's job types: topics/'s, with delay tiers of seconds (a folder of their own, so
+# the dashboard of a run reads the tiers the run really has).
+DEMO_TOPICS = Path("consumers/demo_topics")
+
 # Records no client would send: each must end in the DLQ with its reason.
 MALFORMED: list[tuple[str, bytes, list[tuple[str, bytes]]]] = [
     ("email.send", b"\x00\x01 not json", [("sj-job-id", b"bad-bytes-1"),
@@ -74,10 +80,7 @@ def demo(
 ) -> None:
     """Run the demo app on the local stack and check every effect happened exactly once,
     and that the run's history counts every outcome once."""
-    base = settings_of(ctx)
-    stamp = time.strftime("%Y%m%d%H%M%S")
-    settings = base.model_copy(update={"topic_prefix": f"demo-{stamp}",
-                                       "database_schema": f"demo_{stamp}"})
+    settings = run_settings(settings_of(ctx), time.strftime("%Y%m%d%H%M%S"))
     if start_stack:
         with console.status("starting the local stack (Kafka, Postgres)"):
             KafkaCluster(settings, 1).up()
@@ -89,6 +92,7 @@ def demo(
     logging.basicConfig(filename=log_file, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     console.print(f"worker logs: {log_file}")
+    write_env(settings)
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
@@ -101,18 +105,33 @@ def demo(
         raise typer.Exit(1)
 
 
+def run_settings(base: Settings, stamp: str) -> Settings:
+    """A run's settings: its own prefix and schema, and the demo's declarations."""
+    return base.model_copy(update={"topic_prefix": f"demo-{stamp}",
+                                   "database_schema": f"demo_{stamp}",
+                                   "topics_dir": DEMO_TOPICS})
+
+
+def env_file(settings: Settings) -> Path:
+    return settings.stack_dir / "demo.env"
+
+
+def write_env(settings: Settings) -> None:
+    """The run's prefix, schema and declarations as shell exports, for `make demo-serve`
+    (`stream-jobs serve` on the last run)."""
+    env_file(settings).write_text(
+        f"export STREAM_JOBS_TOPIC_PREFIX={settings.topic_prefix}\n"
+        f"export STREAM_JOBS_DATABASE_SCHEMA={settings.database_schema}\n"
+        f"export STREAM_JOBS_TOPICS_DIR={settings.topics_dir.resolve()}\n")
+
+
 async def _run(settings: Settings, module: Any, rng: random.Random) -> bool:
     demo_app: App = module.app
     demo_app.use_settings(settings)
-    declared = load_job_types(settings.topics_dir)
-    missing = sorted(set(demo_app.handlers) - set(declared))
-    if missing:
-        raise ConfigError(f"The demo needs topics/{missing[0]}.toml.")
-    types: dict[str, JobTypePolicy] = {
-        name: replace(declared[name], retry_tiers=("1s", "2s", "3s"), max_attempts=4)
-        for name in demo_app.handlers}
-    console.print(f"demo run [bold]{settings.topic_prefix}[/] on {settings.kafka_bootstrap}; "
-                  "delay tiers shortened to 1s/2s/3s so it ends in under a minute")
+    types = demo_types(settings, demo_app)
+    console.print(f"demo run [bold]{settings.topic_prefix}[/] on {settings.kafka_bootstrap}, "
+                  f"its types from {settings.topics_dir}/ (delay tiers of seconds, so it ends "
+                  "in under a minute)")
     await prepare_schema(settings, module.SCHEMA)
     await apply(settings, types)
     # The run's own history process, in this process from the start (it reads the
@@ -130,6 +149,16 @@ async def _run(settings: Settings, module: Any, rng: random.Random) -> bool:
         await asyncio.wait({history})
     history.result()  # a history that crashed fails the demo with its reason
     return ok
+
+
+def demo_types(settings: Settings, demo_app: App) -> dict[str, JobTypePolicy]:
+    """The types the demo applies and runs: its handlers' declarations, as read from the
+    run's topics folder (what `stream-jobs serve` on `.stack/demo.env` reads too)."""
+    declared = load_job_types(settings.topics_dir)
+    missing = sorted(set(demo_app.handlers) - set(declared))
+    if missing:
+        raise ConfigError(f"The demo needs {settings.topics_dir}/{missing[0]}.toml.")
+    return {name: declared[name] for name in demo_app.handlers}
 
 
 async def _work(settings: Settings, module: Any, rng: random.Random,
@@ -196,8 +225,8 @@ async def _produce_malformed(settings: Settings) -> None:
 def _progress(workers: dict[str, Worker], expected: dict[str, Any],
               malformed: dict[str, int]) -> Table:
     table = Table(title="demo progress")
-    for column in ("type", "enqueued", "done", "retried", "dead-lettered", "expired",
-                   "in flight"):
+    # Short headers: the demo's tables fit an 80-column terminal.
+    for column in ("type", "enqueued", "done", "retried", "dead", "expired", "in flight"):
         table.add_column(column, justify="right" if column != "type" else "left")
     for name, worker in workers.items():
         out = worker.outcomes
@@ -212,8 +241,8 @@ async def _check(settings: Settings, tables: dict[str, str], workers: dict[str, 
                  expected: dict[str, Any], malformed: dict[str, int]) -> bool:
     conn = await connect(settings)
     result = Table(title=f"demo outcomes ({settings.topic_prefix})")
-    for column in ("type", "enqueued", "succeeded", "retried", "dead-lettered", "effects",
-                   "distinct job IDs", "exactly once"):
+    for column in ("type", "enqueued", "succeeded", "retried", "dead", "effects", "job IDs",
+                   "once"):
         result.add_column(column, justify="right" if column != "type" else "left")
     ok = True
     try:
@@ -274,9 +303,8 @@ async def _check_history(settings: Settings, workers: dict[str, Worker],
     if ok:
         console.print("[green]history matches: every outcome counted once, in one window[/] "
                       f"(waited {time.monotonic() - began:.1f} s for the last reports); "
-                      "its charts: STREAM_JOBS_TOPIC_PREFIX="
-                      f"{settings.topic_prefix} STREAM_JOBS_DATABASE_SCHEMA="
-                      f"{settings.database_schema} stream-jobs serve", soft_wrap=True)
+                      "the dashboard on this run, its charts included: make demo-serve "
+                      f"(it reads {env_file(settings)})", soft_wrap=True)
     else:
         console.print(f"[red]the history does not count what the workers did (after "
                       f"{HISTORY_WITHIN_S:.0f} s; its log lines are in the worker logs)[/]")

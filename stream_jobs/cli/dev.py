@@ -104,14 +104,18 @@ def check(ctx: typer.Context) -> None:
             raise result
 
 
-def _print_table(rows: list[ServiceStatus]) -> None:
+def stack_table(rows: list[ServiceStatus]) -> Table:
     table = Table(title="stream-jobs local stack")
     for column in ("service", "state", "pid", "address"):
         table.add_column(column, overflow="fold")
     for row in rows:
         state = "[green]running[/]" if row.running else "[dim]stopped[/]"
         table.add_row(row.name, state, str(row.pid or "-"), row.address)
-    console.print(table)
+    return table
+
+
+def _print_table(rows: list[ServiceStatus]) -> None:
+    console.print(stack_table(rows))
     # Settings and paths as plain lines, never folded, so they can be copied at any width.
     shown: set[str] = set()
     for row in rows:

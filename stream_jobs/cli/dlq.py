@@ -21,6 +21,16 @@ from rich.table import Table
 from rich.text import Text
 
 from stream_jobs.cli.common import settings_of
+from stream_jobs.cli.tables import (
+    JOB_ID_WIDTH,
+    WIDE_OPTION,
+    FittedTable,
+    job_id_column,
+    number_column,
+    print_table,
+    text_column,
+    word_column,
+)
 from stream_jobs.clock import now_ms
 from stream_jobs.dlq import listing as dlq
 from stream_jobs.dlq.letters import DEFAULT_MAX_REQUEUES, LetterRow, Verdict, parse_since
@@ -58,6 +68,7 @@ def list_(
     every_letter: bool = typer.Option(False, "--every-letter", help="One row per letter "
                                       "(default: one per job, its newest letter)."),
     as_json: bool = _JSON,
+    wide: bool = WIDE_OPTION,
 ) -> None:
     """The DLQ in jobs, letters and repeats, the reasons (whole DLQ), then the most recent
     matching jobs: one row per job, its newest letter and how many letters it has. A
@@ -85,7 +96,7 @@ def list_(
     each = "one row per letter" if every_letter else "one row per job, its newest letter"
     console.print(f"{len(listing.rows):,} of {matching}, {each}, most recent last "
                   "(times UTC):")
-    console.print(_rows_table(listing.rows))
+    print_table(console, rows_table(listing.rows, wide=wide), wide=wide)
     shown = listing.matching if every_letter else listing.matching_jobs
     if shown > len(listing.rows):
         hidden = shown - len(listing.rows)
@@ -100,20 +111,30 @@ def _print_counts(listing: dlq.DlqListing) -> None:
     console.print(f"{listing.topic} holds {counted(listing.letters, 'letter')} of "
                   f"{counted(listing.jobs, 'dead-lettered job')} "
                   f"({counted(listing.repeats, 'repeat')}: letters beyond a job's first).")
+    console.print(reasons_table(listing))
+
+
+def reasons_table(listing: dlq.DlqListing) -> Table:
     reasons = Table()
-    reasons.add_column("reason")
-    reasons.add_column("jobs", justify="right")
-    reasons.add_column("letters", justify="right")
+    reasons.add_column("reason", overflow="fold")
+    reasons.add_column("jobs", justify="right", no_wrap=True)
+    reasons.add_column("letters", justify="right", no_wrap=True)
     for name, count in listing.reasons.items():
         reasons.add_row(Text(name), f"{listing.job_reasons.get(name, 0):,}", f"{count:,}")
-    console.print(reasons)
+    return reasons
 
 
-def _rows_table(rows: list[LetterRow]) -> Table:
-    table = Table()
-    for column in ("job id", "reason", "error", "message", "attempt", "requeues", "letters",
-                   "failed at", "enqueued at", "origin", "partition/offset"):
-        table.add_column(column, overflow="fold")
+# At 80 columns: the job and why it died (reason, error class); --wide adds the message,
+# attempts, how many letters the job left, times, origin and where the letter is.
+_ROW_COLUMNS = (job_id_column(), text_column("reason"), text_column("error"),
+                text_column("message", wide=True), number_column("attempt", wide=True),
+                number_column("requeues", wide=True), number_column("letters", wide=True),
+                word_column("failed at", wide=True), word_column("enqueued at", wide=True),
+                text_column("origin", wide=True), text_column("partition/offset", wide=True))
+
+
+def rows_table(rows: list[LetterRow], *, wide: bool) -> FittedTable:
+    table = FittedTable(_ROW_COLUMNS, wide=wide)
     for row in rows:
         error = row.error_class.rsplit(".", 1)[-1]
         table.add_row(Text(row.job_id or "-"), Text(row.reason),
@@ -134,11 +155,22 @@ def show(ctx: typer.Context, job_type: str = _TYPE,
     if as_json:
         _print_json(asdict(detail))
         return
+    console.print(facts_table(detail))
+    console.print(Text("payload" + ("" if detail.payload_is_json else " (not JSON)"),
+                       style="bold"))
+    console.print(Text(detail.payload))
+    if detail.failure is not None and detail.failure.traceback:
+        console.print(Text("traceback", style="bold"))
+        console.print(Text(detail.failure.traceback))
+
+
+def facts_table(detail: dlq.LetterDetail) -> Table:
     facts = Table(title=f"{detail.job_id} in {detail.topic} "
                         f"(partition {detail.partition}, offset {detail.offset})",
                   show_header=False)
     facts.add_column("field", style="bold")
-    facts.add_column("value", overflow="fold")
+    # A header's value can be a job ID (sj-job-id, sj-rerun-of): never folded.
+    facts.add_column("value", overflow="fold", min_width=JOB_ID_WIDTH)
     failure = detail.failure
     facts.add_row("reason", Text(detail.reason))
     if failure is not None:
@@ -158,13 +190,7 @@ def show(ctx: typer.Context, job_type: str = _TYPE,
         others = ", ".join(f"{p}/{o}" for p, o in detail.letters)
         facts.add_row("letters", Text(f"{len(detail.letters):,} for this job ({others}); "
                                       "the newest is shown"))
-    console.print(facts)
-    console.print(Text("payload" + ("" if detail.payload_is_json else " (not JSON)"),
-                       style="bold"))
-    console.print(Text(detail.payload))
-    if failure is not None and failure.traceback:
-        console.print(Text("traceback", style="bold"))
-        console.print(Text(failure.traceback))
+    return facts
 
 
 @dlq_app.command("requeue")

@@ -8,8 +8,15 @@ from datetime import UTC, datetime
 
 import orjson
 from rich.console import Console
-from rich.table import Table
 
+from stream_jobs.cli.tables import (
+    FittedTable,
+    job_id_column,
+    number_column,
+    print_table,
+    text_column,
+    word_column,
+)
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.lookup.by_key import MAX_KEY_BYTES, KeyMatches, find_by_key
@@ -47,21 +54,20 @@ def print_key_search(settings: Settings, policy: JobTypePolicy, key: str, *,
                   soft_wrap=True)
     if not found.jobs:
         return
-    table = Table()
-    table.add_column("job ID", no_wrap=True)
-    if wide:
-        table.add_column("first written (UTC)", no_wrap=True)
-    table.add_column("latest (UTC)", no_wrap=True)
-    table.add_column("recs", justify="right", no_wrap=True)
-    if wide:
-        table.add_column("latest topic", overflow="fold")
+    table = FittedTable(_KEYED_COLUMNS, wide=wide)
     for job in found.jobs:
-        cells = [job.job_id, *([_when(job.first_ms)] if wide else []), _when(job.latest_ms),
-                 str(job.records), *([job.latest_topic] if wide else [])]
-        table.add_row(*cells)
-    console.print(table)
+        table.add_row(job.job_id, _when(job.first_ms), _when(job.latest_ms), str(job.records),
+                      job.latest_topic)
+    print_table(console, table, wide=wide)
     console.print(f"[dim]`stream-jobs job ID --type {policy.job_type}` tells what "
                   "happened to one of them.[/]", highlight=False, soft_wrap=True)
+
+
+# At 80 columns: the job ID whole, its latest record's time and the records seen; --wide
+# adds its first record's time and the latest record's topic.
+_KEYED_COLUMNS = (job_id_column(), word_column("first (UTC)", wide=True),
+                  word_column("latest (UTC)"), number_column("recs"),
+                  text_column("latest topic", wide=True))
 
 
 def _when(ms: int) -> str:

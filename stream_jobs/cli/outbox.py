@@ -13,7 +13,6 @@ import signal
 import orjson
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from stream_jobs import logs
 from stream_jobs.cli.common import (
@@ -23,6 +22,14 @@ from stream_jobs.cli.common import (
     LogLevel,
     run_fast,
     settings_of,
+)
+from stream_jobs.cli.tables import (
+    WIDE_OPTION,
+    FittedTable,
+    job_id_column,
+    number_column,
+    print_table,
+    text_column,
 )
 from stream_jobs.outbox.depth import FailingRow, OutboxDepth, failing_rows, read_depth
 from stream_jobs.outbox.relay import OutboxRelay
@@ -76,6 +83,7 @@ def status(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     limit: int = typer.Option(20, "--limit", min=1, help="Failing rows listed at most."),
+    wide: bool = WIDE_OPTION,
 ) -> None:
     """Rows waiting in the outbox, the age of the oldest, and the rows whose write to
     Kafka failed (with the error; a relay retries them)."""
@@ -97,11 +105,21 @@ def status(
     out.print(f"outbox in schema {depth.schema}: {counted(depth.depth, 'row')} waiting, "
               f"oldest {age}, {depth.retrying:,} retrying", highlight=False)
     if rows:
-        table = Table(title="rows whose write failed (oldest first)")
-        for column in ("id", "topic", "job ID", "attempts", "retry at (UTC)", "last error"):
-            table.add_column(column, overflow="fold")
-        for r in rows:
-            table.add_row(str(r.id), r.topic, r.job_id or "-", str(r.attempts),
-                          r.retry_at.strftime("%H:%M:%S") if r.retry_at else "-",
-                          r.last_error or "")
-        out.print(table)
+        print_table(out, failing_table(rows, wide=wide), wide=wide)
+
+
+# At 80 columns each failing row's job, its attempts and last error; --wide adds the row's
+# id, its topic and when it is retried.
+_FAILING_COLUMNS = (number_column("id", wide=True), text_column("topic", wide=True),
+                    job_id_column(), number_column("attempts"),
+                    text_column("retry at (UTC)", wide=True), text_column("last error"))
+
+
+def failing_table(rows: list[FailingRow], *, wide: bool) -> FittedTable:
+    table = FittedTable(_FAILING_COLUMNS, wide=wide,
+                        title="rows whose write failed (oldest first)")
+    for r in rows:
+        table.add_row(str(r.id), r.topic, r.job_id or "-", str(r.attempts),
+                      r.retry_at.strftime("%H:%M:%S") if r.retry_at else "-",
+                      r.last_error or "")
+    return table

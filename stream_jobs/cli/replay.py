@@ -150,7 +150,7 @@ class _ReplayBar:
             self._progress.stop()
 
 
-def _print_plan(result: ReplayResult) -> None:
+def plan_table(result: ReplayResult) -> Table:
     table = Table(title=f"replay plan for {result.topic}")
     table.add_column("partition", justify="right")
     table.add_column("offsets", justify="right")
@@ -158,7 +158,30 @@ def _print_plan(result: ReplayResult) -> None:
     for part in result.selected:
         span = f"{part.start}-{part.end - 1}" if part.size else "-"
         table.add_row(str(part.partition), span, f"{part.size:,}")
-    console.print(table)
+    return table
+
+
+def written_table(result: ReplayResult) -> Table:
+    table = Table(title="dry run: would be written" if result.dry_run else "written")
+    for column in ("partition", "type", "to", "records"):
+        table.add_column(column, justify="right" if column in ("partition", "records")
+                         else "left", overflow="fold")
+    for (partition, job_type, destination), count in sorted(result.counts.items()):
+        table.add_row(str(partition), job_type, destination, f"{count:,}")
+    return table
+
+
+def skipped_table(result: ReplayResult) -> Table:
+    skipped = Table(title=f"{counted(result.skipped_total, 'record')} skipped: not jobs")
+    for column in ("partition", "offset", "reason", "detail"):
+        skipped.add_column(column, overflow="fold")
+    for skip in result.skipped[:_LISTED_SKIPS]:
+        skipped.add_row(str(skip.partition), str(skip.offset), skip.reason, skip.message)
+    return skipped
+
+
+def _print_plan(result: ReplayResult) -> None:
+    console.print(plan_table(result))
     console.print(f"to: {result.target}. {result.headers_note()}", highlight=False)
     if result.dry_run:
         console.print("dry run: nothing will be written.")
@@ -169,20 +192,9 @@ def _print_plan(result: ReplayResult) -> None:
 def _print_summary(result: ReplayResult) -> None:
     if not result.planned:
         return
-    table = Table(title="dry run: would be written" if result.dry_run else "written")
-    for column in ("partition", "type", "to", "records"):
-        table.add_column(column, justify="right" if column in ("partition", "records")
-                         else "left")
-    for (partition, job_type, destination), count in sorted(result.counts.items()):
-        table.add_row(str(partition), job_type, destination, f"{count:,}")
-    console.print(table)
+    console.print(written_table(result))
     if result.skipped_total:
-        skipped = Table(title=f"{counted(result.skipped_total, 'record')} skipped: not jobs")
-        for column in ("partition", "offset", "reason", "detail"):
-            skipped.add_column(column, overflow="fold")
-        for skip in result.skipped[:_LISTED_SKIPS]:
-            skipped.add_row(str(skip.partition), str(skip.offset), skip.reason, skip.message)
-        console.print(skipped)
+        console.print(skipped_table(result))
         if result.skipped_total > _LISTED_SKIPS:
             console.print(f"... and {result.skipped_total - _LISTED_SKIPS:,} more.")
     if result.expired:
@@ -195,15 +207,19 @@ def _print_summary(result: ReplayResult) -> None:
 
 
 def _print_offsets(group: str, changes: list[OffsetChange], dry_run: bool) -> None:
+    console.print(offsets_table(group, changes, dry_run))
+
+
+def offsets_table(group: str, changes: list[OffsetChange], dry_run: bool) -> Table:
     title = f"offsets of {group}" + (" (dry run)" if dry_run else "")
     table = Table(title=title)
-    table.add_column("topic", no_wrap=True)
+    table.add_column("topic", overflow="fold")
     for column in ("partition", "committed", "new", "move"):
-        table.add_column(column, justify="right")
+        table.add_column(column, justify="right", no_wrap=True)
     for change in changes:
         old = "-" if change.old is None else str(change.old)
         move = ("new" if change.old is None else "same" if change.new == change.old
                 else f"{change.new - change.old:+,}")
         table.add_row(change.tp.topic, str(change.tp.partition), old, str(change.new), move)
-    console.print(table)
+    return table
 

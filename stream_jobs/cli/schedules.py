@@ -12,21 +12,26 @@ import signal
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from stream_jobs import clock, logs
 from stream_jobs.app import load_app
 from stream_jobs.cli import common
 from stream_jobs.cli.common import LogLevel, app, run_fast, settings_of
-from stream_jobs.client import JobClient
+from stream_jobs.cli.tables import (
+    WIDE_OPTION,
+    FittedTable,
+    job_id_column,
+    number_column,
+    print_table,
+    text_column,
+    word_column,
+)
 from stream_jobs.errors import ConfigError
-from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
+from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.schedules import Scheduler
-from stream_jobs.schedules.listing import ScheduleView, find_schedule, read_schedules
-from stream_jobs.schedules.scheduler import Payload
-from stream_jobs.schedules.state import declare_paused, set_paused
-from stream_jobs.schedules.timing import local_time
+from stream_jobs.schedules.listing import ScheduleView, read_schedules
 from stream_jobs.settings import Settings
+from stream_jobs.tools.schedules import set_schedule_paused, trigger_schedule
 
 console = Console()
 status = Console(stderr=True)
@@ -82,11 +87,15 @@ def scheduler(
     status.print(f"stopped: firings enqueued: {fired}")
 
 
-def _views(settings: Settings) -> tuple[dict[str, JobTypePolicy], list[ScheduleView]]:
+def _types(settings: Settings) -> dict[str, JobTypePolicy]:
     try:
-        types = load_job_types(settings.topics_dir)
+        return load_job_types(settings.topics_dir)
     except ConfigError:
-        types = {}  # schedules declared in code are still listed from their rows
+        return {}  # schedules declared in code are still listed from their rows
+
+
+def _views(settings: Settings) -> tuple[dict[str, JobTypePolicy], list[ScheduleView]]:
+    types = _types(settings)
     return types, asyncio.run(read_schedules(settings, types))
 
 
@@ -94,6 +103,7 @@ def _views(settings: Settings) -> tuple[dict[str, JobTypePolicy], list[ScheduleV
 def list_schedules(
     ctx: typer.Context,
     job_type: str | None = typer.Option(None, "--type", "-t", help="Only this type's."),
+    wide: bool = WIDE_OPTION,
 ) -> None:
     """Every schedule: how it fires, its next fire time, its last firing, whether it is
     paused, firings left out by its missed policy, and the scheduler leading its type."""
@@ -104,9 +114,21 @@ def list_schedules(
         status.print("no schedules: declare [[schedules]] in topics/<type>.toml, or run a "
                      "scheduler for an app that uses @app.periodic")
         return
-    table = Table("type", "schedule", "fires", "next fire", "last fired", "last job ID",
-                  "paused", "missed", "leader")
-    now = clock.now_ms()
+    print_table(console, schedules_table(views, clock.now_ms(), wide=wide), wide=wide)
+
+
+# At 80 columns each schedule, when it fires next and whether it is paused; --wide adds how
+# it fires, its last firing (time and job ID), the firings its missed policy left out and
+# the scheduler leading its type.
+_SCHEDULE_COLUMNS = (text_column("type"), text_column("schedule"),
+                     text_column("fires", wide=True), text_column("next fire"),
+                     text_column("last fired", wide=True),
+                     job_id_column("last job ID", wide=True), word_column("paused"),
+                     number_column("missed", wide=True), text_column("leader", wide=True))
+
+
+def schedules_table(views: list[ScheduleView], now: int, *, wide: bool) -> FittedTable:
+    table = FittedTable(_SCHEDULE_COLUMNS, wide=wide)
     for v in views:
         nxt = "paused" if v.paused else v.when(v.next_fire_ms)
         if v.overdue and v.next_fire_ms is not None:
@@ -114,23 +136,13 @@ def list_schedules(
         table.add_row(v.job_type, v.name, v.fires, nxt, v.when(v.last_fired_ms),
                       v.last_job_id or "—", "yes" if v.paused else "no", str(v.missed_total),
                       v.leader or "[yellow]none[/]")
-    console.print(table)
+    return table
 
 
 def _toggle(ctx: typer.Context, name: str, job_type: str | None, paused: bool) -> None:
     settings = settings_of(ctx)
-    _, views = _views(settings)
-    view = find_schedule(views, name, job_type)
-    done = asyncio.run(set_paused(settings, settings.topic_prefix, view.job_type, name, paused))
-    if not done:
-        if not paused or view.spec is None:
-            status.print(f"{view.job_type}:{name} was not paused")
-            return
-        asyncio.run(declare_paused(settings, settings.topic_prefix, view.job_type, view.spec,
-                                   clock.now_ms()))
-    what = ("paused: no firing starts until `resume`" if paused
-            else "resumed: firings due while it was paused are not caught up")
-    status.print(f"{view.job_type}:{name} {what}")
+    types = _types(settings)
+    status.print(asyncio.run(set_schedule_paused(settings, types, name, job_type, paused)))
 
 
 @schedules_app.command("pause")
@@ -162,38 +174,12 @@ def trigger(
     """Enqueue one run of NAME now, with a new job ID (not one of its firings: it is
     not deduplicated against them), and print that ID."""
     settings = settings_of(ctx)
-    types, views = _views(settings)
-    view = find_schedule(views, name, job_type)
-    policy = get_job_type(types, view.job_type)
+    types = _types(settings)
     job_app = None
     if app_spec is not None:
         job_app = load_app(app_spec)
         job_app.use_settings(settings)
-    # The run's time: what a payload computed in code gets, and what is printed.
-    fire_ms = clock.now_ms()
-    spec = view.spec
-    payload: Payload
-    if spec is not None and not spec.in_code:
-        payload = spec.payload
-    else:
-        if job_app is None:
-            raise ConfigError(f"Schedule {name!r} computes its payload in code "
-                              "(@app.periodic): give --app MODULE:APP.")
-        declared = job_app.periodic_jobs.get(view.job_type, {}).get(name)
-        if declared is None:
-            raise ConfigError(f"{app_spec} declares no schedule {name!r} of "
-                              f"{view.job_type!r}.")
-        spec = declared[0]  # a schedule declared in code has no spec in topics/
-        runner = job_app.scheduler(view.job_type)
-        assert runner is not None
-        payload = asyncio.run(runner.payload_for(spec, fire_ms))
-    models = job_app.models() if job_app is not None else {}
-
-    async def main() -> str:
-        async with JobClient(settings, {policy.job_type: policy}, models=models) as client:
-            return await client.enqueue(policy.job_type, payload)
-
-    job_id = asyncio.run(main())
-    print(job_id)
-    status.print(f"{view.job_type}:{name} triggered at {local_time(spec, fire_ms).isoformat()}")
+    triggered = asyncio.run(trigger_schedule(settings, types, name, job_type, job_app))
+    print(triggered.job_id)
+    status.print(f"{triggered.job_type}:{name} triggered at {triggered.at.isoformat()}")
 

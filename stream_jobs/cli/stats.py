@@ -14,11 +14,19 @@ import orjson
 import typer
 from rich.console import Console, Group
 from rich.live import Live
-from rich.table import Table
 
 from stream_jobs.cli.common import settings_of
 from stream_jobs.cli.job_key import print_key_search
 from stream_jobs.cli.stats_history import checked_window, print_history, read_history
+from stream_jobs.cli.tables import (
+    WIDE_OPTION,
+    Column,
+    FittedTable,
+    number_column,
+    print_table,
+    text_column,
+    word_column,
+)
 from stream_jobs.dlq.census import DlqCensus
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
@@ -56,6 +64,7 @@ def stats(
         help="One TYPE's history instead (docs/history.md): jobs by outcome, failure "
         "ratio, jobs/min and duration and dwell percentiles per 5 minutes (1h), hour (24h) "
         "or day (7d); --json gives every window."),
+    wide: bool = WIDE_OPTION,
 ) -> None:
     """Lag and oldest job per lane, delay-tier depths, dead-lettered jobs (and their
     letters), recent rates and live
@@ -79,7 +88,8 @@ def stats(
             if as_json:
                 _print_json(shot.to_dict(per_partition=partitions))
             else:
-                console.print(render_stats(shot, settings, partitions))
+                print_table(console, render_stats(shot, settings, partitions, wide=wide),
+                            wide=wide)
             return
         stop = _stop_on_ctrl_c()
         if as_json:
@@ -89,7 +99,8 @@ def stats(
             return
         with Live(console=console, auto_refresh=False) as live:
             while (latest := await _unless_stopped(snapshot(), stop)) is not None:
-                live.update(render_stats(latest, settings, partitions), refresh=True)
+                live.update(render_stats(latest, settings, partitions, wide=wide),
+                            refresh=True)
                 await _pause(interval_s, stop)
 
     try:
@@ -161,10 +172,10 @@ def job(
     key: str | None = typer.Option(None, "--key", help="Instead of a JOB_ID: list the jobs "
                                    "of --type whose records carry this Kafka key."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
-    wide: bool = typer.Option(False, "--wide", help="With --key: more columns."),
     max_records: int = typer.Option(DEFAULT_MAX_RECORDS_PER_TOPIC, "--max-records", min=1,
                                     help="Records read per topic at most (with --key, the "
                                     "newest)."),
+    wide: bool = WIDE_OPTION,
 ) -> None:
     """What happened to a job: done (dedup row), dead-lettered (with the reason), waiting
     in a delay tier or a lane, finished without a dedup row, cancelled, superseded (by a
@@ -198,21 +209,28 @@ def job(
     for note in found.notes:
         console.print(f"[dim]{note}[/]", highlight=False, soft_wrap=True)
     if found.sightings:
-        table = Table(title=f"records of job {job_id} ({found.scanned_records:,} scanned)")
-        table.add_column("topic", overflow="fold")
-        for column in ("part", "offset", "written (UTC)", "attempt", "state"):
-            table.add_column(column, no_wrap=True,
-                             justify="right" if column in ("part", "offset", "attempt")
-                             else "left")
-        for seen in found.sightings:
-            if seen.role == "dlq":
-                state = seen.failure.reason if seen.failure else "dead letter"
-            else:
-                done = "relayed" if seen.role == "tier" else "finished"
-                state = done if seen.behind_commit else "waiting"
-            table.add_row(seen.topic, str(seen.partition), str(seen.offset),
-                          _when(seen.timestamp_ms), str(seen.attempt), state)
-        console.print(table)
+        print_table(console, records_table(found, wide=wide), wide=wide)
+
+
+# At 80 columns: where each record of the job is, when it was written, its attempt and
+# state; --wide adds its partition and offset.
+_RECORD_COLUMNS = (text_column("topic"), number_column("part", wide=True),
+                   number_column("offset", wide=True), word_column("written (UTC)"),
+                   number_column("attempt"), text_column("state"))
+
+
+def records_table(found: JobLocation, *, wide: bool) -> FittedTable:
+    table = FittedTable(_RECORD_COLUMNS, wide=wide, title=f"records of job {found.job_id} "
+                        f"({found.scanned_records:,} scanned)")
+    for seen in found.sightings:
+        if seen.role == "dlq":
+            state = seen.failure.reason if seen.failure else "dead letter"
+        else:
+            done = "relayed" if seen.role == "tier" else "finished"
+            state = done if seen.behind_commit else "waiting"
+        table.add_row(seen.topic, str(seen.partition), str(seen.offset),
+                      _when(seen.timestamp_ms), str(seen.attempt), state)
+    return table
 
 
 def _load(ctx: typer.Context, job_type: str | None
@@ -230,17 +248,24 @@ def _print_json(document: dict[str, Any], *, indent: bool = True) -> None:
     sys.stdout.flush()
 
 
-def render_stats(shot: StatsSnapshot, settings: Settings, partitions: bool) -> Group:
-    waiting = Table(title=f"waiting under {shot.prefix!r} on {settings.kafka_bootstrap}")
-    waiting.add_column("type", no_wrap=True)
-    waiting.add_column("where", no_wrap=True)
-    waiting.add_column("jobs", justify="right")
-    waiting.add_column("oldest", justify="right")
-    rates = Table(title=f"last {round(shot.window_s, 1):g} s, from worker reports")
-    rates.add_column("type", no_wrap=True)
-    for column in ("done/s", "retried/s", "dead/s", "expired/s", "cancelled/s",
-                   "superseded/s", "workers", "in flight", "limit"):
-        rates.add_column(column, justify="right")
+# The waiting table fits 80 columns whole. The rates at 80 columns: what finished, retried
+# and died per second, and who works under which limit; --wide adds the rarer outcomes and
+# the jobs in flight. Short headers: rich cuts a header that does not fit ("retried…").
+_WAITING_COLUMNS = (text_column("type"), text_column("where"), number_column("jobs"),
+                    number_column("oldest"))
+_RATE_COLUMNS = (text_column("type"), number_column("done/s"), number_column("retry/s"),
+                 number_column("dead/s"), number_column("expired/s", wide=True),
+                 number_column("cancel/s", wide=True), number_column("supersede/s", wide=True),
+                 number_column("workers"), number_column("in flight", wide=True),
+                 Column("limit", justify="right", fold=True))
+
+
+def render_stats(shot: StatsSnapshot, settings: Settings, partitions: bool, *,
+                 wide: bool = False) -> Group:
+    waiting = FittedTable(_WAITING_COLUMNS, wide=wide, title=f"waiting under "
+                          f"{shot.prefix!r} on {settings.kafka_bootstrap}")
+    rates = FittedTable(_RATE_COLUMNS, wide=wide,
+                        title=f"last {round(shot.window_s, 1):g} s, from worker reports")
     notes: list[str] = []
     for t in shot.types:
         rows = [(f"lane {lane.name}", _count(lane.lag), _age(lane.oldest_age_s))
@@ -266,9 +291,9 @@ def render_stats(shot: StatsSnapshot, settings: Settings, partitions: bool) -> G
     parts: list[Any] = [waiting, rates, _outbox_line(shot)]
     shadowed = [t for t in shot.types if t.shadow is not None]
     if shadowed:
-        parts.append(_shadow_table(shadowed, shot.window_s))
+        parts.append(_shadow_table(shadowed, shot.window_s, wide=wide))
     if partitions:
-        parts.append(_partition_table(shot))
+        parts.append(_partition_table(shot, wide=wide))
     parts.extend(f"[yellow]{note}[/]" for note in notes)
     return Group(*parts)
 
@@ -292,14 +317,18 @@ def _outbox_line(shot: StatsSnapshot) -> str:
     return f"[red]{text}[/]" if stuck else text
 
 
-def _shadow_table(types: list[TypeStats], window_s: float) -> Table:
+_SHADOW_COLUMNS = (text_column("type"), number_column("shadow read"), number_column("bad"),
+                   number_column("processed"), number_column("shadow lag"),
+                   number_column("worker lag", wide=True), number_column("shadows"))
+
+
+def _shadow_table(types: list[TypeStats], window_s: float, *, wide: bool) -> FittedTable:
     """Shadow groups next to the real ones: over the window, records the shadows read
-    against jobs the workers finished; and how far behind each group is."""
-    table = Table(title=f"shadow vs worker, last {window_s:g} s: records the shadows read, "
-                        "jobs the workers processed")
-    table.add_column("type", no_wrap=True)
-    for column in ("shadow read", "bad", "processed", "shadow lag", "worker lag", "shadows"):
-        table.add_column(column, justify="right")
+    against jobs the workers finished; and how far behind each group is (the workers'
+    lag with --wide)."""
+    # A title no wider than the table: rich wraps a longer one.
+    table = FittedTable(_SHADOW_COLUMNS, wide=wide, title=f"shadow vs worker, last "
+                        f"{window_s:g} s: records read, jobs processed")
     for t in types:
         shadow = t.shadow
         assert shadow is not None
@@ -310,17 +339,19 @@ def _shadow_table(types: list[TypeStats], window_s: float) -> Table:
     return table
 
 
-def _partition_table(shot: StatsSnapshot) -> Table:
-    table = Table(title="per partition (lanes: lag behind the worker group; tiers: not yet "
-                        "relayed)")
-    table.add_column("topic", overflow="fold")
-    # Short headers: with long topic names the table still fits 80 columns.
-    for column in ("part", "start", "end", "commit", "lag", "oldest"):
-        table.add_column(column, justify="right", no_wrap=True)
+# At 80 columns each partition's commit, lag and oldest job; --wide adds its first and end
+# offsets. Short headers: with long topic names the table still fits.
+_PARTITION_COLUMNS = (text_column("topic"), number_column("part"),
+                      number_column("start", wide=True), number_column("end", wide=True),
+                      number_column("commit"), number_column("lag"), number_column("oldest"))
+
+
+def _partition_table(shot: StatsSnapshot, *, wide: bool) -> FittedTable:
     beats = {(b.topic, b.partition): b for t in shot.types if t.heartbeats is not None
              for b in t.heartbeats.partitions}
-    if beats:
-        table.add_column("heartbeat", no_wrap=True)
+    columns = (*_PARTITION_COLUMNS, *([word_column("heartbeat")] if beats else []))
+    table = FittedTable(columns, wide=wide, title="per partition (lanes: lag behind the "
+                        "worker group; tiers: not yet relayed)")
     rows: list[TopicLag] = [lag for t in shot.types for lag in (*t.lanes, *t.tiers)]
     for lag in rows:
         for p in lag.partitions:

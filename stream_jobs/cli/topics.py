@@ -11,6 +11,13 @@ from rich.console import Console
 from rich.table import Table
 
 from stream_jobs.cli.common import settings_of
+from stream_jobs.cli.tables import (
+    WIDE_OPTION,
+    FittedTable,
+    number_column,
+    print_table,
+    text_column,
+)
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka import topics as kafka_topics
 from stream_jobs.plurals import counted
@@ -52,17 +59,29 @@ def apply(ctx: typer.Context, directory: Path | None = _DIR) -> None:
 
 
 @topics_app.command("list")
-def list_(ctx: typer.Context, directory: Path | None = _DIR) -> None:
+def list_(ctx: typer.Context, directory: Path | None = _DIR, wide: bool = WIDE_OPTION) -> None:
     """Every declared topic with its partitions and record counts, and topics under the
     prefix that no file declares any more (kept: nothing is ever deleted)."""
     settings, types = _load(ctx, directory)
     rows = asyncio.run(kafka_topics.list_topics(settings, types))
-    table = Table(title=f"topics under {settings.topic_prefix!r} on {settings.kafka_bootstrap}")
-    table.add_column("topic", no_wrap=True)
-    table.add_column("role", no_wrap=True)
-    table.add_column("exists")
-    for column in ("partitions", "messages", "written"):
-        table.add_column(column, justify="right")
+    print_table(console, topics_table(rows, f"topics under {settings.topic_prefix!r} on "
+                                          f"{settings.kafka_bootstrap}", wide=wide), wide=wide)
+    missing = sum(1 for row in rows if not row.exists)
+    if missing:
+        console.print(f"{missing} topic{'s' if missing != 1 else ''} missing: run "
+                      "`stream-jobs topics apply`.")
+
+
+# At 80 columns each topic, its role, whether it exists and the records it holds; --wide
+# adds its partitions and the records ever written.
+_TOPIC_COLUMNS = (text_column("topic"), text_column("role"), text_column("exists"),
+                  number_column("partitions", wide=True), number_column("messages"),
+                  number_column("written", wide=True))
+
+
+def topics_table(rows: list[kafka_topics.TopicRow], title: str, *, wide: bool
+                 ) -> FittedTable:
+    table = FittedTable(_TOPIC_COLUMNS, wide=wide, title=title)
     for row in rows:
         role = "dlq" if row.role == "dlq" else f"{row.role} {row.name}"
         table.add_row(
@@ -70,11 +89,7 @@ def list_(ctx: typer.Context, directory: Path | None = _DIR) -> None:
             "[green]yes[/]" if row.exists else "[red]missing[/]",
             str(row.partitions), _count(row.messages), _count(row.end_offset_sum),
         )
-    console.print(table)
-    missing = sum(1 for row in rows if not row.exists)
-    if missing:
-        console.print(f"{missing} topic{'s' if missing != 1 else ''} missing: run "
-                      "`stream-jobs topics apply`.")
+    return table
 
 
 def _load(ctx: typer.Context, directory: Path | None) -> tuple[Settings, dict[str, JobTypePolicy]]:
@@ -84,14 +99,18 @@ def _load(ctx: typer.Context, directory: Path | None) -> tuple[Settings, dict[st
 
 
 def _print_changes(changes: list[Change], title: str) -> None:
+    console.print(changes_table(changes, title))
+
+
+def changes_table(changes: list[Change], title: str) -> Table:
     table = Table(title=title)
-    table.add_column("action")
+    table.add_column("action", no_wrap=True)
     table.add_column("topic", overflow="fold")
     table.add_column("detail", overflow="fold")
     for change in changes:
         style = _STYLE[change.action]
         table.add_row(f"[{style}]{change.action}[/]", change.topic, change.detail)
-    console.print(table)
+    return table
 
 
 def _summary(changes: list[Change]) -> str:

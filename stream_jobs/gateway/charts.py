@@ -35,6 +35,13 @@ def _number(value: float) -> str:
     return f"{value:.2g}" if value < 1 else f"{value:.1f}"
 
 
+def _span_label(span_s: float) -> str:
+    """How far back a chart starts: minutes up to two hours, hours up to two days."""
+    if span_s <= 7200:
+        return f"{span_s / 60:.0f} min"
+    return f"{span_s / 3600:.0f} h" if span_s <= 172800 else f"{span_s / 86400:.0f} d"
+
+
 def line_chart(points: Sequence[tuple[int, float | None]], *, title: str, unit: str,
                end_ms: int, span_s: float = 3600.0, percent: bool = False) -> Markup:
     """`points` are (time in ms, value or None), oldest first, drawn over the `span_s`
@@ -85,7 +92,7 @@ def line_chart(points: Sequence[tuple[int, float | None]], *, title: str, unit: 
         f'<text x="{_PAD_LEFT - 4}" y="{_PAD_TOP + 4}" text-anchor="end">'
         f'{escape(top_label)}</text>'
         f'<text x="{_PAD_LEFT - 4}" y="{bottom}" text-anchor="end">0</text>'
-        f'<text x="{_PAD_LEFT}" y="{HEIGHT - 4}">-{span_s / 60:.0f} min</text>'
+        f'<text x="{_PAD_LEFT}" y="{HEIGHT - 4}">-{_span_label(span_s)}</text>'
         f'<text x="{WIDTH - _PAD_RIGHT}" y="{HEIGHT - 4}" text-anchor="end">now</text>'
         f'<g class="series">{paths}</g></svg>')
 

@@ -22,6 +22,7 @@ from stream_jobs.gateway.sampler import StatsSampler
 from stream_jobs.gateway.sessions import LoginThrottle, Session, Sessions, fingerprint
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.settings import Settings
+from stream_jobs.waiting import DeadJobs
 
 # The dashboard's session cookie: a random key into the gateway's sessions (sessions.py).
 SESSION_COOKIE = "sj_session"
@@ -70,6 +71,8 @@ class Gateway:
         default_factory=lambda: CollectorRegistry(auto_describe=False))
     sessions: Sessions = field(default_factory=Sessions)
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    # The dead jobs' page reads only the letters dead-lettered since its last reading.
+    dead_jobs: DeadJobs = field(default_factory=DeadJobs)
 
     def __post_init__(self) -> None:
         self.registry.register(StatsCollector(lambda: self.sampler.latest))

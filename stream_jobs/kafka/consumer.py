@@ -22,6 +22,7 @@ from typing import Any, NoReturn, Protocol
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.cluster import ClusterMetadata
 from aiokafka.errors import (
     CommitFailedError,
     GroupAuthorizationFailedError,
@@ -32,6 +33,7 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
     UnknownMemberIdError,
 )
+from aiokafka.protocol.metadata import MetadataRequest
 
 from stream_jobs.errors import BrokerError, CommitRefused, GroupInUse
 from stream_jobs.kafka import TopicPartition
@@ -112,6 +114,12 @@ class Consumer(Protocol):
     async def refresh_metadata(self) -> None:
         """Fetch the metadata of the topics this consumer knows again (new topics and
         partitions are learnt lazily otherwise)."""
+        ...
+
+    async def learn_topics(self, topics: Sequence[str]) -> dict[str, set[int]]:
+        """The partitions of each of `topics` that exists, with their leaders kept in this
+        consumer's metadata, so offset questions about them go out at once (a consumer
+        learns each topic by itself otherwise, a retry each). Never creates a topic."""
         ...
 
     async def cluster_partitions(self, topic: str) -> set[int] | None:
@@ -252,13 +260,41 @@ class _KafkaConsumer:
         except KafkaError as exc:
             self._failed("refresh its metadata", exc)
 
+    async def learn_topics(self, topics: Sequence[str]) -> dict[str, set[int]]:
+        found = {topic: parts for topic in topics
+                 if (parts := await self.cluster_partitions(topic))}
+        if found:
+            try:
+                await self._consumer._client.set_topics(sorted(found))
+            except KafkaError as exc:
+                self._failed("learn its topics", exc)
+        return found
+
     async def cluster_partitions(self, topic: str) -> set[int] | None:
+        # Only this topic's metadata: the whole cluster's takes most of a second to read
+        # on a cluster of thousands of topics. Never auto-created by the question.
+        client = self._consumer._client
+        node, question = client.get_random_node(), _metadata_question(topic)
         try:
-            metadata = await self._consumer._client.fetch_all_metadata()
+            if node is None or question is None:
+                metadata = await client.fetch_all_metadata()
+            else:
+                metadata = ClusterMetadata()
+                metadata.need_all_topic_metadata = True  # a missing topic is an answer
+                metadata.update_metadata(await client.send(node, question))
         except KafkaError as exc:
             self._failed("return its metadata", exc)
         found: set[int] | None = metadata.partitions_for_topic(topic)
         return found
+
+
+def _metadata_question(topic: str) -> Any:
+    """A metadata request for `topic` alone that never creates it; None on an aiokafka
+    whose requests are built otherwise (then the whole cluster's metadata is asked)."""
+    try:
+        return MetadataRequest([topic], allow_auto_topic_creation=False)
+    except TypeError:  # aiokafka 0.13: MetadataRequest is a list of versioned classes
+        return None
 
 
 def new_consumer(settings: Settings, **options: Any) -> Consumer:

@@ -29,11 +29,16 @@ from stream_jobs.lookup.location import (
     Sighting,
     Status,
     cancelled_location,
+    headers_of,
     judge,
+    number_of,
+    sighting_from,
     sighting_of,
     superseded_location,
+    tier_state,
 )
 
 __all__ = ["DEFAULT_MAX_RECORDS_PER_TOPIC", "KEEP_HINT", "JobLocation", "Sighting", "Status",
-           "cancelled_location", "capped", "judge", "keeps_result", "locate_job", "not_in_time",
-           "result_error", "sighting_of", "superseded_location", "topics_of"]
+           "cancelled_location", "capped", "headers_of", "judge", "keeps_result", "locate_job",
+           "not_in_time", "number_of", "result_error", "sighting_from", "sighting_of",
+           "superseded_location", "tier_state", "topics_of"]

@@ -165,20 +165,31 @@ def sighting_of(record: Record, job_id: str, *, role: TopicRole, name: str,
                 committed: int | None) -> Sighting | None:
     """The sighting in `record` if it carries `job_id`, else None. Tolerates bad headers
     (a DLQ holds records that failed to decode): a header that does not parse is left out."""
-    wanted = job_id.encode()
+    found = headers_of(record)
+    if found.get(HEADER_JOB_ID) != job_id.encode():
+        return None
+    return sighting_from(record, found, role=role, name=name, committed=committed)
+
+
+def headers_of(record: Record) -> dict[str, bytes]:
+    """The record's headers by name (the last of a name wins); malformed ones left out."""
     found: dict[str, bytes] = {}
     for item in record.headers or ():
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], bytes):
             found[item[0]] = item[1]
-    if found.get(HEADER_JOB_ID) != wanted:
-        return None
+    return found
+
+
+def sighting_from(record: Record, found: dict[str, bytes], *, role: TopicRole, name: str,
+                  committed: int | None) -> Sighting:
+    """The sighting `record` is, its headers already read by `headers_of`."""
     return Sighting(
         topic=record.topic, role=role, name=name, partition=record.partition,
         offset=record.offset, timestamp_ms=int(record.timestamp),
-        attempt=_number(found.get(HEADER_ATTEMPT)) or 1,
-        requeues=_number(found.get(HEADER_REQUEUES)) or 0,
+        attempt=number_of(found.get(HEADER_ATTEMPT)) or 1,
+        requeues=number_of(found.get(HEADER_REQUEUES)) or 0,
         behind_commit=committed is not None and record.offset < committed,
-        not_before_ms=_number(found.get(HEADER_NOT_BEFORE)),
+        not_before_ms=number_of(found.get(HEADER_NOT_BEFORE)),
         failure=parse_failure(found.get(HEADER_ERROR)),
         workflow=_text(found.get(HEADER_WORKFLOW)),
         trace_id=trace_id_of(_text(found.get(HEADER_TRACEPARENT))),
@@ -190,7 +201,8 @@ def _text(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode(errors="replace")
 
 
-def _number(raw: bytes | None) -> int | None:
+def number_of(raw: bytes | None) -> int | None:
+    """A header's non-negative integer, or None when it is missing or not one."""
     return int(raw) if raw is not None and raw.isdigit() and len(raw) <= 18 else None
 
 
@@ -212,10 +224,15 @@ def judge(sightings: Iterable[Sighting]) -> tuple[Status, Sighting | None]:
         if last.behind_commit:
             # Committed by the relay: released to its lane, where the scan may not reach yet.
             return "pending", last
-        # A retry carries its failure; a first attempt without one waits for its delay.
-        delayed = last.failure is None and last.attempt == 1
-        return ("scheduled" if delayed else "retrying"), last
+        return tier_state(last), last
     return ("finished" if last.behind_commit else "pending"), last
+
+
+def tier_state(waiting: Sighting) -> Literal["scheduled", "retrying"]:
+    """What a tier record not yet released waits for: a retry carries its failure; a
+    first attempt without one waits for the delay it was enqueued with."""
+    delayed = waiting.failure is None and waiting.attempt == 1
+    return "scheduled" if delayed else "retrying"
 
 
 def cancelled_location(job_id: str, job_type: str, reason: str | None, when: datetime,

@@ -74,6 +74,15 @@ async def read_depth(settings: Settings) -> OutboxDepth:
                        int(row["retrying"]))
 
 
+async def depth_by_topic(settings: Settings, limit: int = 50) -> list[tuple[str, int, float]]:
+    """(topic, rows, age of its oldest row in s) of the `limit` topics with most rows."""
+    sql = (f"SELECT topic, count(*) AS n, extract(epoch FROM clock_timestamp() - "
+           f"min(created_at))::float8 AS age FROM {table(settings.database_schema)} "
+           "GROUP BY topic ORDER BY n DESC, topic LIMIT $1")
+    found = await ask(settings, lambda conn: conn.fetch(sql, limit), **_ABOUT)
+    return [(r["topic"], int(r["n"]), float(r["age"])) for r in found]
+
+
 async def failing_rows(settings: Settings, limit: int = 20) -> list[FailingRow]:
     """Rows whose write failed, oldest first."""
     sql = (f"SELECT id, topic, headers, attempts, created_at, retry_at, last_error "
@@ -124,4 +133,5 @@ class OutboxWaiting:
                 await conn.close(timeout=5)
 
 
-__all__ = ["FailingRow", "OutboxDepth", "OutboxWaiting", "failing_rows", "read_depth"]
+__all__ = ["FailingRow", "OutboxDepth", "OutboxWaiting", "depth_by_topic", "failing_rows",
+           "read_depth"]

@@ -26,6 +26,7 @@ import asyncio
 import hashlib
 import os
 import socket
+from datetime import datetime
 from typing import Any
 
 from stream_jobs.errors import DatabaseUnavailable, LeadershipLost
@@ -130,6 +131,14 @@ class Leadership:
 async def leaders(settings: Settings, job_types: list[str]) -> dict[str, str]:
     """Type -> the application name of the session holding its lock now (absent: no
     leader). Read from `pg_locks`, so it is the lock itself, not a note about it."""
+    return {t: name for t, (name, _) in (await leader_sessions(settings, job_types)).items()}
+
+
+async def leader_sessions(settings: Settings, job_types: list[str]
+                          ) -> dict[str, tuple[str, datetime | None]]:
+    """Type -> (the leader's application name, when its session last changed state). A
+    live leader touches its session every quarter lease, so that time plus the lease is
+    when Postgres would end a leader that stopped (`idle_session_timeout`)."""
     wanted = {lock_ids(lock_key(settings.database_schema, settings.topic_prefix, t)): t
               for t in job_types}
     if not wanted:
@@ -137,12 +146,14 @@ async def leaders(settings: Settings, job_types: list[str]) -> dict[str, str]:
     async with state.session(settings, "stream-jobs schedules") as conn:
         rows = await conn.fetch(
             "SELECT l.classid::bigint AS classid, l.objid::bigint AS objid, "
-            "a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND "
+            "a.application_name, a.state_change FROM pg_locks l JOIN pg_stat_activity a "
+            "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted AND "
+            "l.objsubid = 1 AND "
             "l.database = (SELECT oid FROM pg_database WHERE datname = current_database())")
-    found: dict[str, str] = {}
+    found: dict[str, tuple[str, datetime | None]] = {}
     for row in rows:
         job_type = wanted.get((int(row["classid"]), int(row["objid"])))
         if job_type is not None:
-            found[job_type] = str(row["application_name"]) or "(unnamed session)"
+            found[job_type] = (str(row["application_name"]) or "(unnamed session)",
+                               row["state_change"])
     return found

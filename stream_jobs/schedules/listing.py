@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from stream_jobs import clock
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.periodic import ScheduleSpec
-from stream_jobs.schedules.leader import leaders
+from stream_jobs.schedules.leader import leader_sessions
 from stream_jobs.schedules.state import ScheduleState, read_states
 from stream_jobs.schedules.timing import next_fire_ms
 from stream_jobs.settings import Settings
@@ -44,6 +44,14 @@ class ScheduleView:
     missed_total: int
     leader: str | None
     spec: ScheduleSpec | None  # None: declared in code and known from its row only
+    leader_seen: datetime | None = None  # when the leader's session last changed state
+
+    def lease_ends(self, lease_s: float) -> datetime | None:
+        """When Postgres ends the leader's session if it stops touching it (a live leader
+        touches it every quarter lease, so this keeps moving while it leads)."""
+        if self.leader is None or self.leader_seen is None:
+            return None
+        return self.leader_seen + timedelta(seconds=lease_s)
 
     def when(self, ms: int | None) -> str:
         """A fire time on the schedule's clock, e.g. "2026-03-29 03:00:00 CEST"."""
@@ -58,8 +66,10 @@ def fire_text(ms: int | None, timezone: str) -> str:
 
 
 def schedule_views(types: Mapping[str, JobTypePolicy], states: Sequence[ScheduleState],
-                   holders: Mapping[str, str], now_ms: int) -> list[ScheduleView]:
-    """Declared schedules and rows, merged by (type, name), sorted by type and name."""
+                   holders: Mapping[str, str], now_ms: int,
+                   seen: Mapping[str, datetime | None] | None = None) -> list[ScheduleView]:
+    """Declared schedules and rows, merged by (type, name), sorted by type and name;
+    `seen`: when each leader's session last changed state."""
     rows = {(s.job_type, s.name): s for s in states}
     declared = {(p.job_type, spec.name): spec for p in types.values() for spec in p.schedules}
     views = []
@@ -78,7 +88,7 @@ def schedule_views(types: Mapping[str, JobTypePolicy], states: Sequence[Schedule
             not paused and nxt is not None and now_ms - nxt > OVERDUE_MS,
             row.last_fired_ms if row else None, row.last_job_id if row else None,
             row.last_enqueued_at if row else None, row.missed_total if row else 0,
-            holders.get(job_type), spec))
+            holders.get(job_type), spec, (seen or {}).get(job_type)))
     return views
 
 
@@ -100,8 +110,9 @@ async def read_schedules(settings: Settings,
     for `db migrate`, when Postgres cannot tell)."""
     states = await read_states(settings, settings.topic_prefix)
     names = sorted({s.job_type for s in states} | {t for t, p in types.items() if p.schedules})
-    holders = await leaders(settings, names)
-    return schedule_views(types, states, holders, clock.now_ms())
+    sessions = await leader_sessions(settings, names)
+    return schedule_views(types, states, {t: name for t, (name, _) in sessions.items()},
+                          clock.now_ms(), {t: at for t, (_, at) in sessions.items()})
 
 
 def find_schedule(views: Sequence[ScheduleView], name: str,

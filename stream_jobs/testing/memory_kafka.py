@@ -182,6 +182,10 @@ class MemoryConsumer:
     async def cluster_partitions(self, topic: str) -> set[int] | None:
         return self.partitions_for_topic(topic)
 
+    async def learn_topics(self, topics: Sequence[str]) -> dict[str, set[int]]:
+        return {topic: parts for topic in topics
+                if (parts := self.partitions_for_topic(topic))}
+
 
 class MemoryProducer:
     """The `Producer` surface on a `MemoryBroker` (see the module)."""

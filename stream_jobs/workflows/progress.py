@@ -105,6 +105,18 @@ def _progress(row: Any, callbacks: tuple[tuple[str, str], ...] = ()) -> Progress
                     row["failure"], row["parent_job_id"], callbacks)
 
 
+async def _with_callbacks(conn: Any, schema: str, rows: list[Any]) -> list[Progress]:
+    """`rows` of the workflows table as Progress, each with its batch's callbacks."""
+    calls = await conn.fetch(f"SELECT workflow_id, slot, job_id FROM "
+                             f"{workflow_jobs_table(schema)} WHERE workflow_id = "
+                             "ANY($1::text[]) AND slot IN ('on_success', 'on_complete') "
+                             "ORDER BY slot DESC", [r["workflow_id"] for r in rows])
+    by_id: dict[str, list[tuple[str, str]]] = {}
+    for c in calls:
+        by_id.setdefault(c["workflow_id"], []).append((c["slot"], c["job_id"]))
+    return [_progress(r, tuple(by_id.get(r["workflow_id"], ()))) for r in rows]
+
+
 async def read_progress(settings: Settings, workflow_id: str) -> Progress:
     """The batch or chain `workflow_id`; `UnknownWorkflow` if there is none."""
     schema = settings.database_schema
@@ -135,9 +147,23 @@ async def open_workflows(settings: Settings, limit: int = 20) -> tuple[int, list
         count = await conn.fetchval(f"SELECT count(*) FROM {table} WHERE finished_at IS NULL")
         rows = await conn.fetch(f"SELECT {_COLUMNS} FROM {table} WHERE finished_at IS NULL "
                                 "ORDER BY created_at LIMIT $1", limit)
-        return int(count), [_progress(row) for row in rows]
+        return int(count), await _with_callbacks(conn, schema, rows)
 
     result: tuple[int, list[Progress]] = await ask(settings, query, **_ABOUT)
+    return result
+
+
+async def finished_workflows(settings: Settings, limit: int = 20) -> list[Progress]:
+    """The `limit` batches and chains finished last, newest first, with their callbacks."""
+    schema = settings.database_schema
+
+    async def query(conn: Any) -> list[Progress]:
+        rows = await conn.fetch(f"SELECT {_COLUMNS} FROM {workflows_table(schema)} WHERE "
+                                "finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT $1",
+                                limit)
+        return await _with_callbacks(conn, schema, rows)
+
+    result: list[Progress] = await ask(settings, query, **_ABOUT)
     return result
 
 
@@ -173,4 +199,4 @@ async def prune_finished(settings: Settings, older_than_s: float, *, batch: int 
 
 
 
-__all__ = ["Progress", "open_workflows", "prune_finished", "read_progress"]
+__all__ = ["Progress", "finished_workflows", "open_workflows", "prune_finished", "read_progress"]

@@ -6,9 +6,21 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from stream_jobs.gateway.pages import dlq, job_search, jobs, login, overview
+from stream_jobs.gateway.pages import (
+    batches,
+    dlq,
+    history,
+    job_search,
+    jobs,
+    login,
+    outbox,
+    overview,
+    schedules,
+    waiting,
+)
 
 routers: list[APIRouter] = [overview.router, login.router, dlq.router, jobs.router,
-                             job_search.router]
+                            waiting.router, schedules.router, batches.router, outbox.router,
+                            history.router, job_search.router]
 
 __all__ = ["routers"]

@@ -49,8 +49,9 @@ async def overview(gateway: GatewayDep) -> HTMLResponse:
         })
     schedules, schedules_problem = await _schedules(gateway)
     batches_open, batches = await _open_batches(gateway)
-    return page("overview.html", current="/", cards=cards, snapshot=snapshot, problem=sampler.problem,
-                 declared=sorted(gateway.types), refresh_s=max(2, round(sampler.interval_s)),
+    return page("overview.html", current="/", cards=cards, snapshot=snapshot,
+                 problem=sampler.problem, declared=sorted(gateway.types),
+                 refresh_s=max(2, round(sampler.interval_s)),
                  window_s=sampler.window_s, schedules=schedules,
                  schedules_problem=schedules_problem, now_ms=now_ms,
                  batches_open=batches_open, batches=batches)
