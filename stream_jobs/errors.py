@@ -144,6 +144,14 @@ class JobNotFound(StreamJobsError):
     """No job with the given ID was found (not finished, and in none of the topics scanned)."""
 
 
+class NotInDelayTier(StreamJobsError):
+    """Retry now was asked for a job that is not waiting in a delay tier."""
+
+
+class AlreadyReleased(StreamJobsError):
+    """Retry now was asked for an attempt that was retried now before."""
+
+
 class CancelPending(StreamJobsError):
     """A cancel waited for a run that holds the job's dedup row and did not stop in time."""
 

@@ -4,12 +4,18 @@ Built from the exception a run ended with: its class, its message (cut to 1,000
 characters) and the end of its traceback (cut to 4,000), with a reason code from
 `stream_jobs.outcomes.Reason`. Anything unprintable or not UTF-8 is replaced, never
 raised: describing a failure must not cost the dead letter.
+
+A failed run also says which worker ran it (`worker_id`, as its reports name it), when
+the run started and how long it ran (`started_at_ms`, `duration_ms`). These are optional:
+a header written before they existed, or a failure without a run (a payload that does
+not fit its model), parses with them None.
 """
 
 from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import orjson
 
@@ -26,10 +32,16 @@ class FailureInfo:
     message: str
     traceback: str
     failed_at_ms: int
+    worker_id: str | None = None
+    started_at_ms: int | None = None
+    duration_ms: int | None = None
 
     @classmethod
-    def from_exception(cls, exc: BaseException, reason: str, now_ms: int) -> FailureInfo:
-        """Describe `exc`, with the message cut to 1,000 chars and the traceback to 4,000.
+    def from_exception(cls, exc: BaseException, reason: str, now_ms: int, *,
+                       worker_id: str | None = None, started_at_ms: int | None = None
+                       ) -> FailureInfo:
+        """Describe `exc`, with the message cut to 1,000 chars and the traceback to 4,000;
+        of a run, the worker that ran it and when it started (its duration runs to `now_ms`).
 
         The traceback keeps its last lines: that is where the error was raised.
         """
@@ -51,16 +63,25 @@ class FailureInfo:
             message=_clip_head(_clean(message), MAX_MESSAGE_CHARS),
             traceback=_clip_tail_lines(_clean(trace), MAX_TRACEBACK_CHARS),
             failed_at_ms=now_ms,
+            worker_id=None if worker_id is None else _clean(worker_id),
+            started_at_ms=started_at_ms,
+            duration_ms=None if started_at_ms is None else max(0, now_ms - started_at_ms),
         )
 
     def to_json(self) -> bytes:
-        fields = {
+        fields: dict[str, str | int] = {
             "reason": self.reason,
             "error_class": self.error_class,
             "message": self.message,
             "traceback": self.traceback,
             "failed_at_ms": self.failed_at_ms,
         }
+        # Only what is known: a failure without a run keeps the header as it was.
+        for name, value in (("worker_id", self.worker_id),
+                            ("started_at_ms", self.started_at_ms),
+                            ("duration_ms", self.duration_ms)):
+            if value is not None:
+                fields[name] = value
         try:
             return orjson.dumps(fields)
         except TypeError:
@@ -82,9 +103,19 @@ class FailureInfo:
                 raise ValueError(f"failure field {name!r} is not a string")
             texts[name] = value
         failed_at_ms = obj.get("failed_at_ms")
-        if not isinstance(failed_at_ms, int) or isinstance(failed_at_ms, bool):
+        if not _is_int(failed_at_ms):
             raise ValueError("failure field 'failed_at_ms' is not an integer")
-        return cls(failed_at_ms=failed_at_ms, **texts)
+        worker_id = obj.get("worker_id")
+        started_at_ms, duration_ms = obj.get("started_at_ms"), obj.get("duration_ms")
+        # The optional fields of a run: one that is not what it should be is left out.
+        return cls(failed_at_ms=failed_at_ms, **texts,
+                   worker_id=worker_id if isinstance(worker_id, str) else None,
+                   started_at_ms=started_at_ms if _is_int(started_at_ms) else None,
+                   duration_ms=duration_ms if _is_int(duration_ms) else None)
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def parse_failure(raw: bytes | None) -> FailureInfo | None:

@@ -70,6 +70,7 @@ KNOWN_KEYS = (
     "heartbeat_interval",
     "max_payload_bytes",
     "schedules",
+    "redact",
 )
 # Heartbeats more often than this would be traffic, not a signal.
 MIN_HEARTBEAT_INTERVAL_S = 0.1
@@ -109,6 +110,8 @@ class JobTypePolicy:
     max_payload_bytes: int | None = None
     # Periodic jobs declared in the file ([[schedules]]); `stream_jobs.schedules` fires them.
     schedules: tuple[ScheduleSpec, ...] = ()
+    # Payload fields masked where an operator sees a payload (`redaction.mask_fields`).
+    redact: tuple[str, ...] = ()
     # Where the policy was declared, for messages; not part of the policy itself.
     source: str | None = field(default=None, compare=False)
 
@@ -255,6 +258,8 @@ def _read_key(key: str, raw: object) -> dict[str, object]:
         return {"heartbeat_interval_s": _duration(key, raw)}
     if key == "schedules":
         return {"schedules": parse_schedules(raw)}
+    if key == "redact":
+        return {"redact": _field_paths(key, raw)}
     raise ConfigError(_unknown_key(key))
 
 
@@ -298,6 +303,15 @@ def _list_of(key: str, raw: object, kinds: tuple[type, ...]) -> list[object]:
         example = '["5s", "1m", "10m"]' if key == "retry_tiers" else '["high", "default"]'
         raise _invalid(key, f"must be a list such as {example}, not {raw!r}")
     return list(raw)
+
+
+def _field_paths(key: str, raw: object) -> tuple[str, ...]:
+    """Field names, dotted paths into nested objects: `["card_number", "customer.ssn"]`."""
+    if not isinstance(raw, list) or not all(
+            isinstance(p, str) and p and all(p.split(".")) for p in raw):
+        raise _invalid(key, 'must be a list of field names, dotted into nested objects, '
+                            f'such as ["card_number", "customer.ssn"], not {raw!r}')
+    return tuple(raw)
 
 
 def _normal_tiers(tiers: tuple[object, ...]) -> tuple[str, ...]:

@@ -8,6 +8,10 @@ message quoting the DSN) and also replaces, wherever it appears, each secret the
 settings hold: the database URL's passwords, the gateway token, the Kafka SASL password,
 the Kafka TLS key's password, and `PGPASSWORD` from the environment (asyncpg's fallback).
 
+`mask_fields(payload, paths)` is a job's payload as an operator sees it: every field a
+path names (a type's TOML `redact = ["card_number", "customer.ssn"]`, dotted paths into
+nested objects, through lists of them) replaced by `•••`, whatever it held.
+
 Redaction is for text a person sees; it never decides anything and never raises.
 """
 
@@ -15,12 +19,16 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 from urllib.parse import unquote, unquote_plus
+
+import orjson
 
 from stream_jobs.settings import Settings
 
 MASK = "***"
+FIELD_MASK = "•••"
 # The query parameters that carry a password, compared decoded and in lower case.
 PASSWORD_PARAMETERS = frozenset({"password", "sslpassword"})
 # asyncpg's fallback for a URL without a password.
@@ -87,6 +95,55 @@ def url_passwords(url: str) -> set[str]:
     return found
 
 
+def mask_fields(payload: object, paths: Iterable[str]) -> object:
+    """`payload` (decoded JSON) with each field a dotted path names masked as `•••`; a
+    list on the way is entered item by item. What no path names is returned as it was
+    (a payload that is not an object: entirely); the payload given is not changed."""
+    tree: dict[str, Any] = {}
+    for path in paths:
+        node = tree
+        parts = path.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if child is None:  # a shorter path masks the whole field already
+                break
+            node = child
+        else:
+            node[parts[-1]] = None  # None: mask here
+    return _masked(payload, tree)
+
+
+def shown_payload(raw: bytes | None, paths: Sequence[str]) -> str | None:
+    """A payload's JSON as an operator sees it: indented, the fields `paths` name masked.
+    Bytes that are not JSON are shown as text only when no field is to be masked (what
+    to mask in them cannot be told); None when there is no payload."""
+    if raw is None:
+        return None
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        if paths:
+            return f"({len(raw):,} bytes that are not JSON, not shown: the type masks fields)"
+        return raw.decode(errors="replace")
+    return orjson.dumps(mask_fields(value, paths), option=orjson.OPT_INDENT_2).decode()
+
+
+def _masked(value: object, tree: dict[str, Any]) -> object:
+    if isinstance(value, list):
+        return [_masked(item, tree) for item in value]
+    if not isinstance(value, dict) or not tree:
+        return value
+    shown: dict[object, object] = {}
+    for name, field in value.items():
+        if name not in tree:
+            shown[name] = field
+        elif tree[name] is None:
+            shown[name] = FIELD_MASK
+        else:
+            shown[name] = _masked(field, tree[name])
+    return shown
+
+
 def _parameters(query: str) -> Iterable[tuple[str, str]]:
     for part in re.split(r"[&;]", query):
         name, sep, value = part.partition("=")
@@ -118,5 +175,15 @@ def _replace(text: str, secret: str) -> str:
     return text
 
 
-__all__ = ["MASK", "PASSWORD_ENV", "PASSWORD_PARAMETERS", "redact_text", "redact_url",
-           "secrets_of", "url_passwords"]
+__all__ = [
+    "FIELD_MASK",
+    "MASK",
+    "PASSWORD_ENV",
+    "PASSWORD_PARAMETERS",
+    "mask_fields",
+    "redact_text",
+    "redact_url",
+    "secrets_of",
+    "shown_payload",
+    "url_passwords",
+]

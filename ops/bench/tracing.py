@@ -36,8 +36,11 @@ from opentelemetry.util._once import Once
 from ops.bench.backlog import fill, rewind_worker_group
 from ops.bench.common import Bench, rotated, run_async
 from ops.bench.ours import drain
+from stream_jobs.clock import now_ms
 from stream_jobs.errors import BadRecord
+from stream_jobs.outcomes import Outcome
 from stream_jobs.record import decode_record
+from stream_jobs.retry_now.rules import released_original
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.worker import Ended, Worker
 
@@ -95,11 +98,16 @@ async def _untraced_handle(self: Worker, work: PartitionWork, record: Any,
     except BadRecord as bad:
         await self._not_a_job(record, bad)
         return
+    released = self.admission.released
+    if released and released_original(record.headers, released):
+        self.slots.tick(now_ms())
+        self.outcomes[Outcome.DUPLICATE] += 1
+        return
     ended: Ended | None = await self._admit(job)
     if ended is None:
         started = time.time()
         dwell_s = started - max(job.enqueued_at_ms, job.not_before_ms or 0) / 1000
-        ended = await self._run(job, record, runner)
+        ended = await self._run(job, record, runner, started)
         await self._end(job, ended, started, dwell_s)
     else:
         await self._end(job, ended)

@@ -104,6 +104,28 @@ class NoticeKind(StrEnum):
 
     CANCEL = "cancel"  # committed: the job is cancelled
     INTERRUPT = "interrupt"  # a cancel waits for this job's open ctx.once(): stop that run
+    # `stream-jobs retry-now` wrote a copy of one attempt to its lane (stream_jobs/retry_now/):
+    # its tier record is not to run. The notice's job part is `released_text(...)`.
+    RELEASED = "released"
+
+
+# (job ID, requeues, attempt): one attempt of one round of a job, released early.
+ReleasedKey = tuple[str, int, int]
+
+
+def released_text(key: ReleasedKey) -> str:
+    """The job part of a RELEASED notice: requeues, attempt and job ID, tab-separated
+    (the ID last, kept whole)."""
+    job_id, requeues, attempt = key
+    return f"{requeues}\t{attempt}\t{job_id}"
+
+
+def released_key(text: str) -> ReleasedKey | None:
+    """The key in `released_text` output; None for anything else."""
+    parts = text.split("\t", 2)
+    if len(parts) != 3 or not parts[2] or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    return parts[2], int(parts[0]), int(parts[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,5 +172,6 @@ def verdict_of(status: str) -> CancelAnswer | None:
 
 
 __all__ = ["CLAIM_WAIT_S", "INTERRUPT_WAIT_S", "MARKER_ATTEMPT", "CancelAnswer",
-           "Cancellation", "Notice", "NoticeKind", "channel", "checked_reason", "concerns",
-           "notice", "parse_notice", "verdict_of"]
+           "Cancellation", "Notice", "NoticeKind", "ReleasedKey", "channel", "checked_reason",
+           "concerns", "notice", "parse_notice", "released_key", "released_text",
+           "verdict_of"]

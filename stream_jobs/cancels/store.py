@@ -28,12 +28,13 @@ from stream_jobs.cancels.rules import (
     CancelAnswer,
     Cancellation,
     NoticeKind,
+    ReleasedKey,
     channel,
     checked_reason,
     notice,
 )
 from stream_jobs.errors import CancelPending
-from stream_jobs.postgres.pool import DRIVER_ERRORS, LazyPool, database_error
+from stream_jobs.postgres.pool import DRIVER_ERRORS, MISSING_TABLE, LazyPool, database_error
 from stream_jobs.settings import Settings
 
 _CLAIM = ("INSERT INTO stream_jobs_done (job_id, job_type, attempt) VALUES ($1, $2, $3) "
@@ -111,6 +112,19 @@ class CancelStore:
         except DRIVER_ERRORS as exc:
             raise database_error(exc, self._pool, "read the cancelled jobs") from exc
         return {row["job_id"] for row in rows}
+
+    async def released_early(self, job_type: str) -> set[ReleasedKey]:
+        """The attempts of `job_type` that `stream-jobs retry-now` released from their
+        delay tier (stream_jobs/retry_now/): (job ID, requeues, attempt)."""
+        try:
+            pool = await self._pool.get()
+            rows = await pool.fetch("SELECT job_id, requeues, attempt FROM "
+                                    "stream_jobs_released_early WHERE job_type = $1", job_type)
+        except MISSING_TABLE:
+            return set()  # migrated before retry-now existed: nothing was released early
+        except DRIVER_ERRORS as exc:
+            raise database_error(exc, self._pool, "read the jobs released early") from exc
+        return {(row["job_id"], row["requeues"], row["attempt"]) for row in rows}
 
     async def is_cancelled(self, job_id: str) -> bool:
         try:

@@ -1,5 +1,7 @@
 """The cancelled job IDs of the types a process runs, in memory, kept current by
-LISTEN/NOTIFY on one connection per process.
+LISTEN/NOTIFY on one connection per process; and, the same way, the attempts
+`stream-jobs retry-now` released from their delay tier early (`released`), which the relay
+does not release again and the workers skip (stream_jobs/retry_now/).
 
 A worker checks every job against its type's `ids` before it starts, which costs a set
 lookup and no query. The sets are filled as each type's worker starts and after every
@@ -29,7 +31,14 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from stream_jobs.cancels.rules import NoticeKind, channel, concerns, parse_notice
+from stream_jobs.cancels.rules import (
+    NoticeKind,
+    ReleasedKey,
+    channel,
+    concerns,
+    parse_notice,
+    released_key,
+)
 from stream_jobs.cancels.store import CancelStore
 from stream_jobs.errors import StreamJobsError
 from stream_jobs.postgres.pool import DRIVER_ERRORS
@@ -54,8 +63,13 @@ class CancelFeed(Protocol):
     @property
     def ids(self) -> set[str]: ...
 
+    @property
+    def released(self) -> set[ReleasedKey]: ...
+
     def subscribe(self, on_cancel: OnCancel, *,
                   on_interrupt: OnCancel | None = None) -> None: ...
+
+    def subscribe_released(self, on_release: OnCancel) -> None: ...
 
     async def start(self) -> None: ...
 
@@ -77,8 +91,12 @@ class TypeCancels:
         self.watch = watch
         self.job_type = job_type
         self.ids: set[str] = set()
+        # Attempts released early by retry-now (stream_jobs/retry_now/): only grows, like
+        # `ids`, until the process restarts; a few per operator action.
+        self.released: set[ReleasedKey] = set()
         self._subscribers: list[OnCancel] = []
         self._interrupters: list[OnCancel] = []
+        self._releasers: list[OnCancel] = []
         self._awaited: dict[str, asyncio.Future[None]] = {}  # confirmed() waits
 
     @property
@@ -94,6 +112,11 @@ class TypeCancels:
         self._subscribers.append(on_cancel)
         if on_interrupt is not None:
             self._interrupters.append(on_interrupt)
+
+    def subscribe_released(self, on_release: OnCancel) -> None:
+        """Call `on_release(job_id)` for each attempt released early that a notice tells
+        (the relay wakes the held record with it)."""
+        self._releasers.append(on_release)
 
     async def start(self) -> None:
         """Join the watch: this type's IDs are loaded (within FIRST_LOAD_TIMEOUT_S, else
@@ -127,10 +150,12 @@ class TypeCancels:
             return True
         return await self.watch.store.is_cancelled(job_id)
 
-    def found(self, ids: set[str]) -> None:
-        """IDs a load of the table found: the new ones are told as cancels."""
+    def found(self, ids: set[str], released: set[ReleasedKey] | None = None) -> None:
+        """IDs a load of the table found: the new ones are told as cancels; and the
+        attempts released early."""
         for job_id in ids - self.ids:
             self.add(job_id)
+        self.released |= released or set()
 
     def add(self, job_id: str) -> None:
         self.ids.add(job_id)
@@ -138,6 +163,9 @@ class TypeCancels:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
         self._tell(self._subscribers, job_id)
+
+    def tell_released(self, job_id: str) -> None:
+        self._tell(self._releasers, job_id)
 
     def interrupt(self, job_id: str) -> None:
         self._tell(self._interrupters, job_id)
@@ -185,13 +213,12 @@ class CancelWatch:
                 self._keeper = asyncio.create_task(self._keep())
             elif self._conn is not None:
                 try:
-                    found = await asyncio.wait_for(self.store.cancelled_ids(feed.job_type),
-                                                   FIRST_LOAD_TIMEOUT_S)
+                    found = await asyncio.wait_for(self._load(feed), FIRST_LOAD_TIMEOUT_S)
                 except _ATTEMPT_ERRORS as exc:
                     self._not_loaded(feed.job_type, exc)
                     self._lost.set()  # the reconnect reloads every type
                     return
-                feed.found(found)
+                feed.found(*found)
 
     async def detach(self, feed: TypeCancels) -> None:
         """Stop delivering to `feed`; the last one closes the connection."""
@@ -236,7 +263,7 @@ class CancelWatch:
             await conn.add_listener(self._channel, self._notified)
             conn.add_termination_listener(self._terminated)
             feeds = list(dict.fromkeys(self._started))
-            found = [await self.store.cancelled_ids(feed.job_type) for feed in feeds]
+            found = [await self._load(feed) for feed in feeds]
         except BaseException:
             with contextlib.suppress(Exception):
                 await conn.close(timeout=2)
@@ -244,8 +271,12 @@ class CancelWatch:
         self._conn = conn
         self._lost.clear()
         self.loads += 1
-        for feed, ids in zip(feeds, found, strict=True):
-            feed.found(ids)
+        for feed, (ids, released) in zip(feeds, found, strict=True):
+            feed.found(ids, released)
+
+    async def _load(self, feed: TypeCancels) -> tuple[set[str], set[ReleasedKey]]:
+        return (await self.store.cancelled_ids(feed.job_type),
+                await self.store.released_early(feed.job_type))
 
     async def _keep(self) -> None:
         """Reconnect (and reload) whenever the connection is lost, backing off."""
@@ -283,6 +314,11 @@ class CancelWatch:
                 continue
             if found.kind is NoticeKind.INTERRUPT:
                 feed.interrupt(found.job_id)
+            elif found.kind is NoticeKind.RELEASED:
+                key = released_key(found.job_id)
+                if key is not None:
+                    feed.released.add(key)
+                    feed.tell_released(key[0])
             elif found.job_id not in feed.ids:
                 feed.add(found.job_id)
 

@@ -13,8 +13,8 @@ lane retention of the declared types unless `--force`.
 
 The fencing tokens (`ctx.fencing_token`) come from one sequence, a single number with no
 row per job, so there is nothing of theirs to prune. Cancels, superseded markers, unique
-keys given back and debounce windows that ended before the same cutoff go with the dedup
-rows (a cancel's marker is a dedup row).
+keys given back, debounce windows that ended before the same cutoff and attempts released
+early by `retry-now` before it go with the dedup rows (a cancel's marker is a dedup row).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.plurals import counted
 from stream_jobs.postgres.migrate import Migration, migrate
 from stream_jobs.results.store import prune_results
+from stream_jobs.retry_now.store import ReleaseStore
 from stream_jobs.settings import Settings
 from stream_jobs.workflows.progress import prune_finished
 
@@ -122,8 +123,8 @@ def prune(
                       "(dry run: nothing deleted)")
     else:
         console.print(f"deleted {counted(deleted, 'dedup row')} finished before {when} {where}"
-                      + (f", and {counted(others, 'row')} of cancels, unique keys and "
-                         "debounce windows" if others else ""))
+                      + (f", and {counted(others, 'row')} of cancels, unique keys, "
+                         "debounce windows and early releases" if others else ""))
     verb = "would delete" if dry_run else "deleted"
     console.print(f"{verb} {counted(results, 'kept result')} past their keep_result and "
                   f"{counted(workflows, 'batch or chain', 'batches and chains')} finished before "
@@ -153,6 +154,7 @@ async def _prune(settings: Settings, older_than_s: float, *, batch: int, dry_run
     keys, kept results and workflows."""
     store = DedupStore(settings)
     cancels = CancelStore(settings)
+    released = ReleaseStore(settings)
     others = 0
     progress = Progress(TextColumn("prune"), BarColumn(), MofNCompleteColumn(),
                         console=console, transient=True)
@@ -179,8 +181,13 @@ async def _prune(settings: Settings, older_than_s: float, *, batch: int, dry_run
                 others = await cancels.prune(cutoff)
             except ConfigError as exc:  # a schema migrated before cancels existed
                 console.print(f"[dim]cancels and unique keys not pruned: {exc}[/]")
+            try:
+                others += await released.prune(cutoff)
+            except ConfigError as exc:  # a schema migrated before retry-now existed
+                console.print(f"[dim]early releases (retry-now) not pruned: {exc}[/]")
     finally:
         await store.close()
         await cancels.close()
+        await released.close()
     return (cutoff.isoformat(timespec="seconds"), matched, deleted, others, results,
             workflows)

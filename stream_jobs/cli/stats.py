@@ -16,6 +16,7 @@ from rich.console import Console, Group
 from rich.live import Live
 
 from stream_jobs.cli.common import settings_of
+from stream_jobs.cli.job_key import print_key_search
 from stream_jobs.cli.stats_history import checked_window, print_history, read_history
 from stream_jobs.cli.tables import (
     WIDE_OPTION,
@@ -27,6 +28,7 @@ from stream_jobs.cli.tables import (
     word_column,
 )
 from stream_jobs.dlq.census import DlqCensus
+from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
 from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, JobLocation, locate_job
 from stream_jobs.plurals import counted
@@ -163,18 +165,32 @@ async def _pause(seconds: float, stop: asyncio.Event) -> None:
 
 def job(
     ctx: typer.Context,
-    job_id: str = typer.Argument(..., metavar="JOB_ID", help="The ID enqueue returned."),
+    job_id: str | None = typer.Argument(None, metavar="JOB_ID", show_default=False,
+                                        help="The ID enqueue returned."),
     job_type: str | None = typer.Option(None, "--type", "-t", help="Scan only this type's "
                                         "topics (default: every declared type)."),
+    key: str | None = typer.Option(None, "--key", help="Instead of a JOB_ID: list the jobs "
+                                   "of --type whose records carry this Kafka key."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     max_records: int = typer.Option(DEFAULT_MAX_RECORDS_PER_TOPIC, "--max-records", min=1,
-                                    help="Records read per topic at most."),
+                                    help="Records read per topic at most (with --key, the "
+                                    "newest)."),
     wide: bool = WIDE_OPTION,
 ) -> None:
     """What happened to a job: done (dedup row), dead-lettered (with the reason), waiting
     in a delay tier or a lane, finished without a dedup row, cancelled, superseded (by a
-    newer debounced job), or not seen."""
+    newer debounced job), or not seen. With --key and --type instead of a JOB_ID: the
+    jobs of that type whose records carry the key, found by a bounded scan."""
     settings, types = _load(ctx, job_type)
+    if (job_id is None) == (key is None):
+        raise ConfigError("Give a JOB_ID, or --key with --type, to find jobs by their key.")
+    if key is not None:
+        if job_type is None:
+            raise ConfigError("--key needs --type: a key is looked for in one type's topics.")
+        print_key_search(settings, types[job_type], key, max_records=max_records,
+                         as_json=as_json, wide=wide)
+        return
+    assert job_id is not None  # one of the two, checked above
 
     async def run() -> JobLocation:
         return await locate_job(settings, types, job_id, job_type=job_type,

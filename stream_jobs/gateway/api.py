@@ -29,6 +29,7 @@ from stream_jobs.gateway.state import Gateway, gateway_of
 from stream_jobs.job_ids import MAX_JOB_ID_CHARS, id_problem, key_problem
 from stream_jobs.job_types import get_job_type
 from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, locate_job
+from stream_jobs.redaction import shown_payload
 from stream_jobs.tools.cancel import cancel_job
 from stream_jobs.tools.stats import collect
 from stream_jobs.workflows.progress import read_progress
@@ -169,6 +170,10 @@ class JobOut(BaseModel):
     result: dict[str, Any] | None = Field(
         default=None, description="Its row of kept results (docs/results.md): state, "
         "result, error, attempt, finished_at, expires_at; null when none is kept.")
+    payload: str | None = Field(
+        default=None, description="Its payload as its latest record carries it, indented "
+        "JSON text with the fields its type's `redact` names shown as •••; null when no "
+        "record of it was read (a done job's are read with `records=true`).")
 
 
 class BatchOut(BaseModel):
@@ -301,15 +306,25 @@ async def job(gateway: GatewayDep,
               job_id: Annotated[str, Path(min_length=1, max_length=64)],
               job_type: Annotated[str | None, Query(alias="type", max_length=249)] = None,
               max_records: Annotated[int, Query(ge=1, le=1_000_000)]
-              = DEFAULT_MAX_RECORDS_PER_TOPIC) -> JobOut:
+              = DEFAULT_MAX_RECORDS_PER_TOPIC,
+              records: Annotated[bool, Query(description="Read a done job's records too "
+                                             "(its payload, its trace ID): a scan of its "
+                                             "type's topics instead of one row.")] = False
+              ) -> JobOut:
     """What happened to a job: done, dead-lettered, retrying, scheduled, pending, finished,
     cancelled, superseded, not seen."""
     found = await locate_job(gateway.settings, gateway.types, job_id, job_type=job_type,
-                             max_records_per_topic=max_records)
+                             max_records_per_topic=max_records, records_of_done=records)
     return JobOut(job_id=found.job_id, status=found.status, summary=found.summary(),
                   job_type=found.job_type, attempt=found.attempt, complete=found.complete,
                   location=found.to_dict(),
-                  result=None if found.result is None else found.result.to_dict())
+                  result=None if found.result is None else found.result.to_dict(),
+                  payload=shown_payload(found.payload, _redacted(gateway, found.job_type)))
+
+
+def _redacted(gateway: Gateway, job_type: str | None) -> tuple[str, ...]:
+    policy = gateway.types.get(job_type) if job_type else None
+    return policy.redact if policy is not None else ()
 
 
 @router.get("/batches/{workflow_id}", response_model=BatchOut, tags=["jobs"],

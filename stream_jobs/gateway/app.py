@@ -3,7 +3,7 @@
 One `JobClient` lives as long as the app (its producer stays connected), and background
 tasks sample stats and read the recent history for `/metrics` and the dashboard. Errors
 of ours become HTTP answers here, one sentence each: UnknownJobType, LetterNotFound, JobNotFound and
-UnknownWorkflow 404, CancelPending 409,
+UnknownWorkflow 404, CancelPending, NotInDelayTier and AlreadyReleased 409,
 PayloadTooLarge 413, PayloadError and ConfigError 422, Kafka not answering 503 with
 Retry-After, NotAuthorized 401.
 """
@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stream_jobs.errors import (
     AccessDenied,
+    AlreadyReleased,
     AuthenticationFailed,
     BrokerUnavailable,
     CancelPending,
@@ -34,6 +35,7 @@ from stream_jobs.errors import (
     JobNotFound,
     LetterNotFound,
     NotAuthorized,
+    NotInDelayTier,
     PayloadError,
     PayloadTooLarge,
     PublishError,
@@ -41,7 +43,7 @@ from stream_jobs.errors import (
     UnknownJobType,
     UnknownWorkflow,
 )
-from stream_jobs.gateway import api, history_api, pages
+from stream_jobs.gateway import api, history_api, pages, retry_now_api
 from stream_jobs.gateway.api_docs import mount_api_docs
 from stream_jobs.gateway.guard import Guard, nothing_to_read
 from stream_jobs.gateway.origins import AllowedHosts
@@ -158,6 +160,7 @@ def _handlers(gateway: Gateway) -> dict[Any, Handler]:
     handlers: dict[Any, Handler] = {
         NotAuthorized: not_authorized, UnknownJobType: not_found, LetterNotFound: not_found,
         JobNotFound: not_found, CancelPending: conflict, UnknownWorkflow: not_found,
+        NotInDelayTier: conflict, AlreadyReleased: conflict,
         PayloadTooLarge: too_large, PayloadError: unprocessable, ConfigError: unprocessable,
         RequestValidationError: invalid_request,
     }
@@ -231,6 +234,7 @@ def create_app(settings: Settings, *, models: Mapping[str, type[BaseModel]] | No
     mount_api_docs(app)
     app.include_router(api.router)
     app.include_router(history_api.router)
+    app.include_router(retry_now_api.router)
     for router in pages.routers:
         app.include_router(router)
 

@@ -5,7 +5,7 @@ latest one gives. Pure: `stream_jobs.lookup.locate` does the reading."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -52,6 +52,8 @@ class Sighting:
     failure: FailureInfo | None = None
     workflow: str | None = None  # its `sj-workflow` header: a batch member or chain step
     trace_id: str | None = None  # of its `traceparent` header: the job's trace (docs/tracing.md)
+    # The record's value, the job's payload: shown only to an operator (`shown_payload`).
+    payload: bytes | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,13 @@ class JobLocation:
         """The job's trace ID, as its latest record that carries one says (docs/tracing.md)."""
         traced = [seen for seen in self.sightings if seen.trace_id is not None]
         return traced[-1].trace_id if traced else None
+
+    @property
+    def payload(self) -> bytes | None:
+        """The job's payload as its latest record carries it (None when no record was read)."""
+        latest = [self.last] if self.last is not None else []
+        carried = [s.payload for s in (*self.sightings, *latest) if s.payload is not None]
+        return carried[-1] if carried else None
 
     def summary(self) -> str:
         """One sentence for a person (two when a result is kept)."""
@@ -116,6 +125,7 @@ class JobLocation:
     def to_dict(self) -> dict[str, Any]:
         def sighting(s: Sighting) -> dict[str, Any]:
             out = asdict(s)
+            del out["payload"]  # only where the operator's token is (`shown_payload`)
             out["failure"] = None if s.failure is None else asdict(s.failure)
             return out
 
@@ -183,6 +193,7 @@ def sighting_from(record: Record, found: dict[str, bytes], *, role: TopicRole, n
         failure=parse_failure(found.get(HEADER_ERROR)),
         workflow=_text(found.get(HEADER_WORKFLOW)),
         trace_id=trace_id_of(_text(found.get(HEADER_TRACEPARENT))),
+        payload=record.value if isinstance(record.value, bytes) else None,
     )
 
 

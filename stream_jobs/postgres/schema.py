@@ -1,7 +1,8 @@
 """The database schema stream-jobs owns, held by SQLAlchemy and rendered to DDL for
 `stream-jobs db migrate`: the dedup table, the transactional outbox's table, the
 fencing token sequence, the kept results, the batches' and chains' rows, and the tables of
-cancels, unique keys and debounce windows, and the history's windows.
+cancels, unique keys and debounce windows, attempts released early (retry-now), and the
+history's windows.
 
 Kept apart from `dedup.py` so that importing the runtime does not import SQLAlchemy.
 `db migrate` also creates the schedules' state (`stream_jobs_schedules`, read and written
@@ -214,6 +215,24 @@ superseded_table = Table(
 )
 _superseded_at_index = Index("stream_jobs_superseded_at", superseded_table.c.superseded_at)
 
+# Attempts `stream-jobs retry-now` released from their delay tier ahead of their due time
+# (stream_jobs/retry_now/): the relay finishes the tier record of one without releasing
+# it, and a worker skips a lane record of one that lacks the early mark. Keyed by the
+# round (requeues) too: a requeued dead letter counts its attempts from 1 again.
+released_early_table = Table(
+    "stream_jobs_released_early",
+    metadata,
+    Column("job_id", String(MAX_JOB_ID_CHARS), primary_key=True),
+    Column("requeues", Integer, primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("job_type", String(249), nullable=False),
+    Column("released_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+_released_type_index = Index("stream_jobs_released_early_job_type",
+                             released_early_table.c.job_type)
+_released_at_index = Index("stream_jobs_released_early_released_at",
+                           released_early_table.c.released_at)
+
 
 # History (stream_jobs/history/): each window's tally per type, as the history process's
 # exactly-once tables hold it (set, never added to, so a row written twice is right). size_s
@@ -235,13 +254,14 @@ SCHEMA_OBJECTS: tuple[str, ...] = (*metadata.tables, FENCING_SEQUENCE)
 
 
 def control_ddl() -> list[str]:
-    """The statements for the cancel, unique-key and debounce tables."""
+    """The statements for the cancel, unique-key, debounce and released-early tables."""
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
     out = []
-    for table in (cancels_table, unique_table, debounce_table, superseded_table):
+    for table in (cancels_table, unique_table, debounce_table, superseded_table,
+                  released_early_table):
         out.append(str(CreateTable(table, if_not_exists=True).compile(dialect=dialect)))
     for index in (_cancels_type_index, _cancels_at_index, _unique_job_index,
-                  _superseded_at_index):
+                  _superseded_at_index, _released_type_index, _released_at_index):
         out.append(str(CreateIndex(index, if_not_exists=True).compile(dialect=dialect)))
     return out
 

@@ -26,6 +26,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
+from stream_jobs.cancels.rules import ReleasedKey
 from stream_jobs.cancels.watch import CancelFeed, OnCancel
 from stream_jobs.errors import ConfigError, StreamJobsError
 from stream_jobs.record import HEADER_UNIQUE, JobRecord
@@ -54,6 +55,8 @@ class Admission:
         self.watch: CancelFeed | None = cancels
         # The watch's own set (it adds to it in place), or one that stays empty.
         self.cancelled: set[str] = cancels.ids if cancels is not None else set()
+        # Attempts released early by retry-now (stream_jobs/retry_now/), the watch's too.
+        self.released: set[ReleasedKey] = cancels.released if cancels is not None else set()
         # The worker's runners: a job in a handler now is the one whose `ctx` has its ID.
         self._runners = runners
         # A thread cannot be interrupted: a sync handler is told through ctx.cancelled.
@@ -63,10 +66,13 @@ class Admission:
         if cancels is not None:
             cancels.subscribe(self.on_cancel, on_interrupt=self.on_interrupt)
 
-    def subscribe(self, on_cancel: OnCancel) -> None:
-        """Tell `on_cancel` of each cancel too (the relay wakes a held record with it)."""
+    def subscribe(self, on_cancel: OnCancel, *, on_release: OnCancel | None = None) -> None:
+        """Tell `on_cancel` of each cancel too, and `on_release` of each attempt released
+        early (the relay wakes a held record with them)."""
         if self.watch is not None:
             self.watch.subscribe(on_cancel)
+            if on_release is not None:
+                self.watch.subscribe_released(on_release)
 
     async def start(self) -> None:
         # Loaded while the consumer joins: a job cancelled before the worker started is

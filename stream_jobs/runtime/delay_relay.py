@@ -10,7 +10,10 @@ after the broker acknowledged the release or the hop.
 
 A cancelled job (its ID in the worker's set of cancelled IDs, docs/control.md) is
 finished here, counted `cancelled`, instead of being released or hopped; a held one is
-woken by its cancel, so a job delayed an hour ends as soon as it is cancelled.
+woken by its cancel, so a job delayed an hour ends as soon as it is cancelled. An attempt
+`stream-jobs retry-now` released early (its copy is in the lane already) is finished the
+same way, woken by its notice, counted in `released_early` (not an outcome: the copy's
+run is the attempt's outcome).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import replace
 
+from stream_jobs.cancels.rules import ReleasedKey
 from stream_jobs.clock import now_ms
 from stream_jobs.errors import Abandoned, BadRecord
 from stream_jobs.job_types import JobTypePolicy
@@ -58,7 +62,8 @@ class Relay(GroupMember):
                  max_buffered: int = 1000, kafka: KafkaClients = AIOKAFKA,
                  cancelled: set[str] | None = None,
                  outcomes: Counter[str] | None = None,
-                 ended: Callable[[JobRecord], Awaitable[None]] | None = None) -> None:
+                 ended: Callable[[JobRecord], Awaitable[None]] | None = None,
+                 released: set[ReleasedKey] | None = None) -> None:
         prefix = settings.topic_prefix
         tiers = [tier_topic(prefix, policy.job_type, tier) for tier in policy.retry_tiers]
         super().__init__(settings, relay_group(prefix, policy.job_type), tiers,
@@ -77,6 +82,9 @@ class Relay(GroupMember):
         self._cancelled: set[str] = cancelled if cancelled is not None else set()
         self.outcomes: Counter[str] = outcomes if outcomes is not None else Counter()
         self.held_jobs: dict[TopicPartition, str] = {}  # the job ID of each held head
+        # The worker's: attempts released early by retry-now (stream_jobs/retry_now/).
+        self._released: set[ReleasedKey] = released if released is not None else set()
+        self.released_early = 0  # tier records finished because retry-now released them
         # The worker's record of a cancelled job's end (kept results, batch counters).
         self._ended = ended
         self._spans = job_spans()  # None unless something records traces
@@ -126,6 +134,8 @@ class Relay(GroupMember):
         if job.job_id in self._cancelled:
             await self._cancelled_here(job)
             return
+        if self._released and self._passed_early(job):
+            return
         tier = parse_topic(prefix, record.topic).tier or self.policy.retry_tiers[0]
         due = job.not_before_ms or 0
         now = now_ms()
@@ -139,6 +149,8 @@ class Relay(GroupMember):
                     await self._hold(work, hold_until, (hold_until - now) / 1000)
                     if job.job_id in self._cancelled:
                         await self._cancelled_here(job)
+                        return
+                    if self._released and self._passed_early(job):
                         return
                     now = now_ms()
             finally:
@@ -160,6 +172,16 @@ class Relay(GroupMember):
             await self.write(topic, job)
         else:
             await self._spans.send(self.write, topic, job, hop, tier=tier)
+
+    def _passed_early(self, job: JobRecord) -> bool:
+        """Whether `job`'s attempt was released early (its copy is in the lane): then it
+        is finished here, not released."""
+        if (job.job_id, job.requeues, job.attempt) not in self._released:
+            return False
+        self.released_early += 1
+        log.info("job %s (%s) attempt %d was retried now: its tier record is not released",
+                 job.job_id, job.job_type, job.attempt, extra=job_fields(job, None))
+        return True
 
     async def _cancelled_here(self, job: JobRecord) -> None:
         if self._ended is not None:

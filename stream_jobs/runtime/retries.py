@@ -37,17 +37,19 @@ class Retries:
     """The failed runs of one worker's type, written by `writer`."""
 
     def __init__(self, writer: Writer, prefix: str, policy: JobTypePolicy,
-                 timeout_s: float) -> None:
+                 timeout_s: float, worker_id: str | None = None) -> None:
         self._writer = writer
+        self._worker_id = worker_id  # named in each failure, as the worker's reports name it
         self._prefix = prefix
         self.policy = RetryPolicy(tiers=policy.retry_tiers, max_attempts=policy.max_attempts)
         self._timeout_s = timeout_s  # the handler's, for the log of a run past it
         self._spans = job_spans()  # a retry or letter is a hop of the job's trace, if traced
 
-    async def failed(self, job: JobRecord, record: Record,
-                     error: Exception) -> Outcome | FailureInfo:
-        """Retry or dead-letter `job`, whose run failed with `error`: `Outcome.RETRIED`,
-        or the failure its dead letter carries."""
+    async def failed(self, job: JobRecord, record: Record, error: Exception,
+                     started_at_ms: int | None = None) -> Outcome | FailureInfo:
+        """Retry or dead-letter `job`, whose run (started at `started_at_ms`) failed with
+        `error`: `Outcome.RETRIED`, or the failure its dead letter carries. The failure
+        names this worker, the run's start and its duration."""
         if isinstance(error, TimeoutError):
             reason = Reason.TIMEOUT
             log.warning("job %s (%s) attempt %d ran past its timeout of %g s", job.job_id,
@@ -62,13 +64,13 @@ class Retries:
                           permanent=isinstance(error, PermanentError), now_ms=now,
                           rand=random.random())
         if isinstance(decision, DeadLetter):
-            failure = FailureInfo.from_exception(error, decision.reason, now)
+            failure = self._failure(error, decision.reason, now, started_at_ms)
             await self.dead_letter(job, record, failure)
             log.warning("job %s (%s) dead-lettered after attempt %d: %s", job.job_id,
                         job.job_type, job.attempt, type(error).__name__,
                         extra=job_fields(job, record, reason=decision.reason))
             return failure
-        failure = FailureInfo.from_exception(error, reason, now)
+        failure = self._failure(error, reason, now, started_at_ms)
         retry = replace(with_failure(job, record, failure), attempt=decision.attempt,
                         not_before_ms=decision.not_before_ms)
         await self._write(tier_topic(self._prefix, job.job_type, decision.tier), retry,
@@ -78,6 +80,11 @@ class Retries:
                  decision.attempt, decision.tier,
                  extra=job_fields(job, record, reason=reason, tier=decision.tier))
         return Outcome.RETRIED
+
+    def _failure(self, error: Exception, reason: str, now: int,
+                 started_at_ms: int | None) -> FailureInfo:
+        return FailureInfo.from_exception(error, reason, now, worker_id=self._worker_id,
+                                          started_at_ms=started_at_ms)
 
     async def dead_letter(self, job: JobRecord, record: Record, failure: FailureInfo) -> None:
         """Write `job` to its type's DLQ, carrying `failure`."""

@@ -44,6 +44,7 @@ from stream_jobs.naming import dlq_topic, lane_topic, tier_topic, worker_group
 from stream_jobs.outcomes import Outcome
 from stream_jobs.record import HEADER_WORKFLOW, JobRecord, Record, decode_record
 from stream_jobs.results.finish import Finisher, ending_row, record_ending
+from stream_jobs.retry_now.rules import released_original
 from stream_jobs.runtime.admission import Admission, holds_key
 from stream_jobs.runtime.calls import call_finished, handler_call
 from stream_jobs.runtime.delay_relay import Relay
@@ -115,8 +116,9 @@ class Worker(FlowControlled):
         self.kafka = kafka
         self.policy = policy
         self.handler = handler
+        self.worker_id = new_worker_id()
         # A failed run's retry or dead letter, written (and a payload that does not fit).
-        self.retries = Retries(self, prefix, policy, handler.timeout_s)
+        self.retries = Retries(self, prefix, policy, handler.timeout_s, self.worker_id)
         # The database's part (docs/design/layout.md): the app's, or Postgres's own.
         storage = storage or PostgresStorage(settings)
         self.dedup: Dedup = storage.dedup_store()
@@ -136,14 +138,14 @@ class Worker(FlowControlled):
         self._cancelled = self.admission.cancelled
         self.relay = (Relay(settings, policy, self.producer, grace_s=grace_s, kafka=kafka,
                             cancelled=self._cancelled, outcomes=self.outcomes,
-                            ended=partial(self._record_end, outcome=Outcome.CANCELLED))
+                            ended=partial(self._record_end, outcome=Outcome.CANCELLED),
+                            released=self.admission.released)
                       if relay else None)
         if self.relay is not None:
-            self.admission.subscribe(self.relay.on_cancel)
+            self.admission.subscribe(self.relay.on_cancel, on_release=self.relay.on_cancel)
         self.dead_letter_reasons: Counter[str] = Counter()
         # Handler run times, kept only while metrics are on (`stream_jobs.runtime.metrics`).
         self.durations: DurationHistogram | None = None
-        self.worker_id = new_worker_id()
         self.report_interval_s = heartbeat_report_interval_s(report_interval_s,
                                                              policy.heartbeat_interval_s)
         self._started_at_ms = now_ms()
@@ -315,7 +317,8 @@ class Worker(FlowControlled):
     async def handle(self, work: PartitionWork, record: Record, runner: Runner) -> None:
         """One record's job, in three phases: `_admit` (may it run?), `_run` (its handler)
         and `_end` (its outcome recorded), in its attempt's process span when traced. A
-        record that is not a job is dead-lettered."""
+        record that is not a job is dead-lettered; the original of an attempt retried now
+        (stream_jobs/retry_now/) is skipped, counted `duplicate`."""
         try:
             job = decode_record(key=record.key, value=record.value, headers=record.headers,
                                 expected_type=self.policy.job_type,
@@ -323,6 +326,11 @@ class Worker(FlowControlled):
                                 check_json=False)
         except BadRecord as bad:
             await self._not_a_job(record, bad)
+            return
+        released = self.admission.released  # attempts retried now: their copy runs instead
+        if released and released_original(record.headers, released):
+            self.slots.tick(now_ms())
+            self.outcomes[Outcome.DUPLICATE] += 1
             return
         # Traced: the attempt in its process span (no await between here and the phases).
         attempt = None if self.spans is None else self.spans.begin_attempt(
@@ -332,7 +340,7 @@ class Worker(FlowControlled):
             if ended is None:
                 started = time.time()  # the run's dwell and duration, for its history slot
                 dwell_s = started - max(job.enqueued_at_ms, job.not_before_ms or 0) / 1000
-                ended = await self._run(job, record, runner)
+                ended = await self._run(job, record, runner, started)
                 await self._end(job, ended, started, dwell_s)
             else:
                 await self._end(job, ended)
@@ -359,10 +367,11 @@ class Worker(FlowControlled):
             return Outcome.EXPIRED
         return None
 
-    async def _run(self, job: JobRecord, record: Record, runner: Runner) -> Ended:
-        """The handler's run on the job's payload, in its finish transaction if it has one,
-        and how it ended: succeeded, duplicate, cancelled, or retried or dead-lettered (a
-        payload that does not fit the handler's model, without a run)."""
+    async def _run(self, job: JobRecord, record: Record, runner: Runner,
+                   started: float) -> Ended:
+        """The handler's run (from `started`, wall clock) on the job's payload, in its
+        finish transaction if it has one, and how it ended: succeeded, duplicate,
+        cancelled, or retried or dead-lettered (a payload that does not fit, unrun)."""
         try:
             payload = self.handler.parse_payload(job.payload)
         except BadRecord as bad:
@@ -397,7 +406,7 @@ class Worker(FlowControlled):
         if isinstance(error, AlreadyDone):
             met_cancel = await self.admission.cancelled_instead(job)
             return Outcome.CANCELLED if met_cancel else Outcome.DUPLICATE
-        return await self.retries.failed(job, record, error)
+        return await self.retries.failed(job, record, error, int(started * 1000))
 
     async def _end(self, job: JobRecord | None, ended: Ended, started: float | None = None,
                    dwell_s: float = 0.0) -> None:

@@ -67,6 +67,8 @@ class MemoryCancels:
         self._tables = tables
         self.job_type = job_type
         self.ids: set[str] = set()
+        # Retry-now is Postgres's (stream_jobs/retry_now/): nothing is released early here.
+        self.released: set[tuple[str, int, int]] = set()
         self._subscribers: list[OnCancel] = []
         self._interrupters: list[OnCancel] = []
         self._awaited: dict[str, asyncio.Future[None]] = {}  # confirmed() waits
@@ -78,6 +80,9 @@ class MemoryCancels:
         self._subscribers.append(on_cancel)
         if on_interrupt is not None:
             self._interrupters.append(on_interrupt)
+
+    def subscribe_released(self, on_release: OnCancel) -> None:
+        """Nothing is released early in memory (see `released`)."""
 
     async def start(self) -> None:
         self._loop, self._thread = asyncio.get_running_loop(), threading.get_ident()

@@ -99,9 +99,10 @@ def span_name(operation: str, topic: str) -> str:
     return f"{operation} {topic}"
 
 
-def tenant_of(job: JobRecord) -> str | None:
-    """The tenant a job belongs to, for the `stream_jobs.tenant` attribute. Jobs carry none
-    yet: this is the one place that will read it when they do."""
+def tenant_of(job: JobRecord | object) -> str | None:
+    """The tenant a job belongs to (of its record, or of what a lookup found of it), for
+    the `stream_jobs.tenant` attribute and the job's page. Jobs carry none yet: this is
+    the one place that will read it when they do."""
     return getattr(job, "tenant", None)
 
 

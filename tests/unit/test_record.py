@@ -86,6 +86,9 @@ failures = st.builds(
     message=texts,
     traceback=texts,
     failed_at_ms=st.integers(-(2**63), INT64),
+    worker_id=st.none() | texts,
+    started_at_ms=st.none() | st.integers(0, INT64),
+    duration_ms=st.none() | st.integers(0, INT64),
 )
 records = st.builds(
     JobRecord,
@@ -462,6 +465,29 @@ def test_fuzz_inputs_of_the_wrong_types(key: Any, value: Any, headers: Any) -> N
 def test_failure_json_round_trips(failure: FailureInfo) -> None:
     assert FailureInfo.from_json(failure.to_json()) == failure
     assert parse_failure(failure.to_json()) == failure
+
+
+def test_a_failure_header_without_the_run_fields_still_parses() -> None:
+    old = (b'{"reason":"handler-error","error_class":"ValueError","message":"m",'
+           b'"traceback":"t","failed_at_ms":5}')
+    failure = parse_failure(old)
+    assert failure == FailureInfo("handler-error", "ValueError", "m", "t", 5)
+    assert failure.worker_id is None
+    assert failure.duration_ms is None
+    assert failure.to_json() == old  # nothing unknown is written back
+
+
+def test_a_failed_run_names_its_worker_start_and_duration() -> None:
+    failure = FailureInfo.from_exception(ValueError("no"), "handler-error", 1_500,
+                                         worker_id="host-1-abc", started_at_ms=1_000)
+    assert (failure.worker_id, failure.started_at_ms, failure.duration_ms) == (
+        "host-1-abc", 1_000, 500)
+    assert parse_failure(failure.to_json()) == failure
+    odd = orjson.loads(failure.to_json()) | {"worker_id": 7, "duration_ms": "long"}
+    parsed = parse_failure(orjson.dumps(odd))
+    assert parsed is not None
+    assert parsed.worker_id is None
+    assert parsed.duration_ms is None
 
 
 @FUZZ

@@ -11,7 +11,15 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from stream_jobs.redaction import MASK, redact_text, redact_url, secrets_of
+from stream_jobs.redaction import (
+    FIELD_MASK,
+    MASK,
+    mask_fields,
+    redact_text,
+    redact_url,
+    secrets_of,
+    shown_payload,
+)
 from stream_jobs.settings import Settings
 
 CANARY = "hunter2-canary"
@@ -125,3 +133,84 @@ def test_a_url_in_any_text_loses_its_password_without_settings(password: str, na
         shown = redact_text(f"{text} {url} {text}")
         assert f"{MASK}@" in shown or f"={MASK}" in shown
         assert password not in shown.replace(text, "")
+
+
+# -- payload fields (a type's `redact`) ---------------------------------------------------
+
+
+def test_named_fields_are_masked_at_the_depth_their_path_names() -> None:
+    payload = {"card_number": "4111", "amount": 5,
+               "customer": {"ssn": "123", "name": "Ada", "card_number": "kept"},
+               "lines": [{"customer": {"ssn": "9"}}]}
+    shown = mask_fields(payload, ["card_number", "customer.ssn"])
+    assert shown == {"card_number": FIELD_MASK, "amount": 5,
+                     "customer": {"ssn": FIELD_MASK, "name": "Ada", "card_number": "kept"},
+                     "lines": [{"customer": {"ssn": "9"}}]}
+    assert payload["card_number"] == "4111"  # the given payload is not changed
+
+
+def test_lists_of_objects_are_entered_and_other_payloads_shown_as_they_are() -> None:
+    assert mask_fields([{"ssn": 1}, 2], ["ssn"]) == [{"ssn": FIELD_MASK}, 2]
+    assert mask_fields({"items": [{"pin": 1}, {"x": 2}]}, ["items.pin"]) == {
+        "items": [{"pin": FIELD_MASK}, {"x": 2}]}
+    for payload in ("text", 7, None, True, 1.5):
+        assert mask_fields(payload, ["a"]) == payload
+    assert mask_fields({"a": {"b": 1}}, ["a.b", "a"]) == {"a": FIELD_MASK}
+    assert mask_fields({"a": {"b": 1}}, ["a", "a.b"]) == {"a": FIELD_MASK}
+
+
+names = st.sampled_from(["a", "b", "ssn", "card"])
+trees = st.recursive(st.integers() | st.text(max_size=3) | st.none(),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(names, inner, max_size=4), max_leaves=12)
+paths = st.lists(st.lists(names, min_size=1, max_size=3).map(".".join), max_size=3)
+
+
+def _reached(value: object, parts: list[str]) -> list[object]:
+    """Every value found at `parts` below `value` (through lists, as masking goes)."""
+    if isinstance(value, list):
+        return [found for item in value for found in _reached(item, parts)]
+    if not parts:
+        return [value]
+    if isinstance(value, dict) and parts[0] in value:
+        return _reached(value[parts[0]], parts[1:])
+    return []
+
+
+def _untouched(before: object, after: object, named: set[tuple[str, ...]],
+               at: tuple[str, ...] = ()) -> None:
+    """Everything at a path no name covers is as it was."""
+    if any(at[:len(path)] == path for path in named):
+        return
+    if isinstance(before, list):
+        assert isinstance(after, list)
+        assert len(after) == len(before)
+        for b, a in zip(before, after, strict=True):
+            _untouched(b, a, named, at)
+    elif isinstance(before, dict):
+        assert isinstance(after, dict)
+        assert after.keys() == before.keys()
+        for key in before:
+            _untouched(before[key], after[key], named, (*at, key))
+    else:
+        assert after == before
+
+
+@given(trees, paths)
+def test_nothing_named_survives_and_nothing_else_changes(payload: object,
+                                                         named: list[str]) -> None:
+    shown = mask_fields(payload, named)
+    for path in named:
+        assert all(found == FIELD_MASK for found in _reached(shown, path.split(".")))
+    _untouched(payload, shown, {tuple(path.split(".")) for path in named})
+
+
+def test_a_payload_is_shown_indented_with_its_named_fields_masked() -> None:
+    shown = shown_payload(b'{"card_number": "4111", "n": 1}', ["card_number"])
+    assert shown is not None
+    assert "4111" not in shown
+    assert FIELD_MASK in shown
+    assert '"n": 1' in shown
+    assert shown_payload(None, ["a"]) is None
+    assert shown_payload(b"not json", []) == "not json"
+    assert "not json" not in (shown_payload(b"not json", ["a"]) or "")

@@ -416,3 +416,20 @@ def test_lane_weights_and_heartbeat_interval_are_read(tmp_path: Path) -> None:
 )
 def test_bad_flow_control_keys_are_refused(tmp_path: Path, text: str, expected: str) -> None:
     assert expected in refusal(tmp_path, text)
+
+
+# --- redact -------------------------------------------------------------------------------
+
+
+def test_redact_lists_payload_fields_dotted_into_nested_objects(tmp_path: Path) -> None:
+    policy = load_one(tmp_path, 'redact = ["card_number", "customer.ssn"]')
+    assert policy.redact == ("card_number", "customer.ssn")
+    assert load_one(tmp_path, "").redact == ()
+
+
+@pytest.mark.parametrize("value", ['"card_number"', '["card..number"]', '[""]', '[".ssn"]',
+                                   '["ssn."]', '[1]', '{ card = true }'])
+def test_a_bad_redact_is_refused_naming_the_file(tmp_path: Path, value: str) -> None:
+    message = refusal(tmp_path, f"redact = {value}")
+    assert "email.send.toml" in message
+    assert "'redact' must be a list of field names" in message

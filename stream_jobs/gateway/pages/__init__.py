@@ -10,6 +10,7 @@ from stream_jobs.gateway.pages import (
     batches,
     dlq,
     history,
+    job_search,
     jobs,
     login,
     outbox,
@@ -20,6 +21,6 @@ from stream_jobs.gateway.pages import (
 
 routers: list[APIRouter] = [overview.router, login.router, dlq.router, jobs.router,
                             waiting.router, schedules.router, batches.router, outbox.router,
-                            history.router]
+                            history.router, job_search.router]
 
 __all__ = ["routers"]

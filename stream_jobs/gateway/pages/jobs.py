@@ -1,5 +1,7 @@
-"""`/ui/jobs/{id}`: what happened to one job, with a button that cancels it (through a
-confirmation page) while it has not finished. Needs a signed-in session."""
+"""`/ui/jobs/{id}`: what happened to one job (its state, attempts, result, trace, tenant
+and payload, masked as its type's `redact` says), with buttons that cancel it while it
+has not finished, retry it now while it waits in a delay tier, and requeue it when it
+is dead-lettered, each through a confirmation page. Needs a signed-in session."""
 
 from __future__ import annotations
 
@@ -20,12 +22,17 @@ from stream_jobs.gateway.pages.common import (
 from stream_jobs.gateway.state import Gateway
 from stream_jobs.job_types import get_job_type
 from stream_jobs.lookup import JobLocation, locate_job
+from stream_jobs.lookup.attempts import NOT_RECORDED, steps_of
+from stream_jobs.redaction import shown_payload
 from stream_jobs.tools.cancel import cancel_job
+from stream_jobs.tools.retry_now import retry_now
+from stream_jobs.tracing.rules import tenant_of
 
 router = APIRouter(include_in_schema=False)
 
 
 _CANCELLABLE = ("pending", "retrying", "scheduled")
+_RETRYABLE = ("retrying", "scheduled")  # waiting in a delay tier
 
 
 async def _located(gateway: Gateway, job_id: str, job_type: str | None) -> JobLocation:
@@ -36,21 +43,19 @@ async def _located(gateway: Gateway, job_id: str, job_type: str | None) -> JobLo
                             records_of_done=True)
 
 
-@router.get("/ui/jobs")
-async def find_job(id: str | None = None) -> Response:
-    """The overview's search box: to the job's page."""
-    target = f"/ui/jobs/{quote(id.strip(), safe='')}" if id and id.strip() else "/"
-    return RedirectResponse(target, status_code=303)
-
-
 @router.get("/ui/jobs/{job_id}", response_class=HTMLResponse)
 async def jobpage(request: Request, job_id: str, gateway: GatewayDep,
                    type: str | None = None, done: str | None = None) -> Response:
     if (session := session_of(request, gateway)) is None:
         return to_login(request)
     found = await _located(gateway, job_id, type)
-    return page("job.html", found=found, done=done, quote=quote,
-                 cancellable=found.status in _CANCELLABLE, session=session)
+    policy = gateway.types.get(found.job_type) if found.job_type else None
+    redact = policy.redact if policy is not None else ()
+    return page("job.html", found=found, done=done, quote=quote, steps=steps_of(found),
+                cancellable=found.status in _CANCELLABLE, session=session,
+                retryable=found.status in _RETRYABLE, tenant=tenant_of(found),
+                not_recorded=NOT_RECORDED, redact=redact,
+                payload=shown_payload(found.payload, redact))
 
 
 @router.get("/ui/jobs/{job_id}/cancel", response_class=HTMLResponse)
@@ -82,6 +87,35 @@ async def do_cancel(request: Request, job_id: str, gateway: GatewayDep) -> Respo
     return RedirectResponse(f"/ui/jobs/{quote(job_id, safe='')}?{urlencode({'done': done})}",
                             status_code=303)
 
+
+
+@router.get("/ui/jobs/{job_id}/retry-now", response_class=HTMLResponse)
+async def confirm_retry_now(request: Request, job_id: str, gateway: GatewayDep,
+                            type: str | None = None) -> Response:
+    """Where the job waits and until when, with the button that runs it now."""
+    if (session := session_of(request, gateway)) is None:
+        return to_login(request)
+    found = await _located(gateway, job_id, type)
+    return page("retry_now.html", found=found, quote=quote, session=session,
+                retryable=found.status in _RETRYABLE)
+
+
+@router.post("/ui/jobs/{job_id}/retry-now")
+async def do_retry_now(request: Request, job_id: str, gateway: GatewayDep) -> Response:
+    if (session := session_of(request, gateway)) is None:
+        return to_login(request)
+    if (form := await checked_form(request, session)) is None:
+        return stale_form()
+    job_type = form.get("type") or None
+    if job_type:
+        get_job_type(gateway.types, job_type)
+    try:
+        done = (await retry_now(gateway.settings, gateway.types, job_id,
+                                job_type=job_type)).summary()
+    except StreamJobsError as exc:
+        done = str(exc)
+    return RedirectResponse(f"/ui/jobs/{quote(job_id, safe='')}?{urlencode({'done': done})}",
+                            status_code=303)
 
 
 __all__ = ["router"]
