@@ -20,9 +20,10 @@ from stream_jobs.cli.common import settings_of
 from stream_jobs.cli.stats_history import checked_window, print_history, read_history
 from stream_jobs.dlq.census import DlqCensus
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
-from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, JobLocation, locate_job
+from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, JobLocation
 from stream_jobs.plurals import counted
 from stream_jobs.settings import Settings
+from stream_jobs.tools.job_status import locate
 from stream_jobs.tools.stats import collect
 from stream_jobs.tools.type_stats import DEFAULT_WINDOW_S, StatsSnapshot, TopicLag, TypeStats
 
@@ -32,7 +33,8 @@ status_console = Console(stderr=True)
 # Rows normally wait milliseconds; ops/prometheus/alerts.yml fires past a minute too.
 OUTBOX_ALERT_AGE_S = 60.0
 
-_STATUS_STYLE = {"done": "green", "finished": "green", "pending": "cyan", "retrying": "yellow",
+_STATUS_STYLE = {"done": "green", "finished": "green", "pending": "cyan", "running": "blue",
+                 "retrying": "yellow",
                  "scheduled": "cyan", "dead_lettered": "red", "not_seen": "magenta",
                  "cancelled": "yellow", "superseded": "dim"}
 
@@ -160,13 +162,14 @@ def job(
                                     help="Records read per topic at most."),
 ) -> None:
     """What happened to a job: done (dedup row), dead-lettered (with the reason), waiting
-    in a delay tier or a lane, finished without a dedup row, cancelled, superseded (by a
-    newer debounced job), or not seen."""
+    in a delay tier or a lane, running on a worker (its latest report lists the job in a
+    handler), finished without a dedup row, cancelled, superseded (by a newer debounced
+    job), or not seen."""
     settings, types = _load(ctx, job_type)
 
     async def run() -> JobLocation:
-        return await locate_job(settings, types, job_id, job_type=job_type,
-                                max_records_per_topic=max_records, records_of_done=True)
+        return await locate(settings, types, job_id, job_type=job_type,
+                            max_records_per_topic=max_records, records_of_done=True)
 
     if as_json:
         _print_json(asyncio.run(run()).to_dict())

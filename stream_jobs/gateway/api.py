@@ -28,8 +28,9 @@ from stream_jobs.gateway.auth import Authorized
 from stream_jobs.gateway.state import Gateway, gateway_of
 from stream_jobs.job_ids import MAX_JOB_ID_CHARS, id_problem, key_problem
 from stream_jobs.job_types import get_job_type
-from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, locate_job
+from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC
 from stream_jobs.tools.cancel import cancel_job
+from stream_jobs.tools.job_status import locate
 from stream_jobs.tools.stats import collect
 from stream_jobs.workflows.progress import read_progress
 
@@ -159,8 +160,9 @@ class RequeueOut(BaseModel):
 
 class JobOut(BaseModel):
     job_id: str
-    status: str = Field(description="done, dead_lettered, retrying, scheduled, pending, "
-                        "finished, cancelled, superseded or not_seen.")
+    status: str = Field(description="done, dead_lettered, running (a live worker's report "
+                        "lists it in a handler: location.running_on says where), retrying, "
+                        "scheduled, pending, finished, cancelled, superseded or not_seen.")
     summary: str
     job_type: str | None
     attempt: int | None
@@ -302,10 +304,10 @@ async def job(gateway: GatewayDep,
               job_type: Annotated[str | None, Query(alias="type", max_length=249)] = None,
               max_records: Annotated[int, Query(ge=1, le=1_000_000)]
               = DEFAULT_MAX_RECORDS_PER_TOPIC) -> JobOut:
-    """What happened to a job: done, dead-lettered, retrying, scheduled, pending, finished,
-    cancelled, superseded, not seen."""
-    found = await locate_job(gateway.settings, gateway.types, job_id, job_type=job_type,
-                             max_records_per_topic=max_records)
+    """What happened to a job: done, dead-lettered, running, retrying, scheduled, pending,
+    finished, cancelled, superseded, not seen."""
+    found = await locate(gateway.settings, gateway.types, job_id, job_type=job_type,
+                         max_records_per_topic=max_records)
     return JobOut(job_id=found.job_id, status=found.status, summary=found.summary(),
                   job_type=found.job_type, attempt=found.attempt, complete=found.complete,
                   location=found.to_dict(),

@@ -19,21 +19,22 @@ from stream_jobs.gateway.pages.common import (
 )
 from stream_jobs.gateway.state import Gateway
 from stream_jobs.job_types import get_job_type
-from stream_jobs.lookup import JobLocation, locate_job
+from stream_jobs.lookup import JobLocation
 from stream_jobs.tools.cancel import cancel_job
+from stream_jobs.tools.job_status import locate
 
 router = APIRouter(include_in_schema=False)
 
 
-_CANCELLABLE = ("pending", "retrying", "scheduled")
+_CANCELLABLE = ("pending", "running", "retrying", "scheduled")
 
 
 async def _located(gateway: Gateway, job_id: str, job_type: str | None) -> JobLocation:
     if job_type:
         get_job_type(gateway.types, job_type)
     # A done job's records too: the page lists them and shows its trace ID.
-    return await locate_job(gateway.settings, gateway.types, job_id, job_type=job_type or None,
-                            records_of_done=True)
+    return await locate(gateway.settings, gateway.types, job_id, job_type=job_type or None,
+                        records_of_done=True)
 
 
 @router.get("/ui/jobs")
