@@ -20,6 +20,7 @@ from stream_jobs.tools.running import RunningView
 from stream_jobs.tools.worker_reports import read_running
 
 console = Console()
+WIDE_COLUMNS = 240  # what --wide may take at most, whatever the terminal's width
 
 _TYPE = typer.Argument(None, metavar="TYPE", show_default=False,
                        help="One job type (default: every declared type).")
@@ -60,6 +61,17 @@ def _no_workers(view: RunningView) -> bool:
     return True
 
 
+def _print(table: Table, wide: bool) -> None:
+    """The table in the terminal's width; with --wide, as wide as its cells need (a
+    narrow terminal wraps the lines instead of the cells)."""
+    if not wide:
+        console.print(table)
+        return
+    for column in table.columns:
+        column.no_wrap = True
+    Console(width=max(console.width, WIDE_COLUMNS)).print(table)
+
+
 def _freshness(view: RunningView) -> str:
     ages = view.report_age_s()
     assert ages is not None  # only asked with live workers
@@ -89,7 +101,7 @@ def running(
         console.print(f"Nothing is running ({_freshness(view)}).", highlight=False,
                       soft_wrap=True)
         return
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     table.add_column("job ID", no_wrap=True)
     table.add_column("type", overflow="fold")
     table.add_column("attempt", justify="right", no_wrap=True)
@@ -104,7 +116,7 @@ def running(
         if wide:
             cells += [row.worker_id, row.job.topic, str(row.job.partition), str(row.job.offset)]
         table.add_row(*cells)
-    console.print(table)
+    _print(table, wide)
     more = f"; {view.unlisted} more running, not listed" if view.unlisted else ""
     console.print(f"{counted(view.running_count, 'job')} running ({_freshness(view)}{more}).",
                   highlight=False, soft_wrap=True)
@@ -127,7 +139,7 @@ def workers(
         return
     if _no_workers(view):
         return
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for column in ("host", "pid", "types", "parts", "in flight", "oldest", "report",
                    "version"):
         table.add_column(column, overflow="fold",
@@ -147,7 +159,7 @@ def workers(
             cells += [" ".join(f"{topic}/{part}" for topic, part in process.partitions),
                       "-" if oldest is None else oldest.job.job_id]
         table.add_row(*cells)
-    console.print(table)
+    _print(table, wide)
     console.print(f"{counted(len(view.processes), 'process', 'processes')}, "
                   f"{_freshness(view)}.", highlight=False, soft_wrap=True)
 

@@ -82,7 +82,9 @@ def test_a_run_is_dropped_when_it_ends() -> None:
 
 def test_the_process_fields_name_this_process() -> None:
     fields = process_fields()
-    assert fields["host"] and fields["pid"] > 0 and fields["version"]
+    assert fields["host"]
+    assert fields["pid"] > 0
+    assert fields["version"]
 
 
 def _report(worker: str, job_type: str = "t", *, at_s: float = -1, final: bool = False,
@@ -138,11 +140,13 @@ def test_a_process_running_several_types_is_one_row() -> None:
     assert both.types == ("t", "u")
     assert both.partitions == (("jobs.t", 0), ("jobs.u", 0))
     assert (both.in_flight, both.running_count) == (6, 2)
-    assert both.oldest is not None and both.oldest.job.job_id == "a"
+    assert both.oldest is not None
+    assert both.oldest.job.job_id == "a"
     assert rows["h2:11"].oldest is None
     assert rows["h1:10"].report_age_s(NOW) == 1.0
     document = view.to_dict()
-    assert document["live_workers"] == 4 and len(document["workers"]) == 3
+    assert document["live_workers"] == 4
+    assert len(document["workers"]) == 3
     assert orjson.loads(orjson.dumps(document)) == document
 
 
