@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from stream_jobs.gateway.pages import dlq, jobs, login, overview
+from stream_jobs.gateway.pages import dlq, jobs, login, overview, running
 
-routers: list[APIRouter] = [overview.router, login.router, dlq.router, jobs.router]
+routers: list[APIRouter] = [overview.router, login.router, dlq.router, jobs.router, running.router]
 
 __all__ = ["routers"]
