@@ -25,7 +25,6 @@ import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from functools import partial
-from typing import TypedDict
 
 from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
@@ -76,21 +75,6 @@ Ended = Outcome | FailureInfo
 # the broker then resends whole record batches, decoded again up to the position, so
 # pausing after every fetch cost a draining worker about a third of its time (measured).
 DEFAULT_MAX_BUFFERED = 2000
-
-
-class WorkerOptions(TypedDict, total=False):
-    """`Worker`'s keyword options, as `App.worker` takes them (what they mean: `Worker`)."""
-
-    grace_s: float
-    commit_interval_s: float
-    max_buffered: int | None
-    relay: bool
-    storage: Storage | None
-    report_interval_s: float
-    control: bool
-    children: JobClient | None
-    scheduler: Scheduler | None
-    kafka: KafkaClients
 
 
 class Worker(FlowControlled):
