@@ -7,7 +7,7 @@ SJ     := $(BIN)/stream-jobs
 # about this site.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
-.PHONY: setup system venv stack down status lint docs manual unit integration test demo bench clean chaos \
+.PHONY: setup system venv stack down status lint docs manual unit integration test demo screenshots bench clean chaos \
 	docker-images docker-test docker-check compose-check
 
 setup: system venv
@@ -107,6 +107,12 @@ docker-check: docker-test docker-images
 
 demo: stack
 	$(SJ) demo
+
+# The dashboard's browser tests, keeping their screenshots (1280 and 390 px wide) in
+# docs/img/, the pictures docs/operating/dashboard.md shows: run after a page changes.
+screenshots: stack
+	STREAM_JOBS_SCREENSHOTS=docs/img $(BIN)/pytest -q tests/integration/test_gateway_served.py \
+	  tests/integration/test_pages_*.py
 
 # Benchmarks against Kafka's tools, raw aiokafka, Celery and Dramatiq: ops/bench/RESULTS.md
 # (~30 min, the scaling run included). Not part of `make test`. BENCH_QUICK=1 make bench: a

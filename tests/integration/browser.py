@@ -10,10 +10,11 @@ of each width: under `$STREAM_JOBS_SCREENSHOTS` when set (`make screenshots` set
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 
@@ -27,6 +28,11 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 REPO = Path(__file__).resolve().parents[2]
 WIDTHS = (1280, 390)
 HEIGHT = 900
+NAVIGATION_TRIES = 5
+# What playwright says when the page navigated away under a step.
+_NAVIGATING = ("ERR_ABORTED", "frame was detached", "context was destroyed",
+               "navigating", "Navigation", "Not attached to an active page")
+T = TypeVar("T")
 
 needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium "
                                     "(ops/setup-system.sh installs it)")
@@ -88,9 +94,30 @@ _OVERFLOW = """() => {
 }"""
 
 
+async def settled(page: Page, step: Callable[[], Awaitable[T]]) -> T:
+    """`step()` on a page that may be navigating: a page that refreshes itself (the
+    queues, every few seconds) aborts a reload or destroys a script's context when its
+    own refresh comes first; then the step is taken again once it has loaded."""
+    from playwright.async_api import Error
+
+    for _ in range(NAVIGATION_TRIES - 1):
+        try:
+            return await step()
+        except Error as exc:
+            if not any(sign in str(exc) for sign in _NAVIGATING):
+                raise
+            await page.wait_for_load_state()
+    return await step()
+
+
+async def reload(page: Page) -> None:
+    """Reload the page (see `settled`)."""
+    await settled(page, page.reload)
+
+
 async def overflow(page: Page) -> list[str]:
     """What sticks out of the page sideways at its current width (empty when it fits)."""
-    found: list[str] = await page.evaluate(_OVERFLOW)
+    found: list[str] = await settled(page, lambda: page.evaluate(_OVERFLOW))
     return found
 
 
@@ -101,4 +128,5 @@ async def fits(page: Page, name: str) -> None:
         await page.set_viewport_size({"width": width, "height": HEIGHT})
         wide = await overflow(page)
         assert not wide, f"{name} at {width} px scrolls sideways: {wide}"
-        await page.screenshot(path=str(screenshots() / f"{name}-{width}.png"), full_page=True)
+        await settled(page, functools.partial(
+            page.screenshot, path=str(screenshots() / f"{name}-{width}.png"), full_page=True))

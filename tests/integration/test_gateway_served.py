@@ -41,7 +41,7 @@ from stream_jobs.settings import Settings
 from tests.waiting import until
 
 from ..conftest import Stack
-from .browser import chromium, fits, needs_chromium, new_page
+from .browser import chromium, fits, needs_chromium, new_page, reload
 
 TOKEN = "served-gw-token-9a7e"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -155,7 +155,7 @@ async def test_dashboard_in_a_browser(served: Served) -> None:
         failing = enqueued.json()["job_ids"][:2]
 
         async def shows(name: str, at_least: int) -> bool:
-            await page.reload()
+            await reload(page)
             return await figure(page, name) >= at_least
 
         await until(lambda: shows("lag", 30), "the dashboard to show a lag of 30")
@@ -165,7 +165,7 @@ async def test_dashboard_in_a_browser(served: Served) -> None:
         running = asyncio.create_task(worker.run())
         try:
             async def drained() -> bool:
-                await page.reload()
+                await reload(page)
                 return (await figure(page, "lag") == 0 and await figure(page, "dlq") == 2
                         and await figure(page, "done") == 28)
 
