@@ -368,8 +368,8 @@ class Worker(FlowControlled):
                          offset=record.offset, dedup=self.dedup, lend_slot=self.lend_slot,
                          children=self.children, finish=finish)
         error: Exception | None = None
-        running, run = self.running, id(ctx)
-        running[run] = (job, record, now_ms())
+        running = self.running
+        running[ctx] = now_ms()
         try:
             if finish is not None:
                 await call_finished(self._call_handler, finish, runner, payload, ctx,
@@ -379,7 +379,7 @@ class Worker(FlowControlled):
         except RunFailed as failed:
             error = failed.error
         finally:
-            del running[run]
+            del running[ctx]
         if ctx.cancelled and await self.admission.confirmed(job):
             # Whatever the run did: its ctx.once() could not commit (the cancel holds the
             # dedup row), and a failure is not retried.

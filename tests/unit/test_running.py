@@ -8,13 +8,15 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stream_jobs.context import JobContext
+from stream_jobs.dedup.store import DedupStore
 from stream_jobs.lookup import JobLocation, Sighting
 from stream_jobs.record import JobRecord
 from stream_jobs.runtime.reports import RUNNING_SHOWN, RunningJob, WorkerReport
 from stream_jobs.runtime.running_jobs import RunningJobs, process_fields
+from stream_jobs.settings import Settings
 from stream_jobs.tools.job_status import running_location
 from stream_jobs.tools.running import running_view
-from tests.unit.fake_records import FakeRecord
 
 NOW = 1_700_000_000_000
 PROPERTY = settings(max_examples=200, deadline=None)
@@ -53,8 +55,10 @@ def test_a_report_with_a_bad_running_list_is_not_a_report() -> None:
         assert WorkerReport.from_json(orjson.dumps({**base, "running": running})) is None
 
 
-def _job(job_id: str, attempt: int = 1) -> JobRecord:
-    return JobRecord(job_id=job_id, job_type="t", payload=b"{}", key=None, attempt=attempt)
+def _ctx(job_id: str, *, partition: int, offset: int, attempt: int = 1) -> JobContext:
+    job = JobRecord(job_id=job_id, job_type="t", payload=b"{}", key=None, attempt=attempt)
+    return JobContext(job, topic="jobs.t", partition=partition, offset=offset,
+                      dedup=DedupStore(Settings()))
 
 
 @PROPERTY
@@ -62,7 +66,7 @@ def _job(job_id: str, attempt: int = 1) -> JobRecord:
 def test_the_registry_lists_the_oldest_runs_first(starts: list[int], cap: int) -> None:
     runs = RunningJobs()
     for i, start in enumerate(starts):
-        runs[i] = (_job(f"j{i}"), FakeRecord(topic="jobs.t", partition=i % 3, offset=i), start)
+        runs[_ctx(f"j{i}", partition=i % 3, offset=i)] = start
     shown = runs.oldest(cap)
     assert len(shown) == min(cap, len(starts))
     assert [job.started_at_ms for job in shown] == sorted(starts)[:cap]
@@ -73,9 +77,10 @@ def test_the_registry_lists_the_oldest_runs_first(starts: list[int], cap: int) -
 
 def test_a_run_is_dropped_when_it_ends() -> None:
     runs = RunningJobs()
-    runs[1] = (_job("a", attempt=2), FakeRecord(topic="jobs.t", partition=0, offset=5), NOW)
+    ctx = _ctx("a", partition=0, offset=5, attempt=2)
+    runs[ctx] = NOW
     assert runs.oldest() == (RunningJob("a", 2, "jobs.t", 0, 5, NOW),)
-    del runs[1]
+    del runs[ctx]
     assert runs.oldest() == ()
     assert RUNNING_SHOWN == 50
 
