@@ -1,31 +1,41 @@
-"""The jobs in a worker's handlers now, from the moment a handler starts until it ends.
+"""The jobs in a worker's handlers now, read from its runners when a report is written.
 
-The worker's per-job cost is one insert and one pop of a plain dict (`RunningJobs` is one):
-the run's `JobContext` (hashed by identity; it knows the job, its lane record's topic,
-partition and offset) to its start in ms. What a report says (`RunningJob`s, oldest
-first) is made from it only when a report is written.
+A runner holds the context of the job whose handler it calls (`Runner.ctx`, set and
+cleared around the call for cancels) and the loop time by which that call must end
+(`Runner.deadline`, the call's start plus the handler's timeout): so what runs, and since
+when, costs the per-job path nothing. A run's start is that deadline less the timeout,
+turned from loop time into wall-clock milliseconds.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import os
 import socket
+from collections.abc import Iterable
 from typing import Any
 
-from stream_jobs.context import JobContext
+from stream_jobs.runtime.dispatch import Runner
 from stream_jobs.runtime.reports import RUNNING_SHOWN, RunningJob, package_version
 
 
-class RunningJobs(dict[JobContext, int]):
-    """When each run in a handler started (ms), by its context."""
-
-    def oldest(self, cap: int = RUNNING_SHOWN) -> tuple[RunningJob, ...]:
-        """The `cap` runs that started first, oldest first."""
-        runs = heapq.nsmallest(cap, self.items(), key=lambda run: run[1])
-        return tuple(RunningJob(ctx.job_id, ctx.attempt, ctx.topic, ctx.partition, ctx.offset,
-                                started_ms)
-                     for ctx, started_ms in runs)
+def in_handlers(runners: Iterable[Runner], *, timeout_s: float, now_ms: int,
+                loop_now_s: float, cap: int = RUNNING_SHOWN
+                ) -> tuple[tuple[RunningJob, ...], int]:
+    """(the `cap` runs that started first, oldest first; how many runs there are), of the
+    runners in a handler call now. `now_ms` and `loop_now_s` are one moment on the wall
+    clock and on the loop's clock."""
+    runs = []
+    for runner in runners:
+        ctx = runner.ctx
+        if ctx is None or math.isinf(runner.deadline):
+            continue
+        started_ms = now_ms - round((loop_now_s - (runner.deadline - timeout_s)) * 1000)
+        runs.append((min(started_ms, now_ms), ctx))
+    oldest = heapq.nsmallest(cap, runs, key=lambda run: run[0])
+    return tuple(RunningJob(ctx.job_id, ctx.attempt, ctx.topic, ctx.partition, ctx.offset,
+                            started_ms) for started_ms, ctx in oldest), len(runs)
 
 
 def process_fields() -> dict[str, Any]:
@@ -36,4 +46,4 @@ def process_fields() -> dict[str, Any]:
 
 _VERSION = package_version()
 
-__all__ = ["RunningJobs", "process_fields"]
+__all__ = ["in_handlers", "process_fields"]

@@ -55,7 +55,7 @@ from stream_jobs.runtime.idle import IdleWatch, run_until_idle
 from stream_jobs.runtime.member import GroupMember
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
 from stream_jobs.runtime.retries import Retries
-from stream_jobs.runtime.running_jobs import RunningJobs, process_fields
+from stream_jobs.runtime.running_jobs import in_handlers, process_fields
 from stream_jobs.runtime.services import Loop, Service, running
 from stream_jobs.runtime.stalls import LoopWatch
 from stream_jobs.runtime.throttle import ControlFollower
@@ -128,7 +128,6 @@ class Worker(FlowControlled):
         self.dead_letter_reasons: Counter[str] = Counter()
         # Handler run times, kept only while metrics are on (`stream_jobs.runtime.metrics`).
         self.durations: DurationHistogram | None = None
-        self.running = RunningJobs()  # the jobs in their handlers now (in each report)
         self.worker_id = new_worker_id()
         self.report_interval_s = heartbeat_report_interval_s(report_interval_s,
                                                              policy.heartbeat_interval_s)
@@ -203,6 +202,11 @@ class Worker(FlowControlled):
 
     def report(self, *, final: bool = False) -> WorkerReport:
         """This worker's counters now (what it publishes to `P._stats`)."""
+        # What runs: the runners' calls, read here so that the per-job path pays nothing.
+        runners = self.dispatcher.runners  # none unless a loop runs this worker
+        running, running_count = in_handlers(
+            runners, timeout_s=self.handler.timeout_s, now_ms=now_ms(),
+            loop_now_s=asyncio.get_running_loop().time() if runners else 0.0)
         return WorkerReport(
             job_type=self.policy.job_type, worker_id=self.worker_id, at_ms=now_ms(),
             started_at_ms=self._started_at_ms,
@@ -217,7 +221,7 @@ class Worker(FlowControlled):
             slot_ms=self.slots.slot_ms,
             slots={start: tally.to_obj() for start, tally in self.slots.slots(now_ms()).items()},
             partitions=tuple(sorted((tp.topic, tp.partition) for tp in self.partitions)),
-            running=self.running.oldest(), running_count=len(self.running), **process_fields())
+            running=running, running_count=running_count, **process_fields())
 
     async def _report_every(self) -> None:
         await publish_every(self.settings, self.producer, self.worker_id, self.report,
@@ -368,8 +372,6 @@ class Worker(FlowControlled):
                          offset=record.offset, dedup=self.dedup, lend_slot=self.lend_slot,
                          children=self.children, finish=finish)
         error: Exception | None = None
-        running = self.running
-        running[ctx] = now_ms()
         try:
             if finish is not None:
                 await call_finished(self._call_handler, finish, runner, payload, ctx,
@@ -378,8 +380,6 @@ class Worker(FlowControlled):
                 await self._call_handler(runner, payload, ctx)
         except RunFailed as failed:
             error = failed.error
-        finally:
-            del running[ctx]
         if ctx.cancelled and await self.admission.confirmed(job):
             # Whatever the run did: its ctx.once() could not commit (the cancel holds the
             # dedup row), and a failure is not retried.

@@ -1,8 +1,10 @@
 """What runs now (issue 26): the report's running jobs and process fields, parsed and
-round-tripped; the worker's registry of runs; the live workers' view; a pending job that
-a live worker's report lists shown as running. Pure: no services."""
+round-tripped; the running jobs read from a worker's runners; the live workers' view; a
+pending job that a live worker's report lists shown as running. Pure: no services."""
 
 from __future__ import annotations
+
+import math
 
 import orjson
 from hypothesis import given, settings
@@ -12,8 +14,9 @@ from stream_jobs.context import JobContext
 from stream_jobs.dedup.store import DedupStore
 from stream_jobs.lookup import JobLocation, Sighting
 from stream_jobs.record import JobRecord
+from stream_jobs.runtime.dispatch import Runner
 from stream_jobs.runtime.reports import RUNNING_SHOWN, RunningJob, WorkerReport
-from stream_jobs.runtime.running_jobs import RunningJobs, process_fields
+from stream_jobs.runtime.running_jobs import in_handlers, process_fields
 from stream_jobs.settings import Settings
 from stream_jobs.tools.job_status import running_location
 from stream_jobs.tools.running import running_view
@@ -61,27 +64,40 @@ def _ctx(job_id: str, *, partition: int, offset: int, attempt: int = 1) -> JobCo
                       dedup=DedupStore(Settings()))
 
 
+def _runner(ctx: JobContext | None, started_s: float, timeout_s: float = 60.0) -> Runner:
+    """A runner in a handler call that started at `started_s` on the loop's clock."""
+    runner = Runner()
+    runner.ctx = ctx
+    if ctx is not None:
+        runner.deadline = started_s + timeout_s
+    return runner
+
+
 @PROPERTY
-@given(st.lists(st.integers(0, 10**9), max_size=80), st.integers(1, 60))
-def test_the_registry_lists_the_oldest_runs_first(starts: list[int], cap: int) -> None:
-    runs = RunningJobs()
-    for i, start in enumerate(starts):
-        runs[_ctx(f"j{i}", partition=i % 3, offset=i)] = start
-    shown = runs.oldest(cap)
-    assert len(shown) == min(cap, len(starts))
-    assert [job.started_at_ms for job in shown] == sorted(starts)[:cap]
+@given(st.lists(st.integers(0, 10**6), max_size=80), st.integers(1, 60))
+def test_the_report_lists_the_oldest_runs_first(starts_ms: list[int], cap: int) -> None:
+    loop_now_s, timeout_s = 2000.0, 60.0
+    runners = [_runner(_ctx(f"j{i}", partition=i % 3, offset=i), started_s=1000 + ms / 1000,
+                       timeout_s=timeout_s) for i, ms in enumerate(starts_ms)]
+    runners.append(_runner(None, 0))  # a runner between records
+    shown, count = in_handlers(runners, timeout_s=timeout_s, now_ms=NOW,
+                               loop_now_s=loop_now_s, cap=cap)
+    assert count == len(starts_ms)
+    assert len(shown) == min(cap, len(starts_ms))
+    # Loop second 1000 is wall-clock NOW - 1000 s.
+    assert [job.started_at_ms for job in shown] == [NOW - 1_000_000 + ms
+                                                    for ms in sorted(starts_ms)[:cap]]
     for job in shown:
         i = int(job.job_id[1:])
         assert (job.topic, job.partition, job.offset) == ("jobs.t", i % 3, i)
 
 
-def test_a_run_is_dropped_when_it_ends() -> None:
-    runs = RunningJobs()
-    ctx = _ctx("a", partition=0, offset=5, attempt=2)
-    runs[ctx] = NOW
-    assert runs.oldest() == (RunningJob("a", 2, "jobs.t", 0, 5, NOW),)
-    del runs[ctx]
-    assert runs.oldest() == ()
+def test_a_run_leaves_the_report_when_its_call_ends() -> None:
+    runner = _runner(_ctx("a", partition=0, offset=5, attempt=2), started_s=99.5)
+    shown, count = in_handlers([runner], timeout_s=60.0, now_ms=NOW, loop_now_s=100.0)
+    assert (shown, count) == ((RunningJob("a", 2, "jobs.t", 0, 5, NOW - 500),), 1)
+    runner.ctx, runner.deadline = None, math.inf  # what the caller does once it returns
+    assert in_handlers([runner], timeout_s=60.0, now_ms=NOW, loop_now_s=100.0) == ((), 0)
     assert RUNNING_SHOWN == 50
 
 
