@@ -39,7 +39,8 @@ from stream_jobs.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from stream_jobs.client import JobClient, SyncJobClient
-    from stream_jobs.runtime.worker import Worker, WorkerOptions
+    from stream_jobs.runtime.worker import Worker
+    from stream_jobs.runtime.worker_options import WorkerOptions
     from stream_jobs.schedules import PayloadFunc, Scheduler
     from stream_jobs.storage import Storage
 

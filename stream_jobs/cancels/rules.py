@@ -42,7 +42,7 @@ _CHANNEL_MAX = 63  # Postgres keeps 63 bytes of an identifier; a LISTEN channel 
 # Lookup statuses (stream_jobs.lookup) of jobs that reached an outcome already.
 _FINISHED_STATUSES = frozenset({"done", "finished", "dead_lettered", "cancelled",
                                 "superseded"})
-_WAITING_STATUSES = frozenset({"pending", "retrying", "scheduled"})
+_WAITING_STATUSES = frozenset({"pending", "running", "retrying", "scheduled"})
 
 
 class CancelAnswer(StrEnum):

@@ -18,6 +18,7 @@ from stream_jobs.cli import enqueue as _enqueue  # noqa: F401 - registers `enque
 from stream_jobs.cli import flow as _flow  # noqa: F401 - registers `throttle`, `drain`
 from stream_jobs.cli import history as _history  # noqa: F401 - registers `history`
 from stream_jobs.cli import retry_now as _retry_now  # noqa: F401 - registers `retry-now`
+from stream_jobs.cli import running as _running  # noqa: F401 - registers `running`, `workers`
 from stream_jobs.cli import schedules as _schedules  # registers `scheduler`
 from stream_jobs.cli import serve as _serve  # noqa: F401 - registers `serve`
 from stream_jobs.cli import waiting as _waiting  # noqa: F401 - registers `waiting`

@@ -30,9 +30,10 @@ from stream_jobs.cli.tables import (
 from stream_jobs.dlq.census import DlqCensus
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_types import JobTypePolicy, get_job_type, load_job_types
-from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, JobLocation, locate_job
+from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, JobLocation
 from stream_jobs.plurals import counted
 from stream_jobs.settings import Settings
+from stream_jobs.tools.job_status import locate
 from stream_jobs.tools.stats import collect
 from stream_jobs.tools.type_stats import DEFAULT_WINDOW_S, StatsSnapshot, TopicLag, TypeStats
 
@@ -42,7 +43,8 @@ status_console = Console(stderr=True)
 # Rows normally wait milliseconds; ops/prometheus/alerts.yml fires past a minute too.
 OUTBOX_ALERT_AGE_S = 60.0
 
-_STATUS_STYLE = {"done": "green", "finished": "green", "pending": "cyan", "retrying": "yellow",
+_STATUS_STYLE = {"done": "green", "finished": "green", "pending": "cyan", "running": "blue",
+                 "retrying": "yellow",
                  "scheduled": "cyan", "dead_lettered": "red", "not_seen": "magenta",
                  "cancelled": "yellow", "superseded": "dim"}
 
@@ -178,9 +180,10 @@ def job(
     wide: bool = WIDE_OPTION,
 ) -> None:
     """What happened to a job: done (dedup row), dead-lettered (with the reason), waiting
-    in a delay tier or a lane, finished without a dedup row, cancelled, superseded (by a
-    newer debounced job), or not seen. With --key and --type instead of a JOB_ID: the
-    jobs of that type whose records carry the key, found by a bounded scan."""
+    in a delay tier or a lane, running on a worker (its latest report lists the job in a
+    handler), finished without a dedup row, cancelled, superseded (by a newer debounced
+    job), or not seen. With --key and --type instead of a JOB_ID: the jobs of that type
+    whose records carry the key, found by a bounded scan."""
     settings, types = _load(ctx, job_type)
     if (job_id is None) == (key is None):
         raise ConfigError("Give a JOB_ID, or --key with --type, to find jobs by their key.")
@@ -193,8 +196,8 @@ def job(
     assert job_id is not None  # one of the two, checked above
 
     async def run() -> JobLocation:
-        return await locate_job(settings, types, job_id, job_type=job_type,
-                                max_records_per_topic=max_records, records_of_done=True)
+        return await locate(settings, types, job_id, job_type=job_type,
+                            max_records_per_topic=max_records, records_of_done=True)
 
     if as_json:
         _print_json(asyncio.run(run()).to_dict())

@@ -28,9 +28,10 @@ from stream_jobs.gateway.auth import Authorized
 from stream_jobs.gateway.state import Gateway, gateway_of
 from stream_jobs.job_ids import MAX_JOB_ID_CHARS, id_problem, key_problem
 from stream_jobs.job_types import get_job_type
-from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, locate_job
+from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC
 from stream_jobs.redaction import shown_payload
 from stream_jobs.tools.cancel import cancel_job
+from stream_jobs.tools.job_status import locate
 from stream_jobs.tools.stats import collect
 from stream_jobs.workflows.progress import read_progress
 
@@ -160,8 +161,9 @@ class RequeueOut(BaseModel):
 
 class JobOut(BaseModel):
     job_id: str
-    status: str = Field(description="done, dead_lettered, retrying, scheduled, pending, "
-                        "finished, cancelled, superseded or not_seen.")
+    status: str = Field(description="done, dead_lettered, running (a live worker's report "
+                        "lists it in a handler: location.running_on says where), retrying, "
+                        "scheduled, pending, finished, cancelled, superseded or not_seen.")
     summary: str
     job_type: str | None
     attempt: int | None
@@ -311,10 +313,10 @@ async def job(gateway: GatewayDep,
                                              "(its payload, its trace ID): a scan of its "
                                              "type's topics instead of one row.")] = False
               ) -> JobOut:
-    """What happened to a job: done, dead-lettered, retrying, scheduled, pending, finished,
-    cancelled, superseded, not seen."""
-    found = await locate_job(gateway.settings, gateway.types, job_id, job_type=job_type,
-                             max_records_per_topic=max_records, records_of_done=records)
+    """What happened to a job: done, dead-lettered, running, retrying, scheduled, pending,
+    finished, cancelled, superseded, not seen."""
+    found = await locate(gateway.settings, gateway.types, job_id, job_type=job_type,
+                         max_records_per_topic=max_records, records_of_done=records)
     return JobOut(job_id=found.job_id, status=found.status, summary=found.summary(),
                   job_type=found.job_type, attempt=found.attempt, complete=found.complete,
                   location=found.to_dict(),

@@ -7,7 +7,9 @@ result, or how it ended without one: docs/results.md), then a bounded scan of th
 lanes, delay tiers and DLQ for records carrying the job ID. The latest sighting tells
 where the job is: dead-lettered, waiting in a tier (for a retry, or, never having failed,
 for the delay it was enqueued with), waiting (or running) in a lane, or finished in its
-lane without a dedup row.
+lane without a dedup row. A waiting job that a live worker's report lists in a handler is
+running (`JobLocation.running`): `stream_jobs.tools.job_status` asks the reports, which
+this layer does not read.
 
 `client.result` reads the same evidence when a job has no row of kept results
 (`result_error`, `not_in_time`): how the job ended, or that no result of it will come.
@@ -26,6 +28,7 @@ from stream_jobs.lookup.answers import KEEP_HINT, keeps_result, not_in_time, res
 from stream_jobs.lookup.locate import DEFAULT_MAX_RECORDS_PER_TOPIC, capped, locate_job, topics_of
 from stream_jobs.lookup.location import (
     JobLocation,
+    RunningOn,
     Sighting,
     Status,
     cancelled_location,
@@ -38,7 +41,7 @@ from stream_jobs.lookup.location import (
     tier_state,
 )
 
-__all__ = ["DEFAULT_MAX_RECORDS_PER_TOPIC", "KEEP_HINT", "JobLocation", "Sighting", "Status",
-           "cancelled_location", "capped", "headers_of", "judge", "keeps_result", "locate_job",
-           "not_in_time", "number_of", "result_error", "sighting_from", "sighting_of",
-           "superseded_location", "tier_state", "topics_of"]
+__all__ = ["DEFAULT_MAX_RECORDS_PER_TOPIC", "KEEP_HINT", "JobLocation", "RunningOn", "Sighting",
+           "Status", "cancelled_location", "capped", "headers_of", "judge", "keeps_result",
+           "locate_job", "not_in_time", "number_of", "result_error", "sighting_from",
+           "sighting_of", "superseded_location", "tier_state", "topics_of"]

@@ -5,7 +5,7 @@ latest one gives. Pure: `stream_jobs.lookup.locate` does the reading."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -25,8 +25,8 @@ from stream_jobs.record import (
 )
 from stream_jobs.results.rules import StoredResult
 
-Status = Literal["done", "dead_lettered", "retrying", "scheduled", "pending", "finished",
-                 "not_seen", "cancelled", "superseded"]
+Status = Literal["done", "dead_lettered", "running", "retrying", "scheduled", "pending",
+                 "finished", "not_seen", "cancelled", "superseded"]
 
 # Of two sightings with the same requeue count, attempt and timestamp, the later role.
 _ROLE_ORDER: dict[TopicRole, int] = {"tier": 0, "lane": 1, "dlq": 2}
@@ -57,6 +57,19 @@ class Sighting:
 
 
 @dataclass(frozen=True)
+class RunningOn:
+    """A live worker's report lists the job in its handler (a pending job, running)."""
+
+    worker_id: str
+    attempt: int
+    topic: str
+    partition: int
+    offset: int
+    started_at_ms: int
+    running_for_s: float  # when the lookup read the report
+
+
+@dataclass(frozen=True)
 class JobLocation:
     """Where a job is, as far as the dedup table and the scanned topics tell."""
 
@@ -73,6 +86,7 @@ class JobLocation:
     detail: str = ""  # cancelled or superseded: when, why, by which job
     # Its row of stream_jobs_results: a kept result, or how a job that keeps one ended.
     result: StoredResult | None = None
+    running_on: RunningOn | None = None  # status "running": where and since when
 
     @property
     def trace_id(self) -> str | None:
@@ -96,6 +110,11 @@ class JobLocation:
         if self.status in ("cancelled", "superseded"):
             kind = f" ({self.job_type})" if self.job_type else ""
             return f"{job}{kind} is {self.status}: {self.detail}"
+        if self.status == "running" and self.running_on is not None:
+            on = self.running_on
+            return (f"{job} ({self.job_type}) is running on {on.worker_id} for "
+                    f"{on.running_for_s:.0f} s (attempt {on.attempt}, {on.topic} partition "
+                    f"{on.partition} offset {on.offset}).")
         if self.status == "done":
             when = self.finished_at.isoformat() if self.finished_at else "an unknown time"
             return (f"{job} ({self.job_type}) is done: attempt {self.attempt} committed "
@@ -138,7 +157,12 @@ class JobLocation:
             "scanned_records": self.scanned_records, "complete": self.complete,
             "notes": list(self.notes),
             "result": None if self.result is None else self.result.to_dict(),
+            "running_on": None if self.running_on is None else asdict(self.running_on),
         }
+
+    def running(self, on: RunningOn) -> JobLocation:
+        """This pending job as running `on` a worker (its report lists it in a handler)."""
+        return replace(self, status="running", attempt=on.attempt, running_on=on)
 
 
 RESULT_SHOWN_CHARS = 200

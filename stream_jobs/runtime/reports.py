@@ -3,7 +3,10 @@
 `stream-jobs stats` turns two reports of one worker into rates (done, retried,
 dead-lettered, expired per second) and sums them per type. A report is small JSON keyed
 by the worker's ID, readable by any Kafka tool. Reports are best effort: a report that
-cannot be written is logged and skipped; jobs never wait on it. Shadow consumers
+cannot be written is logged and skipped; jobs never wait on it. A report also says which
+process the worker is (host, pid, package version), the lane partitions it holds, and the
+jobs in its handlers, oldest first (`RunningJob`, at most `RUNNING_SHOWN`; `running_count`
+counts them all): what `stream-jobs running` and `workers` read. Shadow consumers
 (`worker --shadow`) publish `ShadowReport`s to the same topic, marked `"shadow": true`.
 """
 
@@ -16,6 +19,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from typing import Any, Protocol
 
 import orjson
@@ -27,8 +31,36 @@ from stream_jobs.settings import Settings
 
 log = logging.getLogger("stream_jobs.reports")
 
+# The running jobs a report lists (the oldest): a report stays small with any concurrency.
+RUNNING_SHOWN = 50
+
 def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def package_version() -> str:
+    """The installed stream-jobs version ("unknown" when run from a tree not installed)."""
+    try:
+        return metadata.version("stream-jobs")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """One job in a worker's handler: since `started_at_ms`, from its lane record."""
+
+    job_id: str
+    attempt: int
+    topic: str
+    partition: int
+    offset: int
+    started_at_ms: int
+
+    @classmethod
+    def of(cls, data: Any) -> RunningJob:
+        return cls(str(data["job_id"]), int(data["attempt"]), str(data["topic"]),
+                   int(data["partition"]), int(data["offset"]), int(data["started_at_ms"]))
 
 
 @dataclass(frozen=True)
@@ -56,6 +88,15 @@ class WorkerReport:
     # start in ms, each cumulative within its slot (`Tally.to_obj()`; parsed by the reader).
     slot_ms: int = 0
     slots: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # The process (empty in reports of workers older than these fields).
+    host: str = ""
+    pid: int = 0
+    version: str = ""
+    # (lane topic, partition) of each lane partition assigned to this worker now.
+    partitions: tuple[tuple[str, int], ...] = ()
+    # The oldest jobs in its handlers (at most RUNNING_SHOWN), and how many there are.
+    running: tuple[RunningJob, ...] = ()
+    running_count: int = 0
 
     def to_json(self) -> bytes:
         # Counters are keyed by outcome and reason codes (StrEnums).
@@ -85,6 +126,12 @@ class WorkerReport:
                 slot_ms=int(data.get("slot_ms", 0)),
                 slots={int(start): dict(tally)
                        for start, tally in dict(data.get("slots", {})).items()},
+                host=str(data.get("host", "")), pid=int(data.get("pid", 0)),
+                version=str(data.get("version", "")),
+                partitions=tuple((str(topic), int(part))
+                                 for topic, part in data.get("partitions", ())),
+                running=tuple(RunningJob.of(job) for job in data.get("running", ())),
+                running_count=int(data.get("running_count", 0)),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return None

@@ -25,7 +25,6 @@ import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from functools import partial
-from typing import TypedDict
 
 from stream_jobs.client import JobClient
 from stream_jobs.clock import now_ms
@@ -57,6 +56,7 @@ from stream_jobs.runtime.idle import IdleWatch, run_until_idle
 from stream_jobs.runtime.member import GroupMember
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
 from stream_jobs.runtime.retries import Retries
+from stream_jobs.runtime.running_jobs import in_handlers, process_fields
 from stream_jobs.runtime.services import Loop, Service, running
 from stream_jobs.runtime.stalls import LoopWatch
 from stream_jobs.runtime.throttle import ControlFollower
@@ -76,21 +76,6 @@ Ended = Outcome | FailureInfo
 # the broker then resends whole record batches, decoded again up to the position, so
 # pausing after every fetch cost a draining worker about a third of its time (measured).
 DEFAULT_MAX_BUFFERED = 2000
-
-
-class WorkerOptions(TypedDict, total=False):
-    """`Worker`'s keyword options, as `App.worker` takes them (what they mean: `Worker`)."""
-
-    grace_s: float
-    commit_interval_s: float
-    max_buffered: int | None
-    relay: bool
-    storage: Storage | None
-    report_interval_s: float
-    control: bool
-    children: JobClient | None
-    scheduler: Scheduler | None
-    kafka: KafkaClients
 
 
 class Worker(FlowControlled):
@@ -219,6 +204,11 @@ class Worker(FlowControlled):
 
     def report(self, *, final: bool = False) -> WorkerReport:
         """This worker's counters now (what it publishes to `P._stats`)."""
+        # What runs: the runners' calls, read here so that the per-job path pays nothing.
+        runners = self.dispatcher.runners  # none unless a loop runs this worker
+        running, running_count = in_handlers(
+            runners, timeout_s=self.handler.timeout_s, now_ms=now_ms(),
+            loop_now_s=asyncio.get_running_loop().time() if runners else 0.0)
         return WorkerReport(
             job_type=self.policy.job_type, worker_id=self.worker_id, at_ms=now_ms(),
             started_at_ms=self._started_at_ms,
@@ -231,7 +221,9 @@ class Worker(FlowControlled):
             heartbeats=tuple((tp.topic, tp.partition, at_ms)
                              for tp, at_ms in sorted(self.heartbeats.items())),
             slot_ms=self.slots.slot_ms,
-            slots={start: tally.to_obj() for start, tally in self.slots.slots(now_ms()).items()})
+            slots={start: tally.to_obj() for start, tally in self.slots.slots(now_ms()).items()},
+            partitions=tuple(sorted((tp.topic, tp.partition) for tp in self.partitions)),
+            running=running, running_count=running_count, **process_fields())
 
     async def _report_every(self) -> None:
         await publish_every(self.settings, self.producer, self.worker_id, self.report,

@@ -35,7 +35,6 @@ from stream_jobs.naming import (
     worker_group,
 )
 from stream_jobs.outbox.depth import OutboxDepth, read_depth
-from stream_jobs.runtime.reports import ShadowReport, WorkerReport
 from stream_jobs.runtime.throttle import RateOverride, apply_record
 from stream_jobs.settings import Settings
 from stream_jobs.tools.type_stats import (
@@ -48,6 +47,7 @@ from stream_jobs.tools.type_stats import (
     type_stats,
     unfinished_from,
 )
+from stream_jobs.tools.worker_reports import scan_reports
 
 # Reading one record for its timestamp must not fetch megabytes of backlog behind it.
 _PEEK_FETCH_BYTES = 64 * 1024
@@ -142,7 +142,7 @@ async def read_with(consumer: Consumer, admin: Admin, prefix: str,
              if backlog(beginnings[tp], ends[tp], committed.get(tp)) > 0}
     stamps = await _timestamps_at(consumer, heads, timeout_ms)
     at_ms = clock.now_ms()
-    reports, shadow_reports = await _reports(consumer, reports_topic, report_ranges)
+    reports, shadow_reports = await scan_reports(consumer, reports_topic, report_ranges)
     overrides: dict[str, RateOverride] = {}
     async for record in scan.scan(consumer, controls_topic, control_ranges):
         apply_record(overrides, record.key, record.value)
@@ -236,21 +236,6 @@ async def _timestamps_at(consumer: Consumer, heads: Mapping[TopicPartition, int]
                 found[tp] = int(records[0].timestamp)
                 consumer.pause(tp)  # one record is all we wanted: stop prefetching
     return found
-
-
-async def _reports(consumer: Consumer, topic: str, ranges: list[scan.PartitionRange]
-                   ) -> tuple[list[WorkerReport], list[ShadowReport]]:
-    found: list[WorkerReport] = []
-    shadows: list[ShadowReport] = []
-    async for record in scan.scan(consumer, topic, ranges):
-        report = WorkerReport.from_json(record.value)
-        if report is not None:
-            found.append(report)
-            continue
-        shadow = ShadowReport.from_json(record.value)
-        if shadow is not None:
-            shadows.append(shadow)
-    return found, shadows
 
 
 __all__ = ["collect", "read", "read_with"]

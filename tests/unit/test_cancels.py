@@ -61,11 +61,13 @@ def test_channels_fit_postgres_identifiers_and_differ_by_schema() -> None:
 def test_every_lookup_status_has_a_verdict_but_not_seen() -> None:
     statuses = set(get_args(Status))
     finished = {"done", "finished", "dead_lettered", "superseded"}
-    assert statuses == {*finished, "cancelled", "pending", "retrying", "scheduled", "not_seen"}
+    assert statuses == {*finished, "cancelled", "pending", "running", "retrying", "scheduled",
+                        "not_seen"}
     for status in finished:
         assert verdict_of(status) is CancelAnswer.ALREADY_FINISHED
     assert verdict_of("cancelled") is CancelAnswer.ALREADY_CANCELLED
     assert verdict_of("pending") is None
+    assert verdict_of("running") is None
     assert verdict_of("retrying") is None
     assert verdict_of("scheduled") is None
     with pytest.raises(ValueError, match="not_seen"):

@@ -15,12 +15,13 @@ from stream_jobs.gateway.pages import (
     login,
     outbox,
     overview,
+    running,
     schedules,
     waiting,
 )
 
 routers: list[APIRouter] = [overview.router, login.router, dlq.router, jobs.router,
-                            waiting.router, schedules.router, batches.router, outbox.router,
-                            history.router, job_search.router]
+                            running.router, waiting.router, schedules.router, batches.router,
+                            outbox.router, history.router, job_search.router]
 
 __all__ = ["routers"]

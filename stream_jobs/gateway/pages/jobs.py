@@ -21,17 +21,18 @@ from stream_jobs.gateway.pages.common import (
 )
 from stream_jobs.gateway.state import Gateway
 from stream_jobs.job_types import get_job_type
-from stream_jobs.lookup import JobLocation, locate_job
+from stream_jobs.lookup import JobLocation
 from stream_jobs.lookup.attempts import NOT_RECORDED, steps_of
 from stream_jobs.redaction import shown_payload
 from stream_jobs.tools.cancel import cancel_job
+from stream_jobs.tools.job_status import locate
 from stream_jobs.tools.retry_now import retry_now
 from stream_jobs.tracing.rules import tenant_of
 
 router = APIRouter(include_in_schema=False)
 
 
-_CANCELLABLE = ("pending", "retrying", "scheduled")
+_CANCELLABLE = ("pending", "running", "retrying", "scheduled")
 _RETRYABLE = ("retrying", "scheduled")  # waiting in a delay tier
 
 
@@ -39,8 +40,8 @@ async def _located(gateway: Gateway, job_id: str, job_type: str | None) -> JobLo
     if job_type:
         get_job_type(gateway.types, job_type)
     # A done job's records too: the page lists them and shows its trace ID.
-    return await locate_job(gateway.settings, gateway.types, job_id, job_type=job_type or None,
-                            records_of_done=True)
+    return await locate(gateway.settings, gateway.types, job_id, job_type=job_type or None,
+                        records_of_done=True)
 
 
 @router.get("/ui/jobs/{job_id}", response_class=HTMLResponse)
