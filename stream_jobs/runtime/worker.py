@@ -12,9 +12,7 @@ A job goes through three phases (`Worker.handle`): *admit* (debounce, cancel, ex
 `stream_jobs.runtime.admission`, docs/control.md), *run* (its handler, in its finish
 transaction if it has one: `stream_jobs.results.finish`) and *end*, the one place its
 outcome is counted, a dead letter's reason too, its kept row written and its unique key
-given back.
-
-Flow control: docs/flow-control.md (`stream_jobs.runtime.flow_control`).
+given back. Flow control: docs/flow-control.md (`stream_jobs.runtime.flow_control`).
 """
 
 from __future__ import annotations
@@ -60,6 +58,7 @@ from stream_jobs.runtime.running_jobs import in_handlers, process_fields
 from stream_jobs.runtime.services import Loop, Service, running
 from stream_jobs.runtime.stalls import LoopWatch
 from stream_jobs.runtime.throttle import ControlFollower
+from stream_jobs.runtime.worker_options import DEFAULT_MAX_BUFFERED
 from stream_jobs.schedules import Scheduler
 from stream_jobs.settings import Settings
 from stream_jobs.storage import PostgresStorage, Storage
@@ -70,12 +69,6 @@ log = logging.getLogger("stream_jobs.worker")
 # How a job ends: its outcome, or the failure it was dead-lettered with.
 Ended = Outcome | FailureInfo
 
-
-# Records a partition may have fetched but not finished before it is paused. Well above
-# one fetch (up to 500 records): aiokafka drops the rest of a paused partition's fetch and
-# the broker then resends whole record batches, decoded again up to the position, so
-# pausing after every fetch cost a draining worker about a third of its time (measured).
-DEFAULT_MAX_BUFFERED = 2000
 
 
 class Worker(FlowControlled):
@@ -121,13 +114,7 @@ class Worker(FlowControlled):
                                    keys=storage.key_store(),
                                    runners=lambda: self.dispatcher.runners)
         self._cancelled = self.admission.cancelled
-        self.relay = (Relay(settings, policy, self.producer, grace_s=grace_s, kafka=kafka,
-                            cancelled=self._cancelled, outcomes=self.outcomes,
-                            ended=partial(self._record_end, outcome=Outcome.CANCELLED),
-                            released=self.admission.released)
-                      if relay else None)
-        if self.relay is not None:
-            self.admission.subscribe(self.relay.on_cancel, on_release=self.relay.on_cancel)
+        self.relay = self._new_relay(grace_s, kafka) if relay else None
         self.dead_letter_reasons: Counter[str] = Counter()
         # Handler run times, kept only while metrics are on (`stream_jobs.runtime.metrics`).
         self.durations: DurationHistogram | None = None
@@ -142,6 +129,16 @@ class Worker(FlowControlled):
         self._call_handler, self.threads = handler_call(self, handler)
         self.loop_watch = LoopWatch(self.group_id, lambda: self.dispatcher.runners)
         self.spans = job_spans()  # None unless something records traces (docs/tracing.md)
+
+    def _new_relay(self, grace_s: float, kafka: KafkaClients) -> Relay:
+        """The type's delay relay: the worker's producer, cancels, retried-now attempts and
+        counters, woken by each cancel and each attempt retried now."""
+        relay = Relay(self.settings, self.policy, self.producer, grace_s=grace_s, kafka=kafka,
+                      cancelled=self._cancelled, outcomes=self.outcomes,
+                      ended=partial(self._record_end, outcome=Outcome.CANCELLED),
+                      released=self.admission.released)
+        self.admission.subscribe(relay.on_cancel, on_release=relay.on_cancel)
+        return relay
 
     # -- running ----------------------------------------------------------------------------
 
