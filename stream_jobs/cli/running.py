@@ -9,18 +9,23 @@ import sys
 
 import orjson
 import typer
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
 from stream_jobs.cli.common import app, settings_of
+from stream_jobs.cli.tables import (
+    FittedTable,
+    job_id_column,
+    number_column,
+    print_table,
+    text_column,
+    word_column,
+)
 from stream_jobs.job_types import get_job_type, load_job_types
 from stream_jobs.plurals import counted
 from stream_jobs.tools.running import RunningView
 from stream_jobs.tools.worker_reports import read_running
 
 console = Console()
-WIDE_COLUMNS = 240  # what --wide may take at most, whatever the terminal's width
 
 _TYPE = typer.Argument(None, metavar="TYPE", show_default=False,
                        help="One job type (default: every declared type).")
@@ -61,22 +66,49 @@ def _no_workers(view: RunningView) -> bool:
     return True
 
 
-def _print(table: Table, wide: bool) -> None:
-    """The table in the terminal's width; with --wide, as wide as its cells need (a
-    narrow terminal wraps the lines instead of the cells)."""
-    if not wide:
-        console.print(table)
-        return
-    for column in table.columns:
-        column.no_wrap = True
-    Console(width=max(console.width, WIDE_COLUMNS)).print(table)
-
-
 def _freshness(view: RunningView) -> str:
     ages = view.report_age_s()
     assert ages is not None  # only asked with live workers
     return (f"{counted(len(view.workers), 'live worker')}; their reports are "
             f"{ages[0]:.0f}-{ages[1]:.0f} s old")
+
+
+_RUNNING_COLUMNS = (job_id_column(), text_column("type"), number_column("attempt"),
+                    number_column("running for"), text_column("worker", wide=True),
+                    text_column("topic", wide=True), number_column("part", wide=True),
+                    number_column("offset", wide=True))
+
+
+def running_table(view: RunningView, *, wide: bool) -> FittedTable:
+    """The running jobs, longest first; --wide adds where each runs."""
+    table = FittedTable(_RUNNING_COLUMNS, wide=wide)
+    for row in view.jobs:
+        table.add_row(row.job.job_id, row.job_type, str(row.job.attempt),
+                      _for(row.running_for_s(view.at_ms)), row.worker_id, row.job.topic,
+                      str(row.job.partition), str(row.job.offset))
+    return table
+
+
+_WORKER_COLUMNS = (text_column("host"), number_column("pid"), text_column("types"),
+                   number_column("parts", wide=True), number_column("in flight"),
+                   number_column("oldest"), word_column("report"),
+                   word_column("version", wide=True), text_column("partitions", wide=True),
+                   job_id_column("oldest job", wide=True))
+
+
+def workers_table(view: RunningView, *, wide: bool) -> FittedTable:
+    """One row per live worker process; --wide adds its partitions and oldest job."""
+    table = FittedTable(_WORKER_COLUMNS, wide=wide)
+    for process in view.processes:
+        oldest = process.oldest
+        table.add_row(process.host or process.key, str(process.pid or "-"),
+                      ", ".join(process.types), str(len(process.partitions)),
+                      str(process.in_flight),
+                      "-" if oldest is None else _for(oldest.running_for_s(view.at_ms)),
+                      f"{process.report_age_s(view.at_ms):.0f} s ago", process.version or "-",
+                      " ".join(f"{topic}/{part}" for topic, part in process.partitions),
+                      "-" if oldest is None else oldest.job.job_id)
+    return table
 
 
 @app.command("running")
@@ -101,22 +133,7 @@ def running(
         console.print(f"Nothing is running ({_freshness(view)}).", highlight=False,
                       soft_wrap=True)
         return
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    table.add_column("job ID", no_wrap=True)
-    table.add_column("type", overflow="fold")
-    table.add_column("attempt", justify="right", no_wrap=True)
-    table.add_column("running for", justify="right", no_wrap=True)
-    if wide:
-        for column in ("worker", "topic", "part", "offset"):
-            table.add_column(column, overflow="fold",
-                             justify="right" if column in ("part", "offset") else "left")
-    for row in jobs:
-        cells = [row.job.job_id, row.job_type, str(row.job.attempt),
-                 _for(row.running_for_s(view.at_ms))]
-        if wide:
-            cells += [row.worker_id, row.job.topic, str(row.job.partition), str(row.job.offset)]
-        table.add_row(*cells)
-    _print(table, wide)
+    print_table(console, running_table(view, wide=wide), wide=wide)
     more = f"; {view.unlisted} more running, not listed" if view.unlisted else ""
     console.print(f"{counted(view.running_count, 'job')} running ({_freshness(view)}{more}).",
                   highlight=False, soft_wrap=True)
@@ -126,42 +143,24 @@ def running(
 def workers(
     ctx: typer.Context,
     job_type: str | None = _TYPE,
-    wide: bool = typer.Option(False, "--wide", help="Add the lane partitions held and the "
-                              "oldest running job's ID."),
+    wide: bool = typer.Option(False, "--wide", help="Add the lane partitions held (their "
+                              "count and names), the version and the oldest running job's "
+                              "ID."),
     as_json: bool = _JSON,
 ) -> None:
-    """The live worker processes: host and pid, the types they run, how many lane
-    partitions they hold, jobs in flight, the oldest running job's time, how old their
-    latest report is, and the stream-jobs version. Read from the reports in P._stats."""
+    """The live worker processes: host and pid, the types they run, jobs in flight, the
+    oldest running job's time and how old their latest report is (--wide: the lane
+    partitions they hold and the stream-jobs version). Read from the reports in
+    P._stats."""
     view = _view(ctx, job_type)
     if as_json:
         _print_json(view)
         return
     if _no_workers(view):
         return
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for column in ("host", "pid", "types", "parts", "in flight", "oldest", "report",
-                   "version"):
-        table.add_column(column, overflow="fold",
-                         justify="left" if column in ("host", "types", "version") else "right")
-    if wide:
-        table.add_column("partitions", overflow="fold")
-        table.add_column("oldest job", no_wrap=True)
-    for process in view.processes:
-        oldest = process.oldest
-        cells = [process.host or process.key, str(process.pid or "-"),
-                 ", ".join(process.types), str(len(process.partitions)),
-                 str(process.in_flight),
-                 "-" if oldest is None else _for(oldest.running_for_s(view.at_ms)),
-                 f"{process.report_age_s(view.at_ms):.0f} s ago",
-                 process.version or "-"]
-        if wide:
-            cells += [" ".join(f"{topic}/{part}" for topic, part in process.partitions),
-                      "-" if oldest is None else oldest.job.job_id]
-        table.add_row(*cells)
-    _print(table, wide)
+    print_table(console, workers_table(view, wide=wide), wide=wide)
     console.print(f"{counted(len(view.processes), 'process', 'processes')}, "
                   f"{_freshness(view)}.", highlight=False, soft_wrap=True)
 
 
-__all__ = ["running", "workers"]
+__all__ = ["running", "running_table", "workers", "workers_table"]

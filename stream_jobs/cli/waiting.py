@@ -9,12 +9,18 @@ from datetime import UTC, datetime
 
 import orjson
 import typer
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from stream_jobs.cli.common import app, settings_of
+from stream_jobs.cli.tables import (
+    FittedTable,
+    job_id_column,
+    number_column,
+    print_table,
+    text_column,
+    word_column,
+)
 from stream_jobs.job_types import get_job_type, load_job_types
 from stream_jobs.settings import Settings
 from stream_jobs.waiting import (
@@ -30,7 +36,6 @@ from stream_jobs.waiting import (
 )
 
 console = Console()
-_ID_WIDTH = 36  # a UUIDv7, never wrapped or cut
 
 
 @app.command("waiting")
@@ -61,7 +66,7 @@ def waiting(
     if as_json:
         sys.stdout.write(orjson.dumps(listing.to_dict()).decode() + "\n")
         return
-    console.print(_table(listing, wide))
+    print_table(console, waiting_table(listing, wide=wide), wide=wide)
     _footer(listing)
 
 
@@ -87,40 +92,38 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def _table(listing: WaitingPage | DeadPage, wide: bool) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("job id", no_wrap=True, min_width=_ID_WIDTH)
+_DEAD_COLUMNS = (job_id_column(), text_column("reason"), word_column("failed (UTC)"),
+                 number_column("requeues", wide=True), number_column("letters", wide=True),
+                 word_column("at", wide=True))
+
+
+def waiting_table(listing: WaitingPage | DeadPage, *, wide: bool) -> FittedTable:
+    """A page of jobs: a dead job's reason; a waiting job's attempt, lane or tier and
+    time (enqueued in a lane, due in a tier), and with --wide its age, position and (a
+    retry) last error."""
     if isinstance(listing, DeadPage):
-        for name in ("reason", "failed (UTC)", *(("requeues", "letters", "at") if wide else ())):
-            table.add_column(name, overflow="fold")
+        table = FittedTable(_DEAD_COLUMNS, wide=wide)
         for dead in listing.rows:
             table.add_row(dead.job_id or "(no ID)", Text(dead.reason),
-                          _short_time(dead.failed_at_ms),
-                          *((str(dead.requeues), str(dead.letters),
-                             f"{dead.partition}/{dead.offset}") if wide else ()))
+                          _short_time(dead.failed_at_ms), str(dead.requeues),
+                          str(dead.letters), f"{dead.partition}/{dead.offset}")
         return table
-    timed = "enqueued (UTC)" if listing.state == "pending" else "due (UTC)"
-    where = "lane" if listing.state == "pending" else "tier"
-    table.add_column("attempt", justify="right")
-    table.add_column(where)
-    table.add_column(timed)
-    if wide:
-        table.add_column("age", justify="right")
-        table.add_column("at")
-        if listing.state == "retrying":
-            table.add_column("last error", overflow="fold")
+    pending = listing.state == "pending"
+    columns = [job_id_column(), number_column("attempt"),
+               word_column("lane" if pending else "tier"),
+               word_column("enqueued (UTC)" if pending else "due (UTC)"),
+               number_column("age", wide=True), word_column("at", wide=True)]
+    retrying = listing.state == "retrying"
+    if retrying:
+        columns.append(text_column("last error", wide=True))
+    table = FittedTable(columns, wide=wide)
     for row in listing.rows:
-        at = row.due_ms if listing.state != "pending" else (
-            row.enqueued_at_ms or row.timestamp_ms)
-        cells: list[str | Text] = [row.job_id, str(row.attempt), Text(row.place),
-                                   _short_time(at)]
-        if wide:
-            cells += [_age(row.age_s(listing.at_ms)), f"{row.partition}/{row.offset}"]
-            if listing.state == "retrying":
-                failure = row.failure
-                cells.append(Text(f"{failure.error_class}: {failure.message}"
-                                  if failure else "-"))
-        table.add_row(*cells)
+        at = (row.enqueued_at_ms or row.timestamp_ms) if pending else row.due_ms
+        failure = row.failure
+        error = [Text(f"{failure.error_class}: {failure.message}" if failure else "-")]
+        table.add_row(row.job_id, str(row.attempt), Text(row.place), _short_time(at),
+                      _age(row.age_s(listing.at_ms)), f"{row.partition}/{row.offset}",
+                      *(error if retrying else ()))
     return table
 
 
@@ -142,4 +145,4 @@ def _footer(listing: WaitingPage | DeadPage) -> None:
         console.print(listing.next_cursor, highlight=False, soft_wrap=True)
 
 
-__all__ = ["waiting"]
+__all__ = ["waiting", "waiting_table"]

@@ -20,6 +20,7 @@ from stream_jobs.cli.dev import stack_table
 from stream_jobs.cli.dlq import facts_table, reasons_table, rows_table
 from stream_jobs.cli.outbox import failing_table
 from stream_jobs.cli.replay import offsets_table, plan_table, skipped_table, written_table
+from stream_jobs.cli.running import running_table, workers_table
 from stream_jobs.cli.schedules import schedules_table
 from stream_jobs.cli.stats import records_table, render_stats
 from stream_jobs.cli.stats_history import render_history
@@ -31,6 +32,7 @@ from stream_jobs.cli.tables import (
     text_column,
 )
 from stream_jobs.cli.topics import changes_table, topics_table
+from stream_jobs.cli.waiting import waiting_table
 from stream_jobs.dlq.letters import LetterRow
 from stream_jobs.dlq.listing import DlqListing, LetterDetail
 from stream_jobs.failures import FailureInfo
@@ -43,7 +45,7 @@ from stream_jobs.kafka.topics import TopicRow
 from stream_jobs.lookup import JobLocation, Sighting
 from stream_jobs.naming import TopicRole
 from stream_jobs.outbox.depth import FailingRow, OutboxDepth
-from stream_jobs.runtime.reports import WorkerReport
+from stream_jobs.runtime.reports import RunningJob, WorkerReport
 from stream_jobs.runtime.shadow import ShadowLane, ShadowStats
 from stream_jobs.runtime.throttle import RateInForce
 from stream_jobs.schedules.listing import ScheduleView
@@ -51,6 +53,7 @@ from stream_jobs.settings import Settings
 from stream_jobs.stack.process import ServiceStatus
 from stream_jobs.tools.group_offsets import OffsetChange
 from stream_jobs.tools.replay import ReplayResult, Skipped
+from stream_jobs.tools.running import RunningView
 from stream_jobs.tools.type_stats import (
     OutcomeCounts,
     PartitionLag,
@@ -59,6 +62,9 @@ from stream_jobs.tools.type_stats import (
     TopicLag,
     TypeStats,
 )
+from stream_jobs.waiting.dead import DeadPage
+from stream_jobs.waiting.reading import WaitingPage
+from stream_jobs.waiting.rows import DeadRow, WaitingRow
 from stream_jobs.workflows.progress import Progress
 
 NOW = 1_796_570_000_000
@@ -181,6 +187,29 @@ def replayed() -> ReplayResult:
     return result
 
 
+def running() -> RunningView:
+    reports = tuple(WorkerReport(
+        job_type=TYPE, worker_id=f"worker-7f9c4d8b6d-xk2lp-{n}-3fa9c1", at_ms=NOW - 2000,
+        started_at_ms=NOW - 10_000_000, host="worker-7f9c4d8b6d-xk2lp", pid=123_456 + n,
+        version="1.0.0rc3", partitions=tuple((f"{LANE}.high", p) for p in range(12)),
+        running=tuple(RunningJob(job_id, 3, f"{LANE}.high", 11, 1_234_567, NOW - 4_000_000)
+                      for job_id in IDS), in_flight=1000) for n in range(2))
+    return RunningView(NOW, reports)
+
+
+def waiting(state: str) -> WaitingPage | DeadPage:
+    if state == "dead":
+        return DeadPage(TYPE, [DeadRow(job_id, "invalid-payload", NOW, 12, 13, 11, 1_234_567)
+                               for job_id in IDS], 1, 100_000, 50, None, 150, f"{LANE}.dlq",
+                        NOW)
+    failure = FailureInfo("retried", "stream_jobs.errors.RetryableError", ERROR[35:], "", NOW)
+    rows = [WaitingRow(job_id, state, "10m" if state != "pending" else "default", 11,  # type: ignore[arg-type]
+                       1_234_567, 3, NOW - 60_000, NOW - 600_000, NOW + 600_000,
+                       failure if state == "retrying" else None) for job_id in IDS]
+    return WaitingPage(TYPE, state, rows, 1, 100_000, 50, "c" * 60, False, 150,  # type: ignore[arg-type]
+                       (f"{LANE}.retry-10m",), NOW)
+
+
 # -- every table command's tables, by the function it prints with ----------------------------
 
 
@@ -206,6 +235,10 @@ def tables(wide: bool) -> Iterator[tuple[str, RenderableType]]:
     yield "offsets reset", offsets_table(f"{LANE}.worker", [
         OffsetChange(TopicPartition(f"{LANE}.high", n), 1_234_567, 1_000_000)
         for n in range(3)], dry_run=True)
+    yield "running", running_table(running(), wide=wide)
+    yield "workers", workers_table(running(), wide=wide)
+    for state in ("pending", "scheduled", "retrying", "dead"):
+        yield f"waiting --state {state}", waiting_table(waiting(state), wide=wide)
     yield "dev status", stack_table([ServiceStatus(
         "kafka", True, 12345, "127.0.0.1:9092", "STREAM_JOBS_KAFKA_BOOTSTRAP=127.0.0.1:9092",
         Path("/work/.stack/kafka/server.log"))])
@@ -229,7 +262,9 @@ def test_each_table_fits_80_columns_with_every_job_id_whole(name: str,
 def test_the_tables_that_name_jobs_show_them_at_80_columns() -> None:
     shown = {name for name, table in NARROW if IDS[0] in rendered(table)}
     assert shown >= {"job", "dlq list", "dlq show", "batch (batch)", "batch --open",
-                     "outbox status"}
+                     "outbox status", "running", "waiting --state pending",
+                     "waiting --state scheduled", "waiting --state retrying",
+                     "waiting --state dead"}
 
 
 @pytest.mark.parametrize(("name", "narrow", "wide"), [
@@ -244,6 +279,14 @@ def test_the_tables_that_name_jobs_show_them_at_80_columns() -> None:
      ("fires", "last fired", "last job ID", "missed", "leader")),
     ("outbox status", ("job ID", "attempts", "last error"), ("topic", "retry at (UTC)")),
     ("topics list", ("topic", "role", "exists", "messages"), ("partitions", "written")),
+    ("running", ("job ID", "type", "attempt", "running for"),
+     ("worker", "topic", "part", "offset")),
+    ("workers", ("host", "pid", "types", "in flight", "oldest", "report"),
+     ("parts", "version", "partitions", "oldest job")),
+    ("waiting --state retrying", ("job ID", "attempt", "tier", "due (UTC)"),
+     ("age", "at", "last error")),
+    ("waiting --state dead", ("job ID", "reason", "failed (UTC)"),
+     ("requeues", "letters", "at")),
 ])
 def test_wide_shows_every_column(name: str, narrow: tuple[str, ...],
                                  wide: tuple[str, ...]) -> None:
