@@ -110,6 +110,14 @@ async def settled(page: Page, step: Callable[[], Awaitable[T]]) -> T:
     return await step()
 
 
+async def follow(page: Page, selector: str) -> None:
+    """Click `selector`, a link or a button that opens another page, and wait until that
+    page has loaded (a click alone returns once the navigation starts, before the new
+    page can be read)."""
+    async with page.expect_navigation():
+        await page.click(selector)
+
+
 async def reload(page: Page) -> None:
     """Reload the page (see `settled`)."""
     await settled(page, page.reload)

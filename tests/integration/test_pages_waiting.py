@@ -24,7 +24,7 @@ from stream_jobs.jobs import Job
 from stream_jobs.settings import Settings
 from tests.waiting import until
 
-from .browser import chromium, fits, needs_chromium, new_page, sign_in
+from .browser import chromium, fits, follow, needs_chromium, new_page, sign_in
 from .conftest import Declare
 from .served_gateway import serve_env, serving
 
@@ -91,7 +91,7 @@ async def test_each_tab_lists_its_jobs(settings: Settings, declare: Declare, app
             listed = _ids(await page.content())
             pages = 1
             while await page.locator("[data-next]").count():
-                await page.click("[data-next]")
+                await follow(page, "[data-next]")
                 assert await page.locator("[data-first]").count() == 1
                 listed += _ids(await page.content())
                 pages += 1
@@ -99,7 +99,7 @@ async def test_each_tab_lists_its_jobs(settings: Settings, declare: Declare, app
             assert sorted(listed) == sorted(made["pending"])  # each once, none left out
 
             for state in ("scheduled", "retrying", "dead"):
-                await page.click(f'nav.tabs a[href="/ui/types/{TYPE}/{state}"]')
+                await follow(page, f'nav.tabs a[href="/ui/types/{TYPE}/{state}"]')
                 assert sorted(_ids(await page.content())) == sorted(made[state]), state
                 assert await page.locator("[data-next]").count() == 0
                 # Named in full: the manual's test finds each page's pictures by these.
@@ -112,11 +112,11 @@ async def test_each_tab_lists_its_jobs(settings: Settings, declare: Declare, app
             content = await page.content()
             assert "the payload names no account" not in content  # the dead list's reason:
             assert "permanent" in content
-            await page.click(f'nav.tabs a[href="/ui/types/{TYPE}/retrying"]')
+            await follow(page, f'nav.tabs a[href="/ui/types/{TYPE}/retrying"]')
             assert "ConnectionError: the backend hung up" in await page.content()
 
             # A job ID leads to the job's page.
-            await page.click(f'tr[data-job-id="{made["retrying"][0]}"] a')
+            await follow(page, f'tr[data-job-id="{made["retrying"][0]}"] a')
             assert made["retrying"][0] in await page.inner_text("h1")
 
             # A damaged cursor or size is a clear 400, never a server error.

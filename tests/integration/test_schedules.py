@@ -248,7 +248,7 @@ async def test_pause_resume_trigger_and_list_from_the_cli(
     task = running(runner)
     await until(lambda: runner.fired >= 1, "a firing", within_s=30)
 
-    code, out, err = await _run(settings, "schedules", "list")
+    code, out, err = await _run(settings, "schedules", "list", "--wide")
     assert code == 0, err
     line = next(row for row in out.splitlines() if "beat" in row)
     assert TICK in line, out
