@@ -5,6 +5,7 @@ is dead-lettered, each through a confirmation page. Needs a signed-in session.""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Request
@@ -69,8 +70,10 @@ async def confirm_cancel(request: Request, job_id: str, gateway: GatewayDep,
     return page("cancel.html", found=found, quote=quote, session=session)
 
 
-@router.post("/ui/jobs/{job_id}/cancel")
-async def do_cancel(request: Request, job_id: str, gateway: GatewayDep) -> Response:
+async def _act(request: Request, job_id: str, gateway: GatewayDep,
+               action: Callable[[str | None, dict[str, str]], Awaitable[str]]) -> Response:
+    """A button's post on a job: signed in, the session's CSRF token, the type checked;
+    `action(type, form)` says what it did (or the error), shown on the job's page."""
     if (session := session_of(request, gateway)) is None:
         return to_login(request)
     if (form := await checked_form(request, session)) is None:
@@ -79,15 +82,20 @@ async def do_cancel(request: Request, job_id: str, gateway: GatewayDep) -> Respo
     if job_type:
         get_job_type(gateway.types, job_type)
     try:
-        answer = await cancel_job(gateway.settings, gateway.types, job_id, job_type=job_type,
-                                  reason=form.get("reason") or None)
+        done = await action(job_type, form)
     except StreamJobsError as exc:
         done = str(exc)
-    else:
-        done = answer.summary()
     return RedirectResponse(f"/ui/jobs/{quote(job_id, safe='')}?{urlencode({'done': done})}",
                             status_code=303)
 
+
+@router.post("/ui/jobs/{job_id}/cancel")
+async def do_cancel(request: Request, job_id: str, gateway: GatewayDep) -> Response:
+    async def cancel(job_type: str | None, form: dict[str, str]) -> str:
+        return (await cancel_job(gateway.settings, gateway.types, job_id, job_type=job_type,
+                                 reason=form.get("reason") or None)).summary()
+
+    return await _act(request, job_id, gateway, cancel)
 
 
 @router.get("/ui/jobs/{job_id}/retry-now", response_class=HTMLResponse)
@@ -103,20 +111,11 @@ async def confirm_retry_now(request: Request, job_id: str, gateway: GatewayDep,
 
 @router.post("/ui/jobs/{job_id}/retry-now")
 async def do_retry_now(request: Request, job_id: str, gateway: GatewayDep) -> Response:
-    if (session := session_of(request, gateway)) is None:
-        return to_login(request)
-    if (form := await checked_form(request, session)) is None:
-        return stale_form()
-    job_type = form.get("type") or None
-    if job_type:
-        get_job_type(gateway.types, job_type)
-    try:
-        done = (await retry_now(gateway.settings, gateway.types, job_id,
+    async def run_now(job_type: str | None, _: dict[str, str]) -> str:
+        return (await retry_now(gateway.settings, gateway.types, job_id,
                                 job_type=job_type)).summary()
-    except StreamJobsError as exc:
-        done = str(exc)
-    return RedirectResponse(f"/ui/jobs/{quote(job_id, safe='')}?{urlencode({'done': done})}",
-                            status_code=303)
+
+    return await _act(request, job_id, gateway, run_now)
 
 
 __all__ = ["router"]
