@@ -14,6 +14,9 @@ A file's stem names its type unless the file sets `type`. Every key is optional:
     heartbeat_interval = "5s"          # optional, heartbeats through every lane partition
     max_payload_bytes = 65536          # optional, below the global setting
 
+    [fairness]                         # optional: fair dispatch across tenants, the
+    tenant_concurrency = 10            # overflow lane (keys: stream_jobs.tenants)
+
     [[schedules]]                      # optional, any number: periodic jobs of the type
     name = "nightly"                   # (keys: stream_jobs.periodic)
     cron = "0 3 * * *"
@@ -40,12 +43,14 @@ from stream_jobs.naming import (
     MAX_TOPIC_LENGTH,
     TopicRole,
     lane_topic,
+    overflow_topic,
     tier_topic,
     validate_job_type,
 )
 from stream_jobs.naming import dlq_topic as _dlq_topic
 from stream_jobs.periodic import ScheduleSpec, parse_schedules
 from stream_jobs.settings import Settings
+from stream_jobs.tenants import FairnessSpec
 
 # Every topic gets room for a 1 MiB payload plus key and headers, whatever the broker's default.
 MAX_MESSAGE_BYTES = 2_097_152
@@ -71,6 +76,7 @@ KNOWN_KEYS = (
     "max_payload_bytes",
     "schedules",
     "redact",
+    "fairness",
 )
 # Heartbeats more often than this would be traffic, not a signal.
 MIN_HEARTBEAT_INTERVAL_S = 0.1
@@ -112,6 +118,8 @@ class JobTypePolicy:
     schedules: tuple[ScheduleSpec, ...] = ()
     # Payload fields masked where an operator sees a payload (`redaction.mask_fields`).
     redact: tuple[str, ...] = ()
+    # Fair dispatch across tenants ([fairness], docs/fairness.md); None: jobs in order.
+    fairness: FairnessSpec | None = None
     # Where the policy was declared, for messages; not part of the policy itself.
     source: str | None = field(default=None, compare=False)
 
@@ -182,6 +190,11 @@ class JobTypePolicy:
     def dlq_topic(self, prefix: str) -> str:
         return _dlq_topic(prefix, self.job_type)
 
+    @property
+    def has_overflow(self) -> bool:
+        """Whether noisy tenants' jobs move to the type's overflow lane (`[fairness]`)."""
+        return self.fairness is not None and self.fairness.overflow
+
     def all_topics(self, prefix: str) -> list[TopicSpec]:
         """Every topic of the type: lanes, then tiers, then the DLQ.
 
@@ -194,6 +207,8 @@ class JobTypePolicy:
             *((name, "tier", kept) for name in self.tier_topics(prefix).values()),
             (self.dlq_topic(prefix), "dlq", dead),
         ]
+        if self.has_overflow:
+            named.append((overflow_topic(prefix, self.job_type), "overflow", kept))
         specs = []
         for name, role, retention in named:
             if len(name) > MAX_TOPIC_LENGTH:
@@ -260,6 +275,8 @@ def _read_key(key: str, raw: object) -> dict[str, object]:
         return {"schedules": parse_schedules(raw)}
     if key == "redact":
         return {"redact": _field_paths(key, raw)}
+    if key == "fairness":
+        return {"fairness": FairnessSpec.from_toml(raw)}
     raise ConfigError(_unknown_key(key))
 
 

@@ -2,6 +2,7 @@
 
 For job type `T` and prefix `P` (default `jobs`):
 lanes `P.T`, `P.T.high`, `P.T.low`; tiers `P.T.retry-5s`...; dead letters `P.T.dlq`;
+with `[fairness]`, the overflow lane of noisy tenants' jobs `P.T.overflow`;
 groups `P.T.worker`, `P.T.relay`, `P.T.dlq`, and `P.T.shadow` for shadow mode.
 """
 
@@ -15,11 +16,11 @@ from stream_jobs.errors import ConfigError
 
 DEFAULT_LANE = "default"
 LANES = ("high", "default", "low")
-TopicRole = Literal["lane", "tier", "dlq"]
+TopicRole = Literal["lane", "tier", "dlq", "overflow"]
 
 # A dotted type name: segments of lowercase letters, digits, '_' and '-'.
 _TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)*$")
-_RESERVED_SUFFIXES = ("high", "low", "dlq", "worker", "relay")
+_RESERVED_SUFFIXES = ("high", "low", "dlq", "worker", "relay", "overflow")
 MAX_TOPIC_LENGTH = 249
 
 
@@ -50,6 +51,12 @@ def tier_topic(prefix: str, job_type: str, tier: str) -> str:
 
 def dlq_topic(prefix: str, job_type: str) -> str:
     return f"{prefix}.{job_type}.dlq"
+
+
+def overflow_topic(prefix: str, job_type: str) -> str:
+    """Where a type with `[fairness]` moves a noisy tenant's jobs (docs/fairness.md): read
+    by the type's workers like a lane, with a bounded share of their slots."""
+    return f"{prefix}.{job_type}.overflow"
 
 
 def stats_topic(prefix: str) -> str:
@@ -127,6 +134,8 @@ def parse_topic(prefix: str, topic: str) -> TopicRef:
         return TopicRef(validate_job_type(body), "lane", lane=last)
     if body and last == "dlq":
         return TopicRef(validate_job_type(body), "dlq")
+    if body and last == "overflow":
+        return TopicRef(validate_job_type(body), "overflow")
     if body and last.startswith("retry-") and len(last) > len("retry-"):
         return TopicRef(validate_job_type(body), "tier", tier=last[len("retry-"):])
     return TopicRef(validate_job_type(rest), "lane")

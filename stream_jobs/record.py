@@ -30,6 +30,7 @@ from stream_jobs.job_ids import (
 )
 from stream_jobs.naming import DEFAULT_LANE, LANES
 from stream_jobs.outcomes import Reason
+from stream_jobs.tenants import NO_TENANT, tenant_from_header
 
 HEADER_JOB_ID = "sj-job-id"
 HEADER_TYPE = "sj-type"
@@ -52,6 +53,8 @@ HEADER_UNIQUE = "sj-unique"
 HEADER_DEBOUNCE = "sj-debounce"
 # The batch or chain a job belongs to (stream_jobs/workflows/): "batch:ID" or "chain:STEP:ID".
 HEADER_WORKFLOW = "sj-workflow"
+# The customer a job is for (stream_jobs.tenants): fair dispatch and per-tenant limits.
+HEADER_TENANT = "sj-tenant"
 
 _KNOWN_HEADERS = frozenset(
     {
@@ -71,6 +74,7 @@ _KNOWN_HEADERS = frozenset(
         HEADER_UNIQUE,
         HEADER_DEBOUNCE,
         HEADER_WORKFLOW,
+        HEADER_TENANT,
     }
 )
 # Integers travel as plain ASCII digits; bounding the length keeps them within Kafka's
@@ -123,6 +127,7 @@ class _Changes(TypedDict, total=False):
     unique_key: str | None
     debounce_key: str | None
     workflow: str | None
+    tenant: str | None
 
 
 _T = TypeVar("_T")
@@ -163,6 +168,7 @@ class JobRecord:
     unique_key: str | None = None  # held from enqueue until the job finishes
     debounce_key: str | None = None  # of its key's jobs in one window, only the last runs
     workflow: str | None = None
+    tenant: str | None = None  # the customer it is for (stream_jobs.tenants)
 
     def headers(self) -> list[tuple[str, bytes]]:
         """Kafka headers for this record; fields that are None are left out."""
@@ -194,6 +200,8 @@ class JobRecord:
             out.append((HEADER_DEBOUNCE, self.debounce_key.encode()))
         if self.workflow is not None:
             out.append((HEADER_WORKFLOW, self.workflow.encode()))
+        if self.tenant is not None:
+            out.append((HEADER_TENANT, self.tenant.encode()))
         return out
 
     def with_(self, **changes: Unpack[_Changes]) -> JobRecord:
@@ -280,6 +288,7 @@ def _from_headers(found: dict[str, bytes | None], payload: bytes, key: bytes | N
         unique_key=_text(found, HEADER_UNIQUE) if HEADER_UNIQUE in found else None,
         debounce_key=_text(found, HEADER_DEBOUNCE) if HEADER_DEBOUNCE in found else None,
         workflow=_text(found, HEADER_WORKFLOW) if HEADER_WORKFLOW in found else None,
+        tenant=_tenant(found.get(HEADER_TENANT)) if HEADER_TENANT in found else None,
     )
 
 
@@ -302,6 +311,27 @@ def _job_id(found: dict[str, bytes | None]) -> str:
         raise BadRecord(Reason.BAD_HEADER, f"The {HEADER_JOB_ID!r} header holds the control "
                                            f"character U+{ord(char):04X}.")
     return job_id
+
+
+def _tenant(raw: bytes | None) -> str:
+    """The tenant of an `sj-tenant` header; `BadRecord` ("bad-header") for one that names
+    none: such a job is dead-lettered, not run under no tenant or a garbled one."""
+    try:
+        if raw is None:
+            raise ValueError("has no bytes value")
+        return tenant_from_header(raw)
+    except ValueError as exc:
+        raise BadRecord(Reason.BAD_HEADER, f"The {HEADER_TENANT!r} header {exc}.") from None
+
+
+def tenant_in(headers: Sequence[tuple[str, bytes]]) -> str:
+    """The `sj-tenant` of a record's headers (the last one, as the decoder reads it),
+    decoded leniently and unchecked, or `NO_TENANT`: what fair dispatch reads per fetched
+    record (the decoder judges the header when the job runs)."""
+    for name, raw in reversed(headers):
+        if name == HEADER_TENANT:
+            return bytes(raw).decode(errors="replace")
+    return NO_TENANT
 
 
 def _traceparent(raw: bytes | None) -> str | None:

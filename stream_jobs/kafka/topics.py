@@ -27,7 +27,7 @@ from stream_jobs.job_types import JobTypePolicy, TopicSpec
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.admin import UNREACHABLE, admin_client
 from stream_jobs.kafka.consumer import open_consumer
-from stream_jobs.naming import TopicRole, parse_topic
+from stream_jobs.naming import TopicRef, TopicRole, parse_topic
 from stream_jobs.settings import Settings
 from stream_jobs.topic_plan import Change, TopicState, desired_overrides, diff_policy
 
@@ -108,7 +108,7 @@ async def list_topics(settings: Settings, types: Mapping[str, JobTypePolicy]
             ref = parse_topic(prefix, name)
         except ConfigError:
             continue  # under our prefix by name only: not a topic stream-jobs makes
-        short = ref.tier or (ref.lane if ref.role == "lane" else "dlq")
+        short = _short_of(ref)
         state = states[name]
         rows.append(_row(name, ref.job_type, ref.role, short, state.partitions, state, counts,
                          declared=False))
@@ -126,8 +126,14 @@ def _row(topic: str, job_type: str, role: TopicRole, short: str, partitions: int
 
 
 def _short(prefix: str, spec: TopicSpec) -> str:
-    ref = parse_topic(prefix, spec.name)
-    return ref.tier or (ref.lane if ref.role == "lane" else "dlq")
+    return _short_of(parse_topic(prefix, spec.name))
+
+
+def _short_of(ref: TopicRef) -> str:
+    """A topic's name within its type: the lane, the tier, "dlq" or "overflow"."""
+    if ref.role == "lane":
+        return ref.lane
+    return ref.tier or ref.role
 
 
 def _specs(prefix: str, types: Mapping[str, JobTypePolicy]) -> list[TopicSpec]:

@@ -104,7 +104,7 @@ def _success(location: JobLocation) -> tuple[int, datetime | None] | None:
 
 
 def _order(seen: Sighting) -> tuple[int, int, int, int]:
-    role = {"tier": 0, "lane": 1, "dlq": 2}[seen.role]
+    role = {"tier": 0, "lane": 1, "overflow": 1, "dlq": 2}[seen.role]
     return seen.requeues, seen.attempt, seen.timestamp_ms, role
 
 

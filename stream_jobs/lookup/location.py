@@ -29,7 +29,7 @@ Status = Literal["done", "dead_lettered", "running", "retrying", "scheduled", "p
                  "finished", "not_seen", "cancelled", "superseded"]
 
 # Of two sightings with the same requeue count, attempt and timestamp, the later role.
-_ROLE_ORDER: dict[TopicRole, int] = {"tier": 0, "lane": 1, "dlq": 2}
+_ROLE_ORDER: dict[TopicRole, int] = {"tier": 0, "lane": 1, "overflow": 1, "dlq": 2}
 
 
 
