@@ -1,6 +1,7 @@
 """A tenant on every job, on the real broker and Postgres: given through the client, a
 batch, the outbox (`conn=`), the gateway and the CLI, each arrives as `ctx.tenant`; the
-lookup, `stream-jobs job` and the gateway show it; a bad `sj-tenant` from another
+lookup, `stream-jobs job` and the gateway show it, every span of the job carries it, a
+child job takes its parent's; a bad `sj-tenant` from another
 producer is dead-lettered as bad-header without running, and `dlq requeue` sends it back
 without the bad header (a good one is kept).
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import httpx
 import orjson
 from fastapi import FastAPI
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import SecretStr
 
 from stream_jobs.app import App
@@ -32,9 +34,11 @@ from stream_jobs.gateway import create_app
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import dlq_topic, lane_topic
 from stream_jobs.outbox.relay import OutboxRelay
+from stream_jobs.outbox.rows import child_job_id
 from stream_jobs.record import HEADER_ERROR, HEADER_TENANT, JobRecord
 from stream_jobs.settings import Settings
 from stream_jobs.tenants import MAX_TENANT_BYTES, tenant_problem
+from tests.traced import kind_of, of_job
 
 from .cli_env import settings_env
 from .conftest import Declare
@@ -205,3 +209,38 @@ async def test_a_bad_tenant_header_is_dead_lettered_unrun_and_requeued_without_i
     await again.run(until_idle=True)
     assert ran == {**dict.fromkeys(BAD_HEADERS), "good": "acme"}
     assert again.outcomes == {"succeeded": len(BAD_HEADERS) + 1}
+
+
+async def test_a_child_takes_its_parents_tenant_and_every_span_carries_it(
+        settings: Settings, app: App, declare: Declare,
+        exported: InMemorySpanExporter) -> None:
+    parent_type, child_type = "tenant.parent", "tenant.child"
+    await declare(parent_type, partitions=1)
+    await declare(child_type, partitions=1)
+    seen: dict[str, str | None] = {}
+
+    @app.job(parent_type)
+    async def parent(job: dict[str, str], ctx: JobContext) -> None:
+        seen["parent"] = ctx.tenant
+        async with ctx.once():
+            await ctx.enqueue(child_type, {"of": "inherited"}, name="inherited")
+            await ctx.enqueue(child_type, {"of": "own"}, name="own", tenant="globex")
+
+    @app.job(child_type)
+    def child(job: dict[str, str], ctx: JobContext) -> None:  # a plain `def` reads it alike
+        seen[job["of"]] = ctx.tenant
+
+    async with app.client() as client:
+        parent_id = await client.enqueue(parent_type, {}, tenant="acme")
+    await app.worker(parent_type).run(until_idle=True)
+    async with OutboxRelay(settings) as relay:
+        await relay.drain()
+    await app.worker(child_type).run(until_idle=True)
+    assert seen == {"parent": "acme", "inherited": "acme", "own": "globex"}
+
+    spans = exported.get_finished_spans()
+    for job_id, tenant in ((parent_id, "acme"), (child_job_id(parent_id, "inherited"), "acme"),
+                           (child_job_id(parent_id, "own"), "globex")):
+        found = of_job(spans, job_id)
+        assert {kind_of(s)[1] for s in found} >= {"process"}, [s.name for s in found]
+        assert {(s.attributes or {}).get("stream_jobs.tenant") for s in found} == {tenant}
