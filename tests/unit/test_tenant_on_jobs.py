@@ -203,12 +203,14 @@ async def test_ctx_tenant_is_what_each_enqueue_path_gave(job_tester: StartTester
         await t.enqueue("invoice.render", {"id": "outbox"}, conn=conn, tenant="umbrella")
     with app.sync_client() as client:
         client.enqueue("invoice.render", {"id": "sync"}, tenant="hooli")
+    with t.transaction() as sync_conn, app.sync_client() as client:
+        client.enqueue("invoice.render", {"id": "sync-outbox"}, conn=sync_conn, tenant="stark")
     await t.run_until_idle()
     assert seen == {
         "direct": "acme", "direct/child": "acme", "direct/own": "globex",
         "none": None, "none/child": None, "none/own": "globex",
         "many": "initech", "unique": "acme", "debounced": "acme", "outbox": "umbrella",
-        "sync": "hooli"}
+        "sync": "hooli", "sync-outbox": "stark"}
 
 
 async def test_a_bad_tenant_is_refused_on_every_path_before_anything_is_sent(
