@@ -27,8 +27,6 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-
 from stream_jobs.errors import ConfigError
 from stream_jobs.fairness.noisy import NoisyJudge
 from stream_jobs.fairness.overflow import Overflow
@@ -36,7 +34,7 @@ from stream_jobs.fairness.rotation import TenantRotation
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.clients import KafkaClients
-from stream_jobs.kafka.consumer import Consumer
+from stream_jobs.kafka.consumer import Consumer, copartitioned
 from stream_jobs.kafka.scan import PartitionRange, scan
 from stream_jobs.naming import lane_topic, overflow_topic
 from stream_jobs.record import Record, tenant_in
@@ -323,7 +321,7 @@ def fair_consumer_options(policy: JobTypePolicy) -> dict[str, Any]:
     which gives lane partition p and overflow partition p to the same member."""
     if not policy.has_overflow:
         return {}
-    return {"partition_assignment_strategy": (RangePartitionAssignor,)}
+    return copartitioned()
 
 
 def fair_dispatcher(member: GroupMember, policy: JobTypePolicy, ordering: str,

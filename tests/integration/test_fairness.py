@@ -87,7 +87,7 @@ async def run_flood(app: App, settings: Settings, declare: Declare, job_type: st
 
     @app.job(job_type, concurrency=8, ordering="key")
     async def run(job: dict[str, Any], ctx: JobContext) -> None:
-        started.append((ctx._job.tenant or "", ctx.key or "", job["seq"]))
+        started.append((ctx.tenant or "", ctx.key or "", job["seq"]))
         await asyncio.sleep(0.002)
 
     total = await enqueue_flood_then_quiet(settings, job_type)
