@@ -7,11 +7,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
+from stream_jobs.app import App
+from stream_jobs.client import Job
+from stream_jobs.context import JobContext
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.fair_dispatch import FairDispatcher
 from stream_jobs.tenants import FairnessSpec
+from stream_jobs.testing.plugin import StartTester
 from tests.waiting import until
 
 LANE = "jobs.t"
@@ -129,3 +134,23 @@ async def test_a_refused_tenant_waits_without_holding_up_the_others_or_polling()
     await until(lambda: len(handle.done) == 60, "a's jobs done once let through")
     assert gate.held == 0  # every granted start was given back
     fair.stop()
+
+
+async def test_the_job_tester_runs_a_type_with_fairness_and_its_overflow(
+        job_tester: StartTester) -> None:
+    ran: list[tuple[str | None, int]] = []
+    app = App()
+
+    @app.job("bulk.import", ordering="key", concurrency=4)
+    async def run(job: dict[str, Any], ctx: JobContext) -> None:
+        ran.append((ctx.tenant, job["n"]))
+
+    t = job_tester(app, types={"bulk.import": {"partitions": 2, "fairness": {
+        "noisy_min_jobs": 5}}})
+    await t.enqueue_many([Job("bulk.import", {"n": n}, tenant="flood", key=f"f{n}")
+                          for n in range(300)])
+    await t.enqueue_many([Job("bulk.import", {"n": n}, tenant="quiet", key="q")
+                          for n in range(10)])
+    await t.run_until_idle()
+    assert len(ran) == 310
+    assert [n for tenant, n in ran if tenant == "quiet"] == list(range(10))
