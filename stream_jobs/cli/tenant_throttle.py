@@ -58,8 +58,9 @@ def throttle_tenant(settings: Settings, policy: JobTypePolicy, tenant: str,
         console.print(f"{who}: {after.spelt()}; {_concurrency(spec, tenant)}, {running} "
                       "running now")
         return
-    console.print(f"{who}: {before.spelt()} -> {after.spelt()}; workers' next asks apply it "
-                  f"(a tenant they limited by no rate before, within {OVERRIDE_REFRESH_S:g} s).")
+    console.print(f"{who}: {before.spelt()} -> {after.spelt()}")
+    console.print(f"Workers apply it from their next start of its jobs; a tenant they did not "
+                  f"limit, within {OVERRIDE_REFRESH_S:g} s.")
 
 
 def show_tenants(settings: Settings, policy: JobTypePolicy, *, wide: bool) -> None:
