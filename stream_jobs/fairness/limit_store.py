@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from stream_jobs.errors import ConfigError
 from stream_jobs.fairness.limits import TOKEN_EPSILON, Answer, TenantRate, rate_in_force
-from stream_jobs.postgres.pool import DRIVER_ERRORS, LazyPool, database_error
+from stream_jobs.postgres.pool import DRIVER_ERRORS, MISSING_TABLE, LazyPool, database_error
 from stream_jobs.ratelimit import BURST_S
 from stream_jobs.settings import Settings
 
@@ -172,6 +173,11 @@ class LimitStore:
         try:
             pool = await self._pool.get()
             return await getattr(pool, method)(statement, *args)
+        except MISSING_TABLE as exc:
+            raise ConfigError(
+                f"Cannot {what}: schema {self.settings.database_schema!r} lacks the tables "
+                "of per-tenant limits; run `stream-jobs db migrate` (or point "
+                "STREAM_JOBS_DATABASE_SCHEMA at the schema that has them).") from exc
         except DRIVER_ERRORS as exc:
             raise database_error(exc, self._pool, what) from exc
 
