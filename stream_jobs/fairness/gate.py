@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import secrets
 from collections import defaultdict
 
 from stream_jobs.errors import StreamJobsError
@@ -37,7 +38,7 @@ log = logging.getLogger("stream_jobs.fairness")
 class TenantGate:
     """Per-tenant concurrency and rate limits of one type, shared by every process that
     runs it through Postgres (`limit_store`). One gate per type per worker; `holder` names
-    this worker in the slots it takes (unique in the fleet)."""
+    this worker in the slots it takes (with a suffix of the gate's own)."""
 
     name = "tenant limits"
 
@@ -47,6 +48,9 @@ class TenantGate:
         self.job_type = job_type
         self.spec = spec
         self.holder = holder
+        # What the slots name: this gate alone, so a worker restarted under the same name
+        # never renews (and so keeps) the slots its killed predecessor left to lapse.
+        self._lease_holder = f"{holder} {secrets.token_hex(4)}"
         self.lease_ttl_s = lease_ttl_s
         self._renew_every_s = renew_interval_s(lease_ttl_s)
         self._store = store or LimitStore(settings)
@@ -68,7 +72,7 @@ class TenantGate:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         try:
-            await self._store.release_all(self.job_type, self.holder)
+            await self._store.release_all(self.job_type, self._lease_holder)
         except StreamJobsError as exc:
             log.warning("%s: could not free this worker's tenant slots (they lapse within "
                         "%g s): %s", self.job_type, self.lease_ttl_s, exc)
@@ -104,7 +108,7 @@ class TenantGate:
                 await self._store.prepare(self.job_type, tenant, concurrency)
                 self._prepared.add(tenant)
             answer = await self._store.acquire(
-                self.job_type, tenant, holder=self.holder, concurrency=concurrency,
+                self.job_type, tenant, holder=self._lease_holder, concurrency=concurrency,
                 toml_rate_per_s=self.spec.rate_of(tenant), lease_s=self.lease_ttl_s)
         except StreamJobsError as exc:
             log.warning("%s: tenant %r waits, its limits cannot be read: %s", self.job_type,
@@ -135,7 +139,7 @@ class TenantGate:
         if not slots:
             del self._slots[tenant]
         try:
-            await self._store.release(self.job_type, tenant, slot, self.holder)
+            await self._store.release(self.job_type, tenant, slot, self._lease_holder)
         except StreamJobsError as exc:
             log.warning("%s: tenant %r's slot %d stays taken until its lease lapses "
                         "(%g s): %s", self.job_type, tenant, slot, self.lease_ttl_s, exc)
@@ -155,7 +159,7 @@ class TenantGate:
                 if ticks % ticks_per_renewal == 0 and self._slots:
                     # A slot that lapsed meanwhile and went to another holder is not
                     # renewed, and its release frees nothing (both ask for the holder).
-                    await self._store.renew(self.job_type, self.holder, self.lease_ttl_s)
+                    await self._store.renew(self.job_type, self._lease_holder, self.lease_ttl_s)
                 await self._refresh_overrides()
             except StreamJobsError as exc:
                 # Asked again next period; a lease outlives RENEWALS_PER_TTL - 1 misses.
