@@ -7,7 +7,8 @@ environment, `cli_env.settings_env`).
 MODE `hold`: each loop asks, holds the slot `--hold-ms`, releases, for `--seconds`; FILE
 gets every hold's (start, end) in monotonic ns (the clock every process on the box shares),
 taken inside the grant, so overlaps counted from them never exceed what Postgres granted.
-MODE `rate`: each loop asks as often as it is allowed; FILE gets every grant's time.
+MODE `rate`: each loop asks as often as it is allowed; FILE gets, for every grant, when the
+granting ask was sent and when its answer came (Postgres granted it in between).
 MODE `keep`: takes `--keep` slots, prints "held N" and waits to be killed.
 Loops start at the wall-clock second `--start-at`, so slow process starts do not matter.
 """
@@ -45,10 +46,16 @@ async def _holds(gate: TenantGate, tenant: str, until: float, hold_s: float,
         await gate.release(tenant)
 
 
-async def _grants(gate: TenantGate, tenant: str, until: float, out: list[int]) -> None:
+async def _grants(gate: TenantGate, tenant: str, until: float,
+                  out: list[tuple[int, int]]) -> None:
     while time.monotonic() < until:
-        await _granted(gate, tenant)
-        out.append(time.monotonic_ns())
+        while True:
+            asked = time.monotonic_ns()
+            wait_s = await gate.acquire(tenant)
+            if wait_s is None:
+                break
+            await asyncio.sleep(wait_s)
+        out.append((asked, time.monotonic_ns()))
 
 
 async def main(argv: list[str]) -> None:
@@ -84,7 +91,7 @@ async def main(argv: list[str]) -> None:
                                    for _ in range(args.loops)))
             args.out.write_text(json.dumps(holds))
         else:
-            grants: list[int] = []
+            grants: list[tuple[int, int]] = []
             await asyncio.gather(*(_grants(gate, args.tenant, until, grants)
                                    for _ in range(args.loops)))
             args.out.write_text(json.dumps(grants))

@@ -87,17 +87,21 @@ async def test_three_processes_keep_to_the_tenants_rate_plus_its_burst(
     rate, seconds = 20.0, 4.0
     written = await _processes(migrated, tmp_path, "rate", 3, "--rate", f"{rate:g}",
                                "--loops", "4", "--seconds", f"{seconds:g}")
-    grants = sorted(t for out in written for t in out)  # type: ignore[type-var]
+    grants = sorted((asked, answered) for out in written for asked, answered in out)  # type: ignore[misc]
     capacity = bucket_capacity(rate)
-    # In any window, rate * w + capacity, and one more for the ms a grant's answer takes
-    # to reach its process (the bucket runs on Postgres' clock).
-    for i, first in enumerate(grants):
-        for j in range(i, len(grants)):
-            window_s = (grants[j] - first) / 1e9  # type: ignore[operator]
-            assert j - i + 1 <= rate * window_s + capacity + 1, (j - i + 1, window_s)
+    # Every window of Postgres' clock holds at most rate * w + capacity grants. The grants
+    # surely inside one are those whose ask and answer both are: from p's ask to q's answer.
+    for p_asked, _ in grants:
+        for _, q_answered in grants:
+            if q_answered <= p_asked:
+                continue
+            inside = sum(1 for asked, answered in grants
+                         if asked >= p_asked and answered <= q_answered)
+            window_s = (q_answered - p_asked) / 1e9
+            assert inside <= rate * window_s + capacity + 1e-6, (inside, window_s)
     # And the fleet gets its rate: every process asks, so the bucket never idles.
     assert len(grants) >= rate * seconds * 0.9, len(grants)
-    assert all(len(out) >= rate * seconds / 6 for out in written), [len(o) for o in written]
+    assert all(written), [len(out) for out in written]
 
 
 async def test_a_killed_holders_slots_come_back_within_the_lease(
