@@ -2,7 +2,8 @@
 worker processes asking at once never hold more than the tenant's concurrency and reach
 it; their grants keep to the tenant's rate plus its burst; a SIGKILLed holder's slots come
 back within the lease; `stream-jobs throttle T --tenant X RATE` reaches a running gate
-within the bound docs/fairness.md states. Each process is `tests.integration.tenant_gates`.
+within the bound docs/fairness.md states; a job costs the round trips the page says. Each
+process is `tests.integration.tenant_gates`.
 """
 
 from __future__ import annotations
@@ -191,5 +192,46 @@ async def test_throttle_with_a_tenant_reaches_a_running_gate_within_its_bound(
             await until(lambda: not gate_free.limited("beta"), "beta back on the TOML", 5)
         finally:
             await gate_free.stop()
+    finally:
+        await gate.stop()
+
+
+class CountingStore(LimitStore):
+    """The store, counting its statements (each is one round trip to Postgres)."""
+
+    statements = 0
+
+    async def _run(self, method: str, what: str, statement: str, *args: object) -> object:
+        self.statements += 1
+        return await super()._run(method, what, statement, *args)
+
+
+@pytest.mark.parametrize(("spec", "per_job"), [
+    (FairnessSpec(tenant_concurrency=10, tenant_rate_per_s=1e6), 2),
+    (FairnessSpec(tenant_concurrency=10), 2),
+    (FairnessSpec(tenant_rate_per_s=1e6), 1),
+])
+async def test_a_job_costs_a_statement_to_start_and_one_to_end_if_it_holds_a_slot(
+        migrated: Settings, spec: FairnessSpec, per_job: int) -> None:
+    store = CountingStore(migrated)
+    gate = TenantGate(migrated, JOB_TYPE, spec, "measured", store=store)
+    await gate.start()
+    try:
+        assert await gate.acquire("acme") is None  # the first ask also makes the rows
+        await gate.release("acme")
+        jobs, took = 300, []
+        before = store.statements
+        for _ in range(jobs):
+            started = time.perf_counter()
+            assert await gate.acquire("acme") is None
+            await gate.release("acme")
+            took.append(time.perf_counter() - started)
+        # The gate's loop may have read the operators' rates meanwhile: once a second.
+        loop_reads = int(sum(took) / OVERRIDE_REFRESH_S) + 1
+        assert jobs * per_job <= store.statements - before <= jobs * per_job + loop_reads
+        took.sort()
+        limits = f"concurrency {spec.tenant_concurrency}, rate {spec.tenant_rate_per_s}"
+        print(f"{limits}: {per_job} round trips per job, {took[jobs // 2] * 1000:.2f} ms median, "
+              f"{took[jobs * 99 // 100] * 1000:.2f} ms p99")
     finally:
         await gate.stop()
