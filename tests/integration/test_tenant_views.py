@@ -1,0 +1,179 @@
+"""Operators see tenants, against the real stack: `stats T --tenants` counts the jobs
+waiting by tenant exactly (and says "at least" at its bound), the workers' reports give
+in flight and dwell; the overflow lane `P.T.overflow` shows like a lane in `stats`,
+`topics list`, `waiting` and `job`.
+
+Nothing waits by sleeping: every wait polls a condition against a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import orjson
+import pytest
+
+from stream_jobs.app import App
+from stream_jobs.context import JobContext
+from stream_jobs.fairness.census import TenantCensus
+from stream_jobs.job_ids import new_job_id
+from stream_jobs.job_types import JobTypePolicy, load_job_types
+from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.topics import apply
+from stream_jobs.naming import lane_topic, overflow_topic
+from stream_jobs.record import JobRecord
+from stream_jobs.settings import Settings
+from stream_jobs.tools.tenant_stats import collect_tenants
+from stream_jobs.waiting import waiting_page
+from tests.integration.cli_env import settings_env
+
+pytestmark = pytest.mark.integration
+
+STREAM_JOBS = Path(sys.executable).with_name("stream-jobs")
+POLL_S = 0.05
+FAIR = "ten.views"
+
+
+async def _until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        await asyncio.sleep(POLL_S)
+
+
+async def _declare_fair(settings: Settings, **extra: str) -> JobTypePolicy:
+    """`topics/ten.views.toml` with a [fairness] table, applied (the overflow lane made)."""
+    lines = "".join(f"{key} = {value}\n" for key, value in extra.items())
+    (settings.topics_dir / f"{FAIR}.toml").write_text(
+        f"partitions = 2\n{lines}\n[fairness]\noverflow = true\n")
+    types = load_job_types(settings.topics_dir)
+    await apply(settings, types)
+    return types[FAIR]
+
+
+def _job(tenant: str | None) -> JobRecord:
+    return JobRecord(job_id=new_job_id(), job_type=FAIR, payload=b"{}", key=None, attempt=1,
+                     enqueued_at_ms=int(time.time() * 1000), tenant=tenant)
+
+
+async def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    proc = await asyncio.create_subprocess_exec(
+        str(STREAM_JOBS), *args, env=settings_env(settings, COLUMNS="80"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return subprocess.CompletedProcess(args, proc.returncode or 0, out.decode(), err.decode())
+
+
+def _by_name(census: TenantCensus) -> dict[str, tuple[int, int, int]]:
+    return {name: (f.waiting, f.overflow, f.in_flight) for name, f in census.top}
+
+
+async def test_waiting_by_tenant_is_exact_and_the_overflow_lane_shows_like_a_lane(
+        settings: Settings) -> None:
+    await _declare_fair(settings)
+    types = load_job_types(settings.topics_dir)
+    prefix = settings.topic_prefix
+    lane, overflow = lane_topic(prefix, FAIR, "default"), overflow_topic(prefix, FAIR)
+    plan = {"acme": 7, "globex": 3, None: 2}
+    async with JobProducer(settings) as producer:
+        for tenant, n in plan.items():
+            for _ in range(n):
+                await producer.send(lane, _job(tenant))
+        moved = [_job("acme") for _ in range(2)]  # as the forwarding writes them
+        for record in moved:
+            await producer.send(overflow, record)
+
+    census = await collect_tenants(settings, types, FAIR)
+    assert _by_name(census) == {"acme": (7, 2, 0), "globex": (3, 0, 0), "": (2, 0, 0)}
+    assert (census.complete, census.scanned, census.workers) == (True, 14, 0)
+    bounded = await collect_tenants(settings, types, FAIR, max_records=5)
+    assert not bounded.complete
+    assert bounded.scanned <= 5
+
+    document, table, stats, topics, waiting, job = await asyncio.gather(
+        _cli(settings, "stats", FAIR, "--tenants", "--json"),
+        _cli(settings, "stats", FAIR, "--tenants"),
+        _cli(settings, "stats", FAIR, "--json"),
+        _cli(settings, "topics", "list"),
+        _cli(settings, "waiting", FAIR, "--json"),
+        _cli(settings, "job", moved[0].job_id, "--json"))
+    for done in (document, table, stats, topics, waiting, job):
+        assert done.returncode == 0, done.stderr
+    tenants = orjson.loads(document.stdout)
+    assert [(t["tenant"], t["waiting"], t["overflow"]) for t in tenants["tenants"]] == [
+        ("acme", 7, 2), ("globex", 3, 0), ("", 2, 0)]
+    assert tenants["total"]["waiting"] == 12
+    assert tenants["scan"] == {"records": 14, "max_records": 100_000, "complete": True}
+    assert "acme" in table.stdout and "(none)" in table.stdout
+    assert max(len(line) for line in table.stdout.splitlines()) <= 80
+    lanes = orjson.loads(stats.stdout)["types"][FAIR]["lanes"]
+    assert {name: lane["lag"] for name, lane in lanes.items()} == {"default": 12, "overflow": 2}
+    assert f"{overflow}" in topics.stdout and "overflow" in topics.stdout.replace(overflow, "")
+    listed = orjson.loads(waiting.stdout)
+    assert listed["total"] == 14
+    assert {row["place"] for row in listed["rows"]} == {"default", "overflow"}
+    found = orjson.loads(job.stdout)
+    assert found["status"] == "pending"
+
+    page = await waiting_page(settings, types[FAIR], "pending", size=50)
+    assert [row.place for row in page.rows].count("overflow") == 2
+
+    refused = await _cli(settings, "stats", "--tenants")
+    assert refused.returncode == 1
+    assert "--tenants shows one type" in refused.stderr
+
+
+async def test_in_flight_and_dwell_come_from_the_workers_reports(
+        app: App, settings: Settings) -> None:
+    await _declare_fair(settings)
+    types = load_job_types(settings.topics_dir)
+    release = asyncio.Event()
+
+    @app.job(FAIR, concurrency=2)
+    async def handle(job: dict[str, object], ctx: JobContext) -> None:
+        await release.wait()
+
+    lane = lane_topic(settings.topic_prefix, FAIR, "default")
+    async with JobProducer(settings) as producer:
+        for tenant in ["acme"] * 5 + ["globex"] * 2:
+            await producer.send(lane, _job(tenant), partition=0)
+    worker = app.worker(FAIR, report_interval_s=0.2)
+    running = asyncio.create_task(worker.run())
+    try:
+        seen: list[TenantCensus] = []
+
+        async def held() -> bool:
+            if running.done():
+                await running  # surfaces the worker's error
+            seen.append(await collect_tenants(settings, types, FAIR))
+            return _by_name(seen[-1]).get("acme", (0, 0, 0))[2] == 5
+
+        await _until(held, "the report holds acme's 5 jobs in flight")
+        assert _by_name(seen[-1])["globex"][2] == 2
+        assert seen[-1].workers == 1
+        release.set()
+
+        async def dwelt() -> bool:
+            if running.done():
+                await running
+            seen.append(await collect_tenants(settings, types, FAIR))
+            figures = dict(seen[-1].top)
+            return (seen[-1].total.in_flight == 0 and seen[-1].total.waiting == 0
+                    and "acme" in figures and sum(figures["acme"].dwells) == 5)
+
+        await _until(dwelt, "the reports' dwells count acme's 5 runs")
+        finished = await _cli(settings, "stats", FAIR, "--tenants", "--json")
+        assert finished.returncode == 0, finished.stderr
+        rows = {t["tenant"]: t for t in orjson.loads(finished.stdout)["tenants"]}
+        assert rows["acme"]["dwell_p95_s"] is not None
+        assert rows["acme"]["dwells"] == 5 and rows["globex"]["dwells"] == 2
+    finally:
+        release.set()
+        worker.request_stop()
+        await running
