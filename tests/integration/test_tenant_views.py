@@ -19,13 +19,14 @@ import orjson
 import pytest
 
 from stream_jobs.app import App
+from stream_jobs.client import Job
 from stream_jobs.context import JobContext
 from stream_jobs.fairness.census import TenantCensus
 from stream_jobs.job_ids import new_job_id
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.kafka.topics import apply
-from stream_jobs.naming import lane_topic, overflow_topic
+from stream_jobs.naming import overflow_topic
 from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
 from stream_jobs.tools.tenant_stats import collect_tenants
@@ -75,16 +76,15 @@ def _by_name(census: TenantCensus) -> dict[str, tuple[int, int, int]]:
 
 
 async def test_waiting_by_tenant_is_exact_and_the_overflow_lane_shows_like_a_lane(
-        settings: Settings) -> None:
+        app: App, settings: Settings) -> None:
     await _declare_fair(settings)
     types = load_job_types(settings.topics_dir)
-    prefix = settings.topic_prefix
-    lane, overflow = lane_topic(prefix, FAIR, "default"), overflow_topic(prefix, FAIR)
+    overflow = overflow_topic(settings.topic_prefix, FAIR)
     plan = {"acme": 7, "globex": 3, None: 2}
+    async with app.client() as client:
+        await client.enqueue_many([Job(FAIR, {"n": n}, tenant=tenant)
+                                   for tenant, count in plan.items() for n in range(count)])
     async with JobProducer(settings) as producer:
-        for tenant, n in plan.items():
-            for _ in range(n):
-                await producer.send(lane, _job(tenant))
         moved = [_job("acme") for _ in range(2)]  # as the forwarding writes them
         for record in moved:
             await producer.send(overflow, record)
@@ -141,10 +141,9 @@ async def test_in_flight_and_dwell_come_from_the_workers_reports(
     async def handle(job: dict[str, object], ctx: JobContext) -> None:
         await release.wait()
 
-    lane = lane_topic(settings.topic_prefix, FAIR, "default")
-    async with JobProducer(settings) as producer:
-        for tenant in ["acme"] * 5 + ["globex"] * 2:
-            await producer.send(lane, _job(tenant), partition=0)
+    async with app.client() as client:
+        await client.enqueue_many([Job(FAIR, {}, tenant=tenant)
+                                   for tenant in ["acme"] * 5 + ["globex"] * 2])
     worker = app.worker(FAIR, report_interval_s=0.2)
     running = asyncio.create_task(worker.run())
     try:
