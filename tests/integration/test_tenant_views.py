@@ -1,7 +1,7 @@
 """Operators see tenants, against the real stack: `stats T --tenants` counts the jobs
 waiting by tenant exactly (and says "at least" at its bound), the workers' reports give
 in flight and dwell; the overflow lane `P.T.overflow` shows like a lane in `stats`,
-`topics list`, `waiting` and `job`.
+`topics list`, `waiting` and `job`, also for a job the worker itself moved there.
 
 Nothing waits by sleeping: every wait polls a condition against a deadline.
 """
@@ -26,12 +26,16 @@ from stream_jobs.job_ids import new_job_id
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.kafka.topics import apply
+from stream_jobs.lookup import locate_job
 from stream_jobs.naming import overflow_topic
 from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
 from stream_jobs.tools.tenant_stats import collect_tenants
 from stream_jobs.waiting import waiting_page
 from tests.integration.cli_env import settings_env
+
+from .conftest import Declare
+from .topic_reader import read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -174,6 +178,54 @@ async def test_in_flight_and_dwell_come_from_the_workers_reports(
         rows = {t["tenant"]: t for t in orjson.loads(finished.stdout)["tenants"]}
         assert rows["acme"]["dwell_p95_s"] is not None
         assert (rows["acme"]["dwells"], rows["globex"]["dwells"]) == (5, 2)
+    finally:
+        release.set()
+        worker.request_stop()
+        await running
+
+
+async def test_a_job_the_worker_moved_to_the_overflow_is_found_there(
+        app: App, settings: Settings, declare: Declare) -> None:
+    """The real forwarding: a flood's jobs moved to P.T.overflow by a worker whose
+    handlers are held count as the flood's overflow, and `job` finds one pending there."""
+    await declare(FAIR, partitions=1, fairness={"noisy_min_jobs": 5})
+    types = load_job_types(settings.topics_dir)
+    overflow = overflow_topic(settings.topic_prefix, FAIR)
+    release = asyncio.Event()
+
+    @app.job(FAIR, concurrency=2)
+    async def handle(job: dict[str, object], ctx: JobContext) -> None:
+        await release.wait()
+
+    async with app.client() as client:
+        await client.enqueue_many([Job(FAIR, {}, tenant="flood") for _ in range(200)])
+    worker = app.worker(FAIR, relay=False, report_interval_s=0.2)
+    running = asyncio.create_task(worker.run())
+    try:
+        seen: list[TenantCensus] = []
+
+        async def moved() -> bool:
+            if running.done():
+                await running
+            seen.append(await collect_tenants(settings, types, FAIR))
+            return _by_name(seen[-1]).get("flood", (0, 0, 0))[1] > 0
+
+        await _until(moved, "the flood's jobs count in the overflow lane")
+        (record, *_) = await read_topic(settings, overflow)
+        job_id = dict(record.headers)["sj-job-id"].decode()
+        found = await locate_job(settings, types, job_id)
+        assert found.status in ("pending", "running")
+        assert found.last is not None
+        assert found.last.role == "overflow"
+        release.set()
+
+        async def drained() -> bool:
+            if running.done():
+                await running
+            seen.append(await collect_tenants(settings, types, FAIR))
+            return seen[-1].total.jobs == 0
+
+        await _until(drained, "every job of the flood finished", timeout_s=60)
     finally:
         release.set()
         worker.request_stop()
