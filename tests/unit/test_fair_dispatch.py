@@ -9,9 +9,12 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.context import JobContext
+from stream_jobs.errors import ConfigError
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.fair_dispatch import FairDispatcher
@@ -154,3 +157,17 @@ async def test_the_job_tester_runs_a_type_with_fairness_and_its_overflow(
     await t.run_until_idle()
     assert len(ran) == 310
     assert [n for tenant, n in ran if tenant == "quiet"] == list(range(10))
+
+
+async def test_a_type_ordered_by_partition_cannot_have_fairness(
+        job_tester: StartTester) -> None:
+    app = App()
+
+    @app.job("bulk.import", ordering="partition")
+    async def run(job: dict[str, Any], ctx: JobContext) -> None:
+        pass
+
+    t = job_tester(app, types={"bulk.import": {"fairness": {}}})
+    await t.enqueue("bulk.import", {})
+    with pytest.raises(ConfigError, match='needs ordering "key" or "none"'):
+        await t.run_until_idle()
