@@ -27,19 +27,15 @@ A file's stem names its type unless the file sets `type`. Every key is optional:
 
 from __future__ import annotations
 
-import difflib
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
-from stream_jobs.durations import format_duration, parse_duration, parse_rate
+from stream_jobs.durations import format_duration, parse_duration
 from stream_jobs.errors import ConfigError, UnknownJobType
-from stream_jobs.lanes import DEFAULT_LANE_WEIGHTS
 from stream_jobs.naming import (
     DEFAULT_LANE,
-    LANES,
     MAX_TOPIC_LENGTH,
     TopicRole,
     lane_topic,
@@ -48,9 +44,19 @@ from stream_jobs.naming import (
     validate_job_type,
 )
 from stream_jobs.naming import dlq_topic as _dlq_topic
-from stream_jobs.periodic import ScheduleSpec, parse_schedules
+from stream_jobs.periodic import ScheduleSpec
 from stream_jobs.settings import Settings
 from stream_jobs.tenants import FairnessSpec
+from stream_jobs.type_keys import (
+    KNOWN_KEYS,
+    invalid,
+    normal_priorities,
+    normal_tiers,
+    normal_weights,
+    positive_int,
+    read_key,
+    unknown_key,
+)
 
 # Every topic gets room for a 1 MiB payload plus key and headers, whatever the broker's default.
 MAX_MESSAGE_BYTES = 2_097_152
@@ -61,23 +67,6 @@ DLQ_RETENTION_FACTOR = 4
 # With 3 replicas, acks=all then survives one broker down without refusing writes.
 MIN_INSYNC_FROM_REPLICAS = 3
 
-KNOWN_KEYS = (
-    "type",
-    "partitions",
-    "replication_factor",
-    "retention",
-    "retry_tiers",
-    "max_attempts",
-    "priorities",
-    "lane_weights",
-    "expires_in",
-    "rate_limit",
-    "heartbeat_interval",
-    "max_payload_bytes",
-    "schedules",
-    "redact",
-    "fairness",
-)
 # Heartbeats more often than this would be traffic, not a signal.
 MIN_HEARTBEAT_INTERVAL_S = 0.1
 
@@ -130,37 +119,37 @@ class JobTypePolicy:
 
     def __post_init__(self) -> None:
         validate_job_type(self.job_type)
-        _positive_int("partitions", self.partitions)
-        _positive_int("replication_factor", self.replication_factor)
-        _positive_int("max_attempts", self.max_attempts)
+        positive_int("partitions", self.partitions)
+        positive_int("replication_factor", self.replication_factor)
+        positive_int("max_attempts", self.max_attempts)
         if self.max_payload_bytes is not None:
-            _positive_int("max_payload_bytes", self.max_payload_bytes)
+            positive_int("max_payload_bytes", self.max_payload_bytes)
             limit = MAX_MESSAGE_BYTES - RECORD_OVERHEAD_BYTES
             if self.max_payload_bytes > limit:
-                raise _invalid(
+                raise invalid(
                     "max_payload_bytes",
                     f"must be at most {limit} (a record is capped at {MAX_MESSAGE_BYTES} "
                     "bytes and the key and headers need room too)",
                 )
         if not self.retention_s > 0:
-            raise _invalid("retention", "must be longer than zero")
+            raise invalid("retention", "must be longer than zero")
         if self.expires_in_s is not None and not self.expires_in_s > 0:
-            raise _invalid("expires_in", "must be longer than zero")
+            raise invalid("expires_in", "must be longer than zero")
         if self.rate_limit_per_s is not None and not self.rate_limit_per_s > 0:
-            raise _invalid("rate_limit", "must be a positive rate")
+            raise invalid("rate_limit", "must be a positive rate")
         if (self.heartbeat_interval_s is not None
                 and not self.heartbeat_interval_s >= MIN_HEARTBEAT_INTERVAL_S):
-            raise _invalid("heartbeat_interval",
+            raise invalid("heartbeat_interval",
                            f"must be at least {format_duration(MIN_HEARTBEAT_INTERVAL_S)}")
         # Normalising here means `JobTypePolicy(...)` in code and a TOML file agree.
-        object.__setattr__(self, "retry_tiers", _normal_tiers(self.retry_tiers))
-        object.__setattr__(self, "priorities", _normal_priorities(self.priorities))
+        object.__setattr__(self, "retry_tiers", normal_tiers(self.retry_tiers))
+        object.__setattr__(self, "priorities", normal_priorities(self.priorities))
         object.__setattr__(self, "lane_weights",
-                           _normal_weights(self.lane_weights, self.priorities))
+                           normal_weights(self.lane_weights, self.priorities))
         longest = self.tier_delays_s[-1]
         if self.retention_s <= longest:
             # A record waiting in the longest tier would be deleted before it is due.
-            raise _invalid(
+            raise invalid(
                 "retention",
                 f"({format_duration(self.retention_s)}) must be longer than the longest "
                 f"retry tier ({self.retry_tiers[-1]})",
@@ -244,152 +233,15 @@ class JobTypePolicy:
         where = f"{source}: " if source else ""
         for key in table:
             if key not in KNOWN_KEYS:
-                raise ConfigError(f"{where}{_unknown_key(key)}")
+                raise ConfigError(f"{where}{unknown_key(key)}")
         values: dict[str, object] = {}
         try:
             for key, raw in table.items():
                 if key != "type":  # the loader's business: it names the type
-                    values.update(_read_key(key, raw))
+                    values.update(read_key(key, raw))
             return cls(job_type=job_type, source=source, **values)  # type: ignore[arg-type]
         except ConfigError as exc:
             raise ConfigError(f"{where}{exc}") from exc
-
-
-def _read_key(key: str, raw: object) -> dict[str, object]:
-    """The constructor argument(s) for one TOML key, with the value's type checked."""
-    if key in ("partitions", "replication_factor", "max_attempts", "max_payload_bytes"):
-        return {key: _positive_int(key, raw)}
-    if key == "retention":
-        return {"retention_s": _duration(key, raw)}
-    if key == "expires_in":
-        return {"expires_in_s": _duration(key, raw)}
-    if key == "rate_limit":
-        if not isinstance(raw, str):
-            raise _invalid(key, f"must be a rate such as '200/s', not {raw!r}")
-        return {"rate_limit_per_s": _wrapped(key, parse_rate, raw)}
-    if key == "retry_tiers":
-        return {"retry_tiers": tuple(_list_of(key, raw, (str, int, float)))}
-    if key == "priorities":
-        return {"priorities": tuple(_list_of(key, raw, (str,)))}
-    if key == "lane_weights":
-        if not isinstance(raw, dict):
-            raise _invalid(key, f"must be a table such as {{high = 6, default = 3, low = 1}}, "
-                                f"not {raw!r}")
-        return {"lane_weights": tuple((str(lane), _positive_int(f"lane_weights.{lane}", w))
-                                      for lane, w in raw.items())}
-    if key == "heartbeat_interval":
-        return {"heartbeat_interval_s": _duration(key, raw)}
-    if key == "schedules":
-        return {"schedules": parse_schedules(raw)}
-    if key == "redact":
-        return {"redact": _field_paths(key, raw)}
-    if key == "fairness":
-        return {"fairness": FairnessSpec.from_toml(raw)}
-    raise ConfigError(_unknown_key(key))
-
-
-def _unknown_key(key: str) -> str:
-    close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"unknown key {key!r}{hint}; known keys are {', '.join(KNOWN_KEYS)}."
-
-
-def _invalid(key: str, problem: str) -> ConfigError:
-    return ConfigError(f"{key!r} {problem}.")
-
-
-def _positive_int(key: str, value: object) -> int:
-    # bool is an int in Python; `partitions = true` is a mistake, not 1.
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _invalid(key, f"must be a whole number of 1 or more, not {value!r}")
-    return value
-
-
-_Raw = TypeVar("_Raw")
-
-
-def _wrapped(key: str, parse: Callable[[_Raw], float], raw: _Raw) -> float:
-    try:
-        return parse(raw)
-    except ConfigError as exc:
-        raise ConfigError(f"{key!r}: {exc}") from exc
-
-
-def _duration(key: str, raw: object) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
-        raise _invalid(key, f"must be a duration such as '7d', not {raw!r}")
-    return _wrapped(key, parse_duration, raw)
-
-
-def _list_of(key: str, raw: object, kinds: tuple[type, ...]) -> list[object]:
-    if not isinstance(raw, list) or any(
-        isinstance(item, bool) or not isinstance(item, kinds) for item in raw
-    ):
-        example = '["5s", "1m", "10m"]' if key == "retry_tiers" else '["high", "default"]'
-        raise _invalid(key, f"must be a list such as {example}, not {raw!r}")
-    return list(raw)
-
-
-def _field_paths(key: str, raw: object) -> tuple[str, ...]:
-    """Field names, dotted paths into nested objects: `["card_number", "customer.ssn"]`."""
-    if not isinstance(raw, list) or not all(
-            isinstance(p, str) and p and all(p.split(".")) for p in raw):
-        raise _invalid(key, 'must be a list of field names, dotted into nested objects, '
-                            f'such as ["card_number", "customer.ssn"], not {raw!r}')
-    return tuple(raw)
-
-
-def _normal_tiers(tiers: tuple[object, ...]) -> tuple[str, ...]:
-    if not tiers:
-        raise _invalid("retry_tiers", "needs at least one tier, e.g. [\"5s\"]")
-    names: list[str] = []
-    delays: list[float] = []
-    for tier in tiers:
-        if isinstance(tier, bool) or not isinstance(tier, str | int | float):
-            raise _invalid("retry_tiers", f"has {tier!r}, which is not a duration")
-        delay = _wrapped("retry_tiers", parse_duration, tier)
-        name = format_duration(delay)
-        # The name becomes part of a topic name that must parse back to the same delay.
-        if delay <= 0 or "." in name or parse_duration(name) != delay:
-            raise _invalid(
-                "retry_tiers",
-                f"has {tier!r}: a tier is a whole number of ms, s, m, h or d above zero",
-            )
-        if delays and delay <= delays[-1]:
-            raise _invalid(
-                "retry_tiers",
-                f"must be strictly increasing; {name} follows {names[-1]}",
-            )
-        names.append(name)
-        delays.append(delay)
-    return tuple(names)
-
-
-def _normal_priorities(priorities: tuple[str, ...]) -> tuple[str, ...]:
-    for lane in priorities:
-        if lane not in LANES:
-            raise _invalid("priorities", f"has {lane!r}; lanes are {', '.join(LANES)}")
-    duplicated = sorted({lane for lane in priorities if priorities.count(lane) > 1})
-    if duplicated:
-        raise _invalid("priorities", f"names {duplicated[0]!r} twice")
-    if DEFAULT_LANE not in priorities:
-        # Jobs enqueued without a priority, and the relay's default route, land there.
-        raise _invalid("priorities", f"must include {DEFAULT_LANE!r}")
-    return tuple(lane for lane in LANES if lane in priorities)
-
-
-def _normal_weights(weights: tuple[tuple[str, int], ...],
-                    priorities: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
-    given: dict[str, int] = {}
-    for lane, weight in weights:
-        if lane not in LANES:
-            raise _invalid("lane_weights", f"has {lane!r}; lanes are {', '.join(LANES)}")
-        if lane not in priorities:
-            raise _invalid("lane_weights", f"weighs {lane!r}, which 'priorities' does not "
-                                           f"declare ({', '.join(priorities)})")
-        _positive_int(f"lane_weights.{lane}", weight)
-        given[lane] = weight
-    return tuple((lane, given.get(lane, DEFAULT_LANE_WEIGHTS[lane])) for lane in priorities)
 
 
 def _ms(seconds: float) -> str:

@@ -30,7 +30,7 @@ from stream_jobs.job_ids import (
 )
 from stream_jobs.naming import DEFAULT_LANE, LANES
 from stream_jobs.outcomes import Reason
-from stream_jobs.tenants import NO_TENANT, tenant_from_header
+from stream_jobs.tenants import TENANT_HEADER, tenant_from_header
 
 HEADER_JOB_ID = "sj-job-id"
 HEADER_TYPE = "sj-type"
@@ -53,30 +53,15 @@ HEADER_UNIQUE = "sj-unique"
 HEADER_DEBOUNCE = "sj-debounce"
 # The batch or chain a job belongs to (stream_jobs/workflows/): "batch:ID" or "chain:STEP:ID".
 HEADER_WORKFLOW = "sj-workflow"
-# The customer a job is for (stream_jobs.tenants): fair dispatch and per-tenant limits.
-HEADER_TENANT = "sj-tenant"
+# The customer a job is for: stream_jobs.tenants says what one may be.
+HEADER_TENANT = TENANT_HEADER
 
-_KNOWN_HEADERS = frozenset(
-    {
-        HEADER_JOB_ID,
-        HEADER_TYPE,
-        HEADER_ATTEMPT,
-        HEADER_ENQUEUED_AT,
-        HEADER_NOT_BEFORE,
-        HEADER_EXPIRES_AT,
-        HEADER_LANE,
-        HEADER_ORIGIN,
-        HEADER_ERROR,
-        HEADER_REQUEUES,
-        HEADER_RERUN_OF,
-        HEADER_TRACEPARENT,
-        HEADER_ATTEMPT_TRACE,
-        HEADER_UNIQUE,
-        HEADER_DEBOUNCE,
-        HEADER_WORKFLOW,
-        HEADER_TENANT,
-    }
-)
+_KNOWN_HEADERS = frozenset({
+    HEADER_JOB_ID, HEADER_TYPE, HEADER_ATTEMPT, HEADER_ENQUEUED_AT, HEADER_NOT_BEFORE,
+    HEADER_EXPIRES_AT, HEADER_LANE, HEADER_ORIGIN, HEADER_ERROR, HEADER_REQUEUES,
+    HEADER_RERUN_OF, HEADER_TRACEPARENT, HEADER_ATTEMPT_TRACE, HEADER_UNIQUE, HEADER_DEBOUNCE,
+    HEADER_WORKFLOW, HEADER_TENANT,
+})
 # Integers travel as plain ASCII digits; bounding the length keeps them within Kafka's
 # int64 and keeps int() away from pathological inputs.
 _INT_DIGITS_MAX = 19
@@ -322,16 +307,6 @@ def _tenant(raw: bytes | None) -> str:
         return tenant_from_header(raw)
     except ValueError as exc:
         raise BadRecord(Reason.BAD_HEADER, f"The {HEADER_TENANT!r} header {exc}.") from None
-
-
-def tenant_in(headers: Sequence[tuple[str, bytes]]) -> str:
-    """The `sj-tenant` of a record's headers (the last one, as the decoder reads it),
-    decoded leniently and unchecked, or `NO_TENANT`: what fair dispatch reads per fetched
-    record (the decoder judges the header when the job runs)."""
-    for name, raw in reversed(headers):
-        if name == HEADER_TENANT:
-            return bytes(raw).decode(errors="replace")
-    return NO_TENANT
 
 
 def _traceparent(raw: bytes | None) -> str | None:

@@ -31,13 +31,15 @@ What the runtime does with it is `stream_jobs.fairness`'.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from stream_jobs.durations import parse_duration, parse_rate
 from stream_jobs.errors import ConfigError
 from stream_jobs.job_ids import control_character
 
+# The record header a job's tenant travels in (`stream_jobs.record.HEADER_TENANT`).
+TENANT_HEADER = "sj-tenant"
 # The one limit: the client's, the decoder's and the gateway's.
 MAX_TENANT_BYTES = 128
 # What jobs without a tenant count as, wherever tenants are compared or shown.
@@ -91,6 +93,16 @@ def tenant_from_header(raw: bytes) -> str:
     if problem is not None:
         raise ValueError(f"names no tenant: {problem}")
     return text
+
+
+def tenant_in(headers: Sequence[tuple[str, bytes]]) -> str:
+    """The `sj-tenant` of a record's headers (the last one, as the decoder reads it),
+    decoded leniently and unchecked, or `NO_TENANT`: what fair dispatch reads per fetched
+    record (the decoder judges the header when the job runs)."""
+    for name, raw in reversed(headers):
+        if name == TENANT_HEADER:
+            return bytes(raw).decode(errors="replace")
+    return NO_TENANT
 
 
 @dataclass(frozen=True)
@@ -253,5 +265,5 @@ def _invalid(key: str, problem: str) -> ConfigError:
     return ConfigError(f"fairness.{key} {problem}")
 
 
-__all__ = ["FAIRNESS_KEYS", "MAX_TENANT_BYTES", "NO_TENANT", "FairnessSpec", "TenantLimits",
-           "checked_tenant", "tenant_from_header", "tenant_problem"]
+__all__ = ["FAIRNESS_KEYS", "MAX_TENANT_BYTES", "NO_TENANT", "TENANT_HEADER", "FairnessSpec",
+           "TenantLimits", "checked_tenant", "tenant_from_header", "tenant_in", "tenant_problem"]

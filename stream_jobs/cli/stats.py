@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -88,37 +88,42 @@ def stats(
                       partitions=partitions)
         return
     settings, types = _load(ctx, job_type)
+    try:
+        asyncio.run(_show_stats(settings, types, job_type, as_json=as_json, watch=watch,
+                                interval_s=interval_s, partitions=partitions,
+                                window_s=window_s, wide=wide))
+    except KeyboardInterrupt:
+        return  # a second Ctrl-C ends --watch at once; nothing is left half done
+
+
+async def _show_stats(settings: Settings, types: Mapping[str, JobTypePolicy],
+                      job_type: str | None, *, as_json: bool, watch: bool, interval_s: float,
+                      partitions: bool, window_s: float, wide: bool) -> None:
+    """`stats` without --history or --tenants: once, or every `interval_s` with --watch."""
     census = DlqCensus()  # with --watch, each refresh reads only the new dead letters
 
     async def snapshot() -> StatsSnapshot:
         return await collect(settings, types, job_type=job_type, per_partition=partitions,
                              window_s=window_s, census=census)
 
-    async def run() -> None:
-        if not watch:
-            shot = await snapshot()
-            if as_json:
-                _print_json(shot.to_dict(per_partition=partitions))
-            else:
-                print_table(console, render_stats(shot, settings, partitions, wide=wide),
-                            wide=wide)
-            return
-        stop = _stop_on_ctrl_c()
+    if not watch:
+        shot = await snapshot()
         if as_json:
-            while (latest := await _unless_stopped(snapshot(), stop)) is not None:
-                _print_json(latest.to_dict(per_partition=partitions), indent=False)
-                await _pause(interval_s, stop)
-            return
-        with Live(console=console, auto_refresh=False) as live:
-            while (latest := await _unless_stopped(snapshot(), stop)) is not None:
-                live.update(render_stats(latest, settings, partitions, wide=wide),
-                            refresh=True)
-                await _pause(interval_s, stop)
-
-    try:
-        asyncio.run(run())
-    except KeyboardInterrupt:
-        return  # a second Ctrl-C ends --watch at once; nothing is left half done
+            _print_json(shot.to_dict(per_partition=partitions))
+        else:
+            print_table(console, render_stats(shot, settings, partitions, wide=wide),
+                        wide=wide)
+        return
+    stop = _stop_on_ctrl_c()
+    if as_json:
+        while (latest := await _unless_stopped(snapshot(), stop)) is not None:
+            _print_json(latest.to_dict(per_partition=partitions), indent=False)
+            await _pause(interval_s, stop)
+        return
+    with Live(console=console, auto_refresh=False) as live:
+        while (latest := await _unless_stopped(snapshot(), stop)) is not None:
+            live.update(render_stats(latest, settings, partitions, wide=wide), refresh=True)
+            await _pause(interval_s, stop)
 
 
 def _show_history(ctx: typer.Context, job_type: str | None, window: str, *, as_json: bool,

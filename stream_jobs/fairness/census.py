@@ -28,8 +28,9 @@ from stream_jobs.kafka.admin import Admin, open_admin
 from stream_jobs.kafka.consumer import Consumer, open_reader
 from stream_jobs.kafka.scan import PartitionRange, scan
 from stream_jobs.naming import worker_group
-from stream_jobs.record import HEADER_JOB_ID, tenant_in
+from stream_jobs.record import HEADER_JOB_ID
 from stream_jobs.settings import Settings
+from stream_jobs.tenants import tenant_in
 
 # Records a census reads at most, over all the partitions of the lanes and the overflow.
 DEFAULT_MAX_RECORDS = 100_000

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stream_jobs.history.tally import DWELL_BUCKETS_S, quantile
-from stream_jobs.record import tenant_in
+from stream_jobs.tenants import tenant_in
 
 # Tenants shown by name in a report, a table and the metrics; the rest are `other`.
 TOP_TENANTS = 10

@@ -38,7 +38,7 @@ from stream_jobs.kafka.clients import KafkaClients
 from stream_jobs.kafka.consumer import Consumer, copartitioned
 from stream_jobs.kafka.scan import PartitionRange, scan
 from stream_jobs.naming import lane_topic, overflow_topic
-from stream_jobs.record import Record, tenant_in
+from stream_jobs.record import Record
 from stream_jobs.runtime.dispatch import (
     Chain,
     Dispatcher,
@@ -50,7 +50,7 @@ from stream_jobs.runtime.dispatch import (
 from stream_jobs.runtime.member import GroupMember
 from stream_jobs.runtime.services import Service
 from stream_jobs.storage import Storage
-from stream_jobs.tenants import FairnessSpec
+from stream_jobs.tenants import FairnessSpec, tenant_in
 
 log = logging.getLogger("stream_jobs.consumer")
 
