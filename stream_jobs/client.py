@@ -49,6 +49,7 @@ from stream_jobs.record import JobRecord
 from stream_jobs.results.calls import ResultCalls, SyncResultCalls
 from stream_jobs.retry import tier_for_delay
 from stream_jobs.settings import Settings
+from stream_jobs.tenants import checked_tenant
 from stream_jobs.tracing import Hop, job_spans
 from stream_jobs.unique.claim import (
     Build,
@@ -116,23 +117,24 @@ class JobClient(WorkflowCalls, ResultCalls):
         self, job_type: str, payload: BaseModel | Mapping[str, Any], *,
         key: str | bytes | None = None, job_id: str | None = None, priority: str = "default",
         delay: Seconds | None = None, run_at: datetime | None = None,
-        expires_in: Seconds | None = None, conn: Any = None, unique_key: None = None,
-        unique_for: None = None, debounce: None = None) -> str: ...
+        expires_in: Seconds | None = None, tenant: str | None = None, conn: Any = None,
+        unique_key: None = None, unique_for: None = None, debounce: None = None) -> str: ...
 
     @overload
     async def enqueue(
         self, job_type: str, payload: BaseModel | Mapping[str, Any], *,
         key: str | bytes | None = None, job_id: str | None = None, priority: str = "default",
         delay: Seconds | None = None, run_at: datetime | None = None,
-        expires_in: Seconds | None = None, conn: Any = None, unique_key: str,
-        unique_for: Window | None = None, debounce: Window | None = None) -> Enqueued: ...
+        expires_in: Seconds | None = None, tenant: str | None = None, conn: Any = None,
+        unique_key: str, unique_for: Window | None = None, debounce: Window | None = None
+    ) -> Enqueued: ...
 
     @overload
     async def enqueue(
         self, job_type: str, payload: BaseModel | Mapping[str, Any], *,
         key: str | bytes | None = None, job_id: str | None = None, priority: str = "default",
-        expires_in: Seconds | None = None, conn: Any = None, unique_key: str | None = None,
-        debounce: Window) -> Enqueued: ...
+        expires_in: Seconds | None = None, tenant: str | None = None, conn: Any = None,
+        unique_key: str | None = None, debounce: Window) -> Enqueued: ...
 
     async def enqueue(
         self,
@@ -145,6 +147,7 @@ class JobClient(WorkflowCalls, ResultCalls):
         delay: Seconds | None = None,
         run_at: datetime | None = None,
         expires_in: Seconds | None = None,
+        tenant: str | None = None,
         conn: Any = None,
         unique_key: str | None = None,
         unique_for: Window | None = None,
@@ -156,6 +159,9 @@ class JobClient(WorkflowCalls, ResultCalls):
         `job_id` given by the caller is kept, so a retried enqueue is deduplicated by
         `ctx.once()`. `delay`/`run_at` hold the job in a delay tier until then.
         `expires_in` drops the job (counted as expired) if it has not run by then.
+        `tenant` names the customer the job is for (`ctx.tenant`; fair dispatch and
+        per-tenant limits, docs/fairness.md): text of 1 to 128 bytes of UTF-8 with no
+        control character, else `ConfigError`.
         `conn` (asyncpg connection, SQLAlchemy AsyncConnection or AsyncSession, in a
         transaction): write the job in that transaction instead; see the module's docstring.
 
@@ -166,7 +172,7 @@ class JobClient(WorkflowCalls, ResultCalls):
         `Enqueued`, which is the job ID and says whether this call sent it; the job goes
         through the outbox (docs/control.md).
         """
-        job = Job(job_type, payload, key, job_id, priority, delay, run_at, expires_in)
+        job = Job(job_type, payload, key, job_id, priority, delay, run_at, expires_in, tenant)
         if unique_key is not None or unique_for is not None or debounce is not None:
             claim = key_claim(unique_key=unique_key, unique_for=unique_for, debounce=debounce,
                               key=key, delay=delay, run_at=run_at)
@@ -280,6 +286,7 @@ class JobClient(WorkflowCalls, ResultCalls):
         # Only an ID given by the caller is checked: a new one is a UUIDv7.
         job_id = checked_job_id(job.job_id) if job.job_id else new_job_id()
         key = checked_key(job.key).encode() if isinstance(job.key, str) else job.key
+        tenant = checked_tenant(job.tenant)
         record = JobRecord(
             job_id=job_id,
             job_type=job.job_type,
@@ -289,6 +296,7 @@ class JobClient(WorkflowCalls, ResultCalls):
             not_before_ms=not_before if not_before is not None and not_before > now else None,
             expires_at_ms=now + int(expires_s * 1000) if expires_s is not None else None,
             lane=job.priority,
+            tenant=tenant,
             # A job enqueued under a span (a request's, a parent job's attempt) is in its trace.
             traceparent=self._spans.current_traceparent() if self._spans is not None else None,
         )

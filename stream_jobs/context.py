@@ -6,6 +6,7 @@ was cancelled."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from datetime import UTC, datetime
@@ -123,6 +124,12 @@ class JobContext:
     @property
     def lane(self) -> str:
         return self._job.lane
+
+    @property
+    def tenant(self) -> str | None:
+        """The customer the job is for, as it was enqueued (`enqueue(..., tenant=...)`), or
+        None for a job of no tenant."""
+        return self._job.tenant
 
     @property
     def cancelled(self) -> bool:
@@ -276,7 +283,7 @@ class JobContext:
                       name: str | None = None, key: str | bytes | None = None,
                       priority: str = "default", delay: Seconds | None = None,
                       run_at: datetime | None = None, expires_in: Seconds | None = None,
-                      job_id: str | None = None) -> str:
+                      job_id: str | None = None, tenant: str | None = None) -> str:
         """Enqueue a child job in this job's exactly-once transaction: call it inside
         `async with ctx.once():` (or `ctx.once_deferred():`). The child exists if and
         only if the parent's effects and dedup row commit, and the outbox relay sends it.
@@ -284,14 +291,15 @@ class JobContext:
         Its job ID is derived from this job's ID and `name` (default: the child's
         position among this run's `enqueue` calls, "0", "1", ...), so a parent that runs
         again makes the same children; give distinct names to children you enqueue
-        conditionally. The other options mean what `JobClient.enqueue`'s do, and every
-        check it makes happens here, before anything is written.
+        conditionally. A child takes this job's tenant unless given one. The other options
+        mean what `JobClient.enqueue`'s do, and every check it makes happens here, before
+        anything is written.
         """
         children = self._client_for_children()
         name = self._next_name(name)
         child_id = job_id or child_job_id(self.job_id, name)
-        prepared = [children.prepare(Job(job_type, payload, key, child_id, priority, delay,
-                                         run_at, expires_in))]
+        prepared = [self._prepare_child(Job(job_type, payload, key, child_id, priority, delay,
+                                            run_at, expires_in, tenant))]
         schema = children.settings.database_schema
         if self._conn is not None:
             await write_async(self._conn, prepared, schema)
@@ -310,11 +318,12 @@ class JobContext:
         `ctx.once_deferred()`), as `JobClient.batch` does: it exists, with its members,
         if and only if this job's effects commit. Its ID is derived from this job's ID
         and `name` (default: the position among this run's enqueue/batch/chain calls),
-        so a callback that starts a batch starts the same one however often it runs."""
+        so a callback that starts a batch starts the same one however often it runs.
+        Members and callbacks given no tenant take this job's."""
         children = self._client_for_children()
         workflow_id = workflow_id_for(self.job_id, self._next_name(name))
         plan = batch_plan(children.settings.database_schema, workflow_id, list(jobs),
-                          children.prepare, on_success=on_success, on_complete=on_complete,
+                          self._prepare_child, on_success=on_success, on_complete=on_complete,
                           parent_job_id=self.job_id)
         return await self._write_plan(plan, "ctx.batch()")
 
@@ -323,8 +332,14 @@ class JobContext:
         children = self._client_for_children()
         workflow_id = workflow_id_for(self.job_id, self._next_name(name))
         plan = chain_plan(children.settings.database_schema, workflow_id, jobs,
-                          children.prepare, parent_job_id=self.job_id)
+                          self._prepare_child, parent_job_id=self.job_id)
         return await self._write_plan(plan, "ctx.chain()")
+
+    def _prepare_child(self, job: Job) -> tuple[str, JobRecord]:
+        """A child job's topic and record; a child given no tenant takes this job's."""
+        if job.tenant is None and self.tenant is not None:
+            job = dataclasses.replace(job, tenant=self.tenant)
+        return self._client_for_children().prepare(job)
 
     def _client_for_children(self) -> JobClient:
         if self._children is None:

@@ -28,3 +28,4 @@ class Job:
     delay: Seconds | None = None
     run_at: datetime | None = None
     expires_in: Seconds | None = None
+    tenant: str | None = None

@@ -14,6 +14,7 @@ from stream_jobs.durations import parse_duration
 from stream_jobs.errors import PayloadError
 from stream_jobs.job_ids import checked_job_id, checked_key
 from stream_jobs.job_types import load_job_types
+from stream_jobs.tenants import checked_tenant
 from stream_jobs.unique.rules import Enqueued, key_claim
 
 console = Console()
@@ -30,6 +31,8 @@ def enqueue(
     delay: str | None = typer.Option(None, help="Run no sooner than this from now, e.g. 30s."),
     expires_in: str | None = typer.Option(None, help="Drop the job if not run by then, e.g. 1h."),
     job_id: str | None = typer.Option(None, help="Give the job ID (default: a new UUIDv7)."),
+    tenant: str | None = typer.Option(None, help="The customer the job is for (ctx.tenant), "
+                                      "e.g. acme: 1 to 128 bytes, no control characters."),
     unique_key: str | None = typer.Option(None, help="Send nothing while a job holding this "
                                           "key is pending (its ID is printed instead)."),
     unique_for: str | None = typer.Option(None, help="Hold the unique key at least this long "
@@ -45,6 +48,7 @@ def enqueue(
         checked_job_id(job_id, "--job-id")
     if key is not None:
         checked_key(key, "--key")
+    checked_tenant(tenant)
     try:
         body = orjson.loads(payload)
     except orjson.JSONDecodeError as exc:
@@ -55,7 +59,7 @@ def enqueue(
 
     job = Job(job_type, body, key=key, job_id=job_id, priority=priority,
               delay=parse_duration(delay) if delay else None,
-              expires_in=parse_duration(expires_in) if expires_in else None)
+              expires_in=parse_duration(expires_in) if expires_in else None, tenant=tenant)
     claim = key_claim(unique_key=unique_key,
                       unique_for=parse_duration(unique_for) if unique_for else None,
                       debounce=parse_duration(debounce) if debounce else None,
@@ -67,7 +71,7 @@ def enqueue(
                 return await client.enqueue_keyed(job, claim)
             return await client.enqueue(job_type, body, key=key, priority=priority,
                                         job_id=job_id, delay=job.delay,
-                                        expires_in=job.expires_in)
+                                        expires_in=job.expires_in, tenant=tenant)
 
     sent = asyncio.run(send())
     console.print(sent)

@@ -209,6 +209,8 @@ def job(
                   soft_wrap=True)
     if found.trace_id is not None:
         console.print(f"trace {found.trace_id}", highlight=False, soft_wrap=True)
+    if found.tenant is not None:
+        console.print(f"tenant {found.tenant}", highlight=False, soft_wrap=True)
     for note in found.notes:
         console.print(f"[dim]{note}[/]", highlight=False, soft_wrap=True)
     if found.sightings:

@@ -26,10 +26,12 @@ from stream_jobs.record import (
     HEADER_JOB_ID,
     HEADER_ORIGIN,
     HEADER_REQUEUES,
+    HEADER_TENANT,
     JobRecord,
     Record,
     decode_record,
 )
+from stream_jobs.tenants import tenant_from_header
 
 DEFAULT_MAX_REQUEUES = 3  # the loop guard: letters requeued this often are left
 UNKNOWN_REASON = "unknown"  # a letter whose sj-error header is missing or garbled
@@ -73,10 +75,14 @@ class Letter:
 
 
 def read_letter(record: Record, job_type: str, max_payload_bytes: int) -> Letter:
-    """The letter in a DLQ record. Never raises, whatever the record holds."""
+    """The letter in a DLQ record. Never raises, whatever the record holds.
+
+    An `sj-tenant` header that names no tenant (another producer's: too long, not UTF-8,
+    a control character) is dropped, so such a letter is a job of no tenant: a requeue
+    runs it, and never carries the bad header back into a lane.
+    """
     try:
-        job = decode_record(key=record.key, value=record.value, headers=record.headers,
-                            expected_type=job_type, max_payload_bytes=max_payload_bytes)
+        job = _decoded(record, job_type, max_payload_bytes)
     except BadRecord as bad:
         found = _last_headers(record.headers)
         return Letter(
@@ -91,6 +97,28 @@ def read_letter(record: Record, job_type: str, max_payload_bytes: int) -> Letter
         partition=record.partition, offset=record.offset, timestamp_ms=record.timestamp,
         job_id=job.job_id, failure=job.failure, attempt=job.attempt, requeues=job.requeues,
         enqueued_at_ms=job.enqueued_at_ms or None, origin=job.origin, job=job, problem=None)
+
+
+def _decoded(record: Record, job_type: str, max_payload_bytes: int) -> JobRecord:
+    headers = record.headers
+    if headers and any(_bad_tenant(item) for item in headers):
+        headers = [item for item in headers if not _bad_tenant(item)]
+    return decode_record(key=record.key, value=record.value, headers=headers,
+                         expected_type=job_type, max_payload_bytes=max_payload_bytes)
+
+
+def _bad_tenant(item: object) -> bool:
+    """Whether a header is an `sj-tenant` that `tenant_from_header` refuses."""
+    if not isinstance(item, tuple) or len(item) != 2 or item[0] != HEADER_TENANT:
+        return False
+    raw = item[1]
+    if not isinstance(raw, bytes | bytearray):
+        return True
+    try:
+        tenant_from_header(bytes(raw))
+    except ValueError:
+        return True
+    return False
 
 
 def _last_headers(headers: Sequence[tuple[str, bytes]] | None) -> dict[str, bytes]:

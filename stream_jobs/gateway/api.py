@@ -30,6 +30,7 @@ from stream_jobs.job_ids import MAX_JOB_ID_CHARS, id_problem, key_problem
 from stream_jobs.job_types import get_job_type
 from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC
 from stream_jobs.redaction import shown_payload
+from stream_jobs.tenants import MAX_TENANT_BYTES, tenant_problem
 from stream_jobs.tools.cancel import cancel_job
 from stream_jobs.tools.job_status import locate
 from stream_jobs.tools.stats import collect
@@ -46,18 +47,16 @@ class Problem(BaseModel):
     detail: str
 
 
-def _given_job_id(value: str | None) -> str | None:
-    problem = None if value is None else id_problem(value)
-    if problem is not None:
-        raise ValueError(problem)
-    return value
+def _refusing(problem_of: Callable[[str], str | None]) -> AfterValidator:
+    """A field's check: the client's own sentence (`problem_of`) as the 422's message."""
 
+    def check(value: str | None) -> str | None:
+        problem = None if value is None else problem_of(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
-def _text_key(value: str | None) -> str | None:
-    problem = None if value is None else key_problem(value)
-    if problem is not None:
-        raise ValueError(problem)
-    return value
+    return AfterValidator(check)
 
 
 class JobIn(BaseModel):
@@ -67,17 +66,21 @@ class JobIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     payload: dict[str, Any]
-    key: Annotated[str | None, AfterValidator(_text_key)] = Field(
+    key: Annotated[str | None, _refusing(key_problem)] = Field(
         default=None, max_length=1024,
         description="Partition key (default: the job ID); same key, same partition, in "
         "order. No control characters.")
-    job_id: Annotated[str | None, AfterValidator(_given_job_id)] = Field(
+    job_id: Annotated[str | None, _refusing(id_problem)] = Field(
         default=None, min_length=1, max_length=MAX_JOB_ID_CHARS,
         description="Give one to make a retried request safe: ctx.once() dedups by it. "
         "No control characters and no '/'.")
     priority: str = Field("default", max_length=16, description="A lane the type declares.")
     delay_s: float | None = Field(default=None, ge=0, le=MAX_DELAY_S, allow_inf_nan=False)
     expires_in_s: float | None = Field(default=None, gt=0, le=MAX_DELAY_S, allow_inf_nan=False)
+    tenant: Annotated[str | None, _refusing(tenant_problem)] = Field(
+        default=None, description=f"The customer the job is for (ctx.tenant; fair dispatch "
+        f"and per-tenant limits): 1 to {MAX_TENANT_BYTES} bytes of UTF-8, no control "
+        "characters. Leave it out for a job of no tenant.")
 
 
 class BatchIn(BaseModel):
@@ -176,6 +179,8 @@ class JobOut(BaseModel):
         default=None, description="Its payload as its latest record carries it, indented "
         "JSON text with the fields its type's `redact` names shown as •••; null when no "
         "record of it was read (a done job's are read with `records=true`).")
+    tenant: str | None = Field(default=None, description="The customer the job is for, as "
+                               "its latest record read names it; null for none.")
 
 
 class BatchOut(BaseModel):
@@ -286,7 +291,8 @@ async def enqueue(job_type: TypeName, gateway: GatewayDep,
                               f"(STREAM_JOBS_GATEWAY_MAX_BATCH); this one has {len(items)}: "
                               "split it.")
     jobs = [Job(policy.job_type, item.payload, key=item.key, job_id=item.job_id,
-                priority=item.priority, delay=item.delay_s, expires_in=item.expires_in_s)
+                priority=item.priority, delay=item.delay_s, expires_in=item.expires_in_s,
+                tenant=item.tenant)
             for item in items]
     client = await gateway.enqueuer.client()
     try:
@@ -321,6 +327,7 @@ async def job(gateway: GatewayDep,
                   job_type=found.job_type, attempt=found.attempt, complete=found.complete,
                   location=found.to_dict(),
                   result=None if found.result is None else found.result.to_dict(),
+                  tenant=found.tenant,
                   payload=shown_payload(found.payload, _redacted(gateway, found.job_type)))
 
 

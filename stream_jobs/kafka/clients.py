@@ -36,7 +36,8 @@ class Producer(Protocol):
                        headers: Sequence[tuple[str, bytes]], *,
                        partition: int | None = None) -> Written: ...
 
-    async def send_many(self, items: Sequence[tuple[str, Outgoing]]) -> list[Written]: ...
+    async def send_many(self, items: Sequence[tuple[str, Outgoing]], *,
+                        partition: int | None = None) -> list[Written]: ...
 
 
 class KafkaClients(Protocol):

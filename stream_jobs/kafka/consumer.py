@@ -23,6 +23,7 @@ from typing import Any, NoReturn, Protocol
 from aiokafka import AIOKafkaConsumer
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.cluster import ClusterMetadata
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import (
     CommitFailedError,
     GroupAuthorizationFailedError,
@@ -349,3 +350,10 @@ __all__ = [
     "open_consumer",
     "open_reader",
 ]
+
+
+def copartitioned() -> dict[str, Any]:
+    """Options of a group whose member owning partition p of one topic must own partition
+    p of the others it reads (topics with the same partition count): Kafka's range
+    assignor. Fair dispatch's lanes and overflow lane need it."""
+    return {"partition_assignment_strategy": (RangePartitionAssignor,)}

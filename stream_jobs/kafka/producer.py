@@ -13,7 +13,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
@@ -44,6 +44,9 @@ OWN_BATCH_MIN = 32
 BATCH_QUEUE_WAIT_S = 0.1
 # Headers and batch framing on top of the payload limit.
 _RECORD_OVERHEAD_BYTES = 64 * 1024
+
+
+_W = TypeVar("_W")
 
 
 class Outgoing(Protocol):
@@ -171,8 +174,12 @@ class JobProducer:
                 await self._renew(producer)
             raise
 
-    async def send_many(self, items: Sequence[tuple[str, Outgoing]]) -> list[Written]:
+    async def send_many(self, items: Sequence[tuple[str, Outgoing]], *,
+                        partition: int | None = None) -> list[Written]:
         """Write many records, then wait for every acknowledgement.
+
+        With `partition`, every record goes to that partition (the overflow lane keeps a
+        lane partition's records in the partition of the same number).
 
         Each record's partition is computed here (Kafka's own key hashing, so a key lands
         where a single send would put it); records without a key all go to one partition
@@ -191,20 +198,22 @@ class JobProducer:
             count = counts.get(topic)
             if count is None:
                 count = counts[topic] = await self._partition_count(topic)
-            if rec.key is not None:
-                partition = partition_for_key(rec.key, count)
+            if partition is not None:
+                chosen = partition
+            elif rec.key is not None:
+                chosen = partition_for_key(rec.key, count)
             else:
-                partition = unkeyed.setdefault(topic, random.randrange(count))
-            by_partition.setdefault((topic, partition), []).append(index)
+                chosen = unkeyed.setdefault(topic, random.randrange(count))
+            by_partition.setdefault((topic, chosen), []).append(index)
         sent: list[tuple[list[int], asyncio.Future[Any]]] = []
-        for (topic, partition), indexes in by_partition.items():
+        for (topic, part), indexes in by_partition.items():
             if len(indexes) >= OWN_BATCH_MIN:
-                sent.extend(await self._send_batches(topic, partition, indexes, items))
+                sent.extend(await self._send_batches(topic, part, indexes, items))
                 continue
             for index in indexes:
                 rec = items[index][1]
                 sent.append(([index], await self._enqueue(topic, rec.key, rec.payload,
-                                                          rec.headers(), partition)))
+                                                          rec.headers(), part)))
         placed: list[Written | None] = [None] * len(items)
         failure: KafkaError | None = None
         renew = False
@@ -327,7 +336,7 @@ class JobProducer:
         return Written(meta.topic, meta.partition, meta.offset)
 
 
-async def until_acked(send: Callable[[], Awaitable[Written]], stopping: asyncio.Event) -> Written:
+async def until_acked(send: Callable[[], Awaitable[_W]], stopping: asyncio.Event) -> _W:
     """Retry a write until the broker acknowledges it, backing off up to 10 s.
 
     Used for retry, dead-letter and relay writes, whose source offset stays unfinished

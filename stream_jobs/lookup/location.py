@@ -18,12 +18,14 @@ from stream_jobs.record import (
     HEADER_JOB_ID,
     HEADER_NOT_BEFORE,
     HEADER_REQUEUES,
+    HEADER_TENANT,
     HEADER_TRACEPARENT,
     HEADER_WORKFLOW,
     Record,
     trace_id_of,
 )
 from stream_jobs.results.rules import StoredResult
+from stream_jobs.tenants import tenant_from_header
 
 Status = Literal["done", "dead_lettered", "running", "retrying", "scheduled", "pending",
                  "finished", "not_seen", "cancelled", "superseded"]
@@ -52,6 +54,7 @@ class Sighting:
     failure: FailureInfo | None = None
     workflow: str | None = None  # its `sj-workflow` header: a batch member or chain step
     trace_id: str | None = None  # of its `traceparent` header: the job's trace (docs/tracing.md)
+    tenant: str | None = None  # its `sj-tenant` header, when that names a tenant
     # The record's value, the job's payload: shown only to an operator (`shown_payload`).
     payload: bytes | None = field(default=None, repr=False, compare=False)
 
@@ -93,6 +96,12 @@ class JobLocation:
         """The job's trace ID, as its latest record that carries one says (docs/tracing.md)."""
         traced = [seen for seen in self.sightings if seen.trace_id is not None]
         return traced[-1].trace_id if traced else None
+
+    @property
+    def tenant(self) -> str | None:
+        """The customer the job is for, as its latest record that names one says."""
+        named = [seen.tenant for seen in self.sightings if seen.tenant is not None]
+        return named[-1] if named else None
 
     @property
     def payload(self) -> bytes | None:
@@ -151,6 +160,7 @@ class JobLocation:
         return {
             "job_id": self.job_id, "status": self.status, "summary": self.summary(),
             "job_type": self.job_type, "attempt": self.attempt, "trace_id": self.trace_id,
+            "tenant": self.tenant,
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
             "last": None if self.last is None else sighting(self.last),
             "sightings": [sighting(s) for s in self.sightings],
@@ -217,8 +227,18 @@ def sighting_from(record: Record, found: dict[str, bytes], *, role: TopicRole, n
         failure=parse_failure(found.get(HEADER_ERROR)),
         workflow=_text(found.get(HEADER_WORKFLOW)),
         trace_id=trace_id_of(_text(found.get(HEADER_TRACEPARENT))),
+        tenant=_tenant(found.get(HEADER_TENANT)),
         payload=record.value if isinstance(record.value, bytes) else None,
     )
+
+
+def _tenant(raw: bytes | None) -> str | None:
+    """The tenant an `sj-tenant` header names; None for one that names none (the job
+    was dead-lettered as `bad-header` for it, and its letter says why)."""
+    try:
+        return None if raw is None else tenant_from_header(raw)
+    except ValueError:
+        return None
 
 
 def _text(raw: bytes | None) -> str | None:

@@ -25,10 +25,11 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from stream_jobs.errors import Abandoned
 from stream_jobs.kafka import TopicPartition
+from stream_jobs.kafka.consumer import Consumer
 from stream_jobs.lanes import LanePicker
 from stream_jobs.logs import job_fields
 from stream_jobs.offsets import OffsetTracker
@@ -88,13 +89,25 @@ class Chain:
     records: deque[Record] = field(default_factory=deque)
 
 
+class ReadyQueue(Protocol):
+    """Chains waiting for a slot: a `deque`, or fair dispatch's `TenantRotation`."""
+
+    def __len__(self) -> int: ...
+
+    def append(self, chain: Chain, /) -> None: ...
+
+    def appendleft(self, chain: Chain, /) -> None: ...
+
+    def popleft(self) -> Chain: ...
+
+
 @dataclass(eq=False)
 class PartitionWork:
     """What one member holds for one assigned partition."""
 
     tp: TopicPartition
     # The ready queue of the partition's lane: chains waiting for a dispatch slot.
-    ready: deque[Chain] = field(default_factory=deque)
+    ready: ReadyQueue = field(default_factory=lambda: deque[Chain]())
     tracker: OffsetTracker | None = None
     revoked: bool = False
     paused: bool = False
@@ -146,9 +159,9 @@ class Dispatcher:
         self._stopping = stopping
         self._name = name
         # One ready queue per lane (topic -> queue); one queue when lanes are not weighted.
-        self._ready: deque[Chain] = deque()
-        self._queues: list[deque[Chain]] = [self._ready]
-        self._queue_of: dict[str, deque[Chain]] = {}
+        self._ready: ReadyQueue = deque()
+        self._queues: list[ReadyQueue] = [self._ready]
+        self._queue_of: dict[str, ReadyQueue] = {}
         self._picker: LanePicker | None = None
         if len(lane_weights) > 1:
             self._queues = [deque() for _ in lane_weights]
@@ -182,8 +195,10 @@ class Dispatcher:
             chain = work.chains.get(key)
             if chain is None:
                 chain = work.chains[key] = Chain(work, key)
+                chain.records.append(record)
                 work.ready.append(chain)
-            chain.records.append(record)
+            else:
+                chain.records.append(record)
         self._pump()
 
     def _pump(self) -> None:
@@ -192,7 +207,7 @@ class Dispatcher:
         Tasks exist only for running records' runners, so a deep buffer costs no tasks and
         no waiters. A runner that finds nothing it may start ends.
         """
-        ready = sum(len(q) for q in self._queues) if self._picker else len(self._ready)
+        ready = self._ready_count()
         # A runner whose job only waits for its group commit lent its slot (`lend_slot`);
         # a held slot has no runner that would take a ready chain.
         active = len(self.runners) - self._lent
@@ -200,6 +215,20 @@ class Dispatcher:
             runner = Runner()
             self.runners.add(runner)
             runner.task = asyncio.create_task(self._run(runner))
+
+    def _ready_count(self) -> int:
+        """Chains that may start now."""
+        return sum(len(q) for q in self._queues) if self._picker else len(self._ready)
+
+    def forget(self, work: PartitionWork) -> None:
+        """`work`'s partition was revoked and its state dropped (a hook: fair dispatch
+        forgets what it counted of it)."""
+
+    async def assigned(self, consumer: Consumer, tps: Sequence[TopicPartition]) -> None:
+        """Partitions assigned, before their state is made (a hook for fair dispatch)."""
+
+    async def revoking(self, works: Sequence[PartitionWork], grace_s: float) -> None:
+        """Partitions about to be released (a hook for fair dispatch)."""
 
     def lend_slot(self) -> LentSlot:
         """Around a running job's wait for its group commit: the job holds no resource of
@@ -295,8 +324,7 @@ class Dispatcher:
             runner.deadline = math.inf
             if finished:
                 chain.records.popleft()
-                work.finished(record.offset, record_size(record))
-                self._on_finished(work)
+                self._finished(work, record)
             hold = runner.hold
             if hold is not None:
                 runner.hold = None
@@ -310,6 +338,11 @@ class Dispatcher:
                 runner.record_done = None
                 if not done.done():
                     done.set_result(None)
+
+    def _finished(self, work: PartitionWork, record: Record) -> None:
+        """`record` is done: its offset may be committed past."""
+        work.finished(record.offset, record_size(record))
+        self._on_finished(work)
 
     def _hold(self, chain: Chain, finished: bool, hold: asyncio.Future[None]) -> None:
         """Keep a slot and `chain` (its key's next records wait in it) until `hold` ends;

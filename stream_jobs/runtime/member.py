@@ -16,8 +16,9 @@ import asyncio
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from stream_jobs.clock import now_ms
 from stream_jobs.errors import BadRecord, CommitRefused
@@ -72,7 +73,8 @@ class GroupMember(ABC):
                  job_type: str, producer: Producer, concurrency: int, grace_s: float,
                  commit_interval_s: float, max_buffered: int, fetch_records: int = 500,
                  lane_weights: Sequence[tuple[str, int]] = (),
-                 kafka: KafkaClients = AIOKAFKA) -> None:
+                 kafka: KafkaClients = AIOKAFKA,
+                 consumer_options: Mapping[str, Any] | None = None) -> None:
         self.settings = settings
         self.job_type = job_type
         self.producer = producer
@@ -104,6 +106,7 @@ class GroupMember(ABC):
             # larger than them is still returned whole (the broker always sends one batch).
             max_partition_fetch_bytes=256 * 1024,
             fetch_max_bytes=4 * 1024 * 1024,
+            **(consumer_options or {}),
         )
         self._last_commit = 0.0
         # What the idle watch (`stream_jobs.runtime.idle`) reads: records fetched and
@@ -287,6 +290,7 @@ class GroupMember(ABC):
         await self.commit(works)
         for work in works:
             self.partitions.pop(work.tp, None)
+            self.dispatcher.forget(work)
 
     def adopt(self, tps: list[TopicPartition]) -> None:
         """Assignment: fresh state per partition; pauses from before are re-evaluated."""
@@ -331,12 +335,15 @@ class GroupMember(ABC):
         if revoked:
             log.info("%s: rebalance revoked %s", self.group_id, ", ".join(_named(revoked)),
                      extra={"group": self.group_id, "partitions": _named(revoked)})
+        await self.dispatcher.revoking([self.partitions[tp] for tp in revoked
+                                        if tp in self.partitions], self.grace_s)
         await self.release(revoked)
 
     async def on_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("%s: rebalance assigned %s", self.group_id,
                  ", ".join(_named(assigned)) or "nothing",
                  extra={"group": self.group_id, "partitions": _named(assigned)})
+        await self.dispatcher.assigned(self.consumer, assigned)
         self.adopt(assigned)
         self.taken_in += 1
         self.joined = True

@@ -37,7 +37,7 @@ from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.clients import AIOKAFKA, KafkaClients
 from stream_jobs.logs import job_fields
-from stream_jobs.naming import dlq_topic, lane_topic, tier_topic, worker_group
+from stream_jobs.naming import dlq_topic, lane_topic, overflow_topic, tier_topic, worker_group
 from stream_jobs.outcomes import Outcome
 from stream_jobs.record import HEADER_WORKFLOW, JobRecord, Record, decode_record
 from stream_jobs.results.finish import Finisher, ending_row, record_ending
@@ -46,6 +46,7 @@ from stream_jobs.runtime.admission import Admission, holds_key
 from stream_jobs.runtime.calls import call_finished, handler_call
 from stream_jobs.runtime.delay_relay import Relay
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
+from stream_jobs.runtime.fair_dispatch import fair_consumer_options, fair_dispatcher
 from stream_jobs.runtime.flow_control import FlowControlled, header_expires_at_ms
 from stream_jobs.runtime.gc_tuning import worker_collector
 from stream_jobs.runtime.heartbeats import is_heartbeat
@@ -70,7 +71,6 @@ log = logging.getLogger("stream_jobs.worker")
 Ended = Outcome | FailureInfo
 
 
-
 class Worker(FlowControlled):
     """Handlers for one job type with bounded concurrency, retries, dead letters and a relay."""
 
@@ -82,6 +82,7 @@ class Worker(FlowControlled):
                  scheduler: Scheduler | None = None, kafka: KafkaClients = AIOKAFKA) -> None:
         prefix = settings.topic_prefix
         lanes = [lane_topic(prefix, policy.job_type, lane) for lane in policy.priorities]
+        lanes += [overflow_topic(prefix, policy.job_type)] if policy.has_overflow else []
         weights = [(lane_topic(prefix, policy.job_type, lane), weight)
                    for lane, weight in policy.lane_weights]
         super().__init__(settings, worker_group(prefix, policy.job_type), lanes,
@@ -90,7 +91,10 @@ class Worker(FlowControlled):
                          commit_interval_s=commit_interval_s,
                          max_buffered=max_buffered or max(2 * handler.concurrency,
                                                           DEFAULT_MAX_BUFFERED),
-                         lane_weights=weights, kafka=kafka)
+                         lane_weights=weights, kafka=kafka,
+                         consumer_options=fair_consumer_options(policy))
+        if policy.fairness is not None:
+            self.dispatcher = fair_dispatcher(self, policy, handler.ordering, kafka)
         self.kafka = kafka
         self.policy = policy
         self.handler = handler
@@ -247,8 +251,7 @@ class Worker(FlowControlled):
 
     def _ends_recorded(self, headers: Sequence[tuple[str, bytes]]) -> bool:
         """Whether a record's job gets a row when it ends (so it is not screened out)."""
-        return self.finisher.keep_s is not None or any(
-            name == HEADER_WORKFLOW for name, _ in headers)
+        return self.finisher.keep_s is not None or any(n == HEADER_WORKFLOW for n, _ in headers)
 
     def request_stop(self) -> None:
         """Ask `run` to drain and return (safe from a signal handler on the loop)."""

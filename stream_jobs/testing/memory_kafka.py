@@ -212,14 +212,15 @@ class MemoryProducer:
                        partition: int | None = None) -> Written:
         return self.write(topic, key, value, headers, partition)
 
-    async def send_many(self, items: Sequence[tuple[str, Outgoing]]) -> list[Written]:
+    async def send_many(self, items: Sequence[tuple[str, Outgoing]], *,
+                        partition: int | None = None) -> list[Written]:
         unkeyed: dict[str, int] = {}
         written = []
         for topic, rec in items:
-            partition = None
-            if rec.key is None:
-                partition = unkeyed.setdefault(topic, self._random_partition(topic))
-            written.append(self.write(topic, rec.key, rec.payload, rec.headers(), partition))
+            chosen = partition
+            if chosen is None and rec.key is None:
+                chosen = unkeyed.setdefault(topic, self._random_partition(topic))
+            written.append(self.write(topic, rec.key, rec.payload, rec.headers(), chosen))
         return written
 
     def write(self, topic: str, key: bytes | None, value: bytes | None,

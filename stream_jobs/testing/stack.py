@@ -108,7 +108,7 @@ def settings_for(stack: TestStack, prefix: str, topics_dir: Path) -> Settings:
 
 
 def toml_value(value: object) -> str:
-    """A TOML value: a string, bool, int, float or a list of them."""
+    """A TOML value: a string, bool, int, float, or a list or table of them."""
     if isinstance(value, str):
         # TOML takes every character raw but quotes, backslashes and control characters;
         # JSON's \ud83d\ude00 pairs for characters past U+FFFF are not TOML.
@@ -121,6 +121,9 @@ def toml_value(value: object) -> str:
         return json.dumps(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    if isinstance(value, Mapping):  # an inline table ([fairness], lane_weights)
+        return "{" + ", ".join(f"{toml_value(str(k))} = {toml_value(v)}"
+                               for k, v in value.items()) + "}"
     raise ConfigError(f"{value!r} cannot be written to a topics/*.toml file: use strings, "
                       "numbers, booleans or lists of them.")
 

@@ -100,9 +100,8 @@ def span_name(operation: str, topic: str) -> str:
 
 
 def tenant_of(job: JobRecord | object) -> str | None:
-    """The tenant a job belongs to (of its record, or of what a lookup found of it), for
-    the `stream_jobs.tenant` attribute and the job's page. Jobs carry none yet: this is
-    the one place that will read it when they do."""
+    """The tenant a job belongs to (its record's `sj-tenant`, or what a lookup found of
+    it), for the `stream_jobs.tenant` attribute and the job's page; None for none."""
     return getattr(job, "tenant", None)
 
 

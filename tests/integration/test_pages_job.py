@@ -1,7 +1,7 @@
 """The job page and the key search in headless Chromium, on the real stack: a job that
 failed twice and then succeeded shows its three attempts (the worker and the error of
 each failure, the tier waited in between) and its payload with the type's `redact`
-fields masked; a job waiting an hour for its retry is retried now through the button
+fields masked, and its tenant; a job waiting an hour for its retry is retried now through the button
 (refused without a session, unchanged by a post without the CSRF token); a dead letter
 is requeued through the button; and the jobs of a key are listed, each linked to its page.
 Each page is checked at 1280 and 390 px (`fits`), with screenshots.
@@ -106,7 +106,7 @@ async def test_the_job_page_and_its_buttons(app: App, declare: Declare) -> None:
         async with app.client() as client:
             flaky_id = await client.enqueue("page.flaky", {
                 "card_number": SECRET_CARD, "amount": 12,
-                "customer": {"ssn": SECRET_SSN, "name": "Ada"}}, key="cust-42")
+                "customer": {"ssn": SECRET_SSN, "name": "Ada"}}, key="cust-42", tenant="acme")
             later_id = await client.enqueue("page.later", {})
             dead_id = await client.enqueue("page.dead", {})
         await until(lambda: _is(app, flaky_id, "page.flaky", "done"),
@@ -167,7 +167,7 @@ async def _job_page(browser: Any, url: str, job_id: str, worker_id: str) -> None
     assert await last.locator('[data-figure="worker"]').inner_text() == "not recorded"
     assert await page.locator("tr[data-wait]").count() == 2
     assert await page.locator('tr[data-wait="2"] [data-figure="tier"]').inner_text() == "1s"
-    assert await page.locator('[data-figure="tenant"]').inner_text() == "—"
+    assert await page.locator('[data-figure="tenant"]').inner_text() == "acme"
     payload = await page.locator('[data-figure="payload"]').inner_text()
     assert SECRET_CARD not in payload
     assert SECRET_SSN not in payload
@@ -191,6 +191,7 @@ async def _retry_now(browser: Any, url: str, job_id: str, attempts: list[int],
     page = await new_page(browser)
     await sign_in(page, url, TOKEN, f"/ui/jobs/{quote(job_id)}")
     assert await page.locator('[data-figure="status"]').inner_text() == "retrying"
+    assert await page.locator('[data-figure="tenant"]').inner_text() == "—"  # none given
     forged = await page.request.post(action, form={"type": "page.later"}, max_redirects=0)
     assert forged.status == 403  # signed in, but no CSRF token: nothing changed
     assert attempts == [1]

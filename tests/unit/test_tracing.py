@@ -84,8 +84,12 @@ def test_attributes_name_the_job_where_it_was_read_and_why_it_was_sent() -> None
     sent = send_attributes("jobs.mail.send.retry-5s", JOB, Hop.RETRY, "5s")
     assert (sent["stream_jobs.hop"], sent["stream_jobs.tier"],
             sent["messaging.operation.type"]) == ("retry", "5s", "send")
-    assert "stream_jobs.tenant" not in sent  # jobs carry no tenant yet
+    assert "stream_jobs.tenant" not in sent  # a job of no tenant
     assert tenant_of(JOB) is None
+    acme = JOB.with_(tenant="acme")
+    assert tenant_of(acme) == "acme"
+    assert send_attributes("jobs.mail.send", acme, Hop.ENQUEUE)["stream_jobs.tenant"] == "acme"
+    assert process_attributes(acme, "jobs.mail.send", 0, 1, "g")["stream_jobs.tenant"] == "acme"
 
 
 @pytest.mark.parametrize(("env", "names"), [

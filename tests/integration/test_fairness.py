@@ -1,0 +1,142 @@
+"""Fair dispatch and the overflow lane against the real stack (docs/fairness.md).
+
+A tenant's flood is enqueued ahead of quiet tenants' jobs, each tenant on keys of its
+own and a few keys shared by all. With `[fairness]` the flood moves to `P.T.overflow`
+and the quiet tenants run long before it is done; every job runs once; each key's jobs
+run in the order they were enqueued, through the lane and the overflow alike. Without
+`[fairness]` the quiet tenants wait behind the whole flood (the same test, the table
+removed: what the feature changes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from stream_jobs.app import App
+from stream_jobs.context import JobContext
+from stream_jobs.job_ids import new_job_id
+from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.naming import lane_topic, overflow_topic
+from stream_jobs.record import JobRecord
+from stream_jobs.runtime.worker import Worker
+from stream_jobs.settings import Settings
+from tests.waiting import until
+
+from .conftest import Declare
+from .topic_reader import read_topic
+
+pytestmark = pytest.mark.integration
+
+FLOOD = 2000
+QUIET_TENANTS = ("b", "c", "d", "e")
+QUIET_EACH = 15
+KEYS = 12
+
+
+@pytest.fixture
+async def running() -> AsyncIterator[Callable[[Worker], asyncio.Task[None]]]:
+    started: list[tuple[Worker, asyncio.Task[None]]] = []
+
+    def start(worker: Worker) -> asyncio.Task[None]:
+        task = asyncio.create_task(worker.run())
+        started.append((worker, task))
+        return task
+
+    yield start
+    for worker, _ in started:
+        worker.request_stop()
+    for result in await asyncio.gather(*(t for _, t in started), return_exceptions=True):
+        if isinstance(result, BaseException):
+            raise result
+
+
+async def enqueue_flood_then_quiet(settings: Settings, job_type: str) -> int:
+    """Tenant a's flood, then the quiet tenants' jobs, one send each: keys shared by all,
+    each job's payload its key's sequence number. The number of jobs."""
+    topic = lane_topic(settings.topic_prefix, job_type)
+    seq: dict[str, int] = {}
+
+    def job(tenant: str, i: int) -> tuple[str, JobRecord]:
+        # Every fifth job on a key all tenants share; the flood's others each on a key
+        # of its own (a bulk import: one entity each), the quiet tenants' on a few.
+        own = i if tenant == "a" else i % KEYS
+        key = f"shared{i % 2}" if i % 5 == 0 else f"{tenant}{own}"
+        seq[key] = seq.get(key, 0) + 1
+        return topic, JobRecord(new_job_id(), job_type, b'{"seq": %d}' % seq[key],
+                                key.encode(), enqueued_at_ms=int(time.time() * 1000),
+                                tenant=tenant)
+
+    async with JobProducer(settings) as producer:
+        await producer.send_many([job("a", i) for i in range(FLOOD)])
+        await producer.send_many([job(t, i) for i in range(QUIET_EACH)
+                                  for t in QUIET_TENANTS])
+    return FLOOD + QUIET_EACH * len(QUIET_TENANTS)
+
+
+async def run_flood(app: App, settings: Settings, declare: Declare, job_type: str,
+                    running: Callable[[Worker], asyncio.Task[None]], **toml: Any
+                    ) -> list[tuple[str, str, int]]:
+    """(tenant, key, seq) of each run, in the order the runs started."""
+    await declare(job_type, partitions=2, **toml)
+    started: list[tuple[str, str, int]] = []
+
+    @app.job(job_type, concurrency=8, ordering="key")
+    async def run(job: dict[str, Any], ctx: JobContext) -> None:
+        started.append((ctx.tenant or "", ctx.key or "", job["seq"]))
+        await asyncio.sleep(0.002)
+
+    total = await enqueue_flood_then_quiet(settings, job_type)
+    global _worker, _started
+    _started = started
+    _worker = app.worker(job_type, relay=False)
+    running(_worker)
+    await until(lambda: len(started) >= total, f"all {total} jobs ran", within_s=120)
+    return started
+
+
+def last_quiet_start(started: list[tuple[str, str, int]]) -> int:
+    """When the last quiet job on a key of its own started (a shared key's jobs follow
+    the flood's earlier jobs of that key, wherever those are)."""
+    return max(i for i, (tenant, key, _) in enumerate(started)
+               if tenant in QUIET_TENANTS and not key.startswith("shared"))
+
+
+def assert_key_order(started: list[tuple[str, str, int]]) -> None:
+    by_key: dict[str, list[int]] = {}
+    for _, key, seq in started:
+        by_key.setdefault(key, []).append(seq)
+    for key, seqs in by_key.items():
+        assert seqs == sorted(seqs), f"key {key} ran out of order: {seqs[:40]}"
+
+
+async def test_a_flood_moves_to_the_overflow_and_quiet_tenants_go_first(
+        app: App, settings: Settings, declare: Declare,
+        running: Callable[[Worker], asyncio.Task[None]]) -> None:
+    started = await run_flood(app, settings, declare, "fair.flood", running,
+                              retry_tiers=["1s"], fairness={"noisy_min_jobs": 30})
+    total = FLOOD + QUIET_EACH * len(QUIET_TENANTS)
+    assert len(started) == total  # each once: no duplicate run, none lost
+    # The quiet tenants' jobs sat behind 2,000 of the flood's: those on keys of their own
+    # all started within the first quarter of the runs, not at the end.
+    assert last_quiet_start(started) < total // 4, last_quiet_start(started)
+    assert_key_order(started)
+    moved = await read_topic(settings, overflow_topic(settings.topic_prefix, "fair.flood"))
+    assert len(moved) > FLOOD // 2, len(moved)
+    # Of the quiet tenants' jobs, only those on a key the flood shares followed it there.
+    assert {r.key for r in moved if r.headers[-1] != ("sj-tenant", b"a")} <= {
+        b"shared0", b"shared1"}
+
+
+async def test_without_fairness_the_quiet_tenants_wait_behind_the_flood(
+        app: App, settings: Settings, declare: Declare,
+        running: Callable[[Worker], asyncio.Task[None]]) -> None:
+    started = await run_flood(app, settings, declare, "fair.none", running,
+                              retry_tiers=["1s"])
+    total = FLOOD + QUIET_EACH * len(QUIET_TENANTS)
+    assert last_quiet_start(started) > total * 3 // 4
+    assert_key_order(started)
