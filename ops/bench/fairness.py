@@ -18,8 +18,7 @@
   runtime has per-tenant limits (`stream_jobs.fairness.gate`); elsewhere the row says so.
 - **no-op without `[fairness]`** against the code before issue 27 (ops/bench/before.py).
 
-Tenants travel in the `sj-tenant` header: the bench builds the records with the client's
-`prepare` and sets their tenant, so it runs whichever way the client takes one.
+Every job names its tenant (`enqueue_many` of `Job(..., tenant=...)`).
 """
 
 from __future__ import annotations
@@ -42,12 +41,10 @@ from ops.bench.fair_figures import most_running_by_tenant, noisy_run_figures
 from ops.bench.scaling import HOLD_RATE_PER_S, log_tail, throttle, wait_for_group
 from ops.bench.snapshot import CODE_DIR, PROJECT_CLI
 from stream_jobs.app import App
-from stream_jobs.client import Job, JobClient
+from stream_jobs.client import Job
 from stream_jobs.job_types import load_job_types
-from stream_jobs.kafka.clients import AIOKAFKA
 from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import worker_group
-from stream_jobs.record import JobRecord
 from stream_jobs.settings import Settings
 
 HEADING = "Fair queues"
@@ -111,27 +108,19 @@ async def declare(settings: Settings, job_type: str, fairness: str | None) -> No
     await apply(settings, {job_type: types[job_type]})
 
 
-def tenant_records(client: JobClient, job_type: str, jobs: Iterable[tuple[str, int]],
-                   hold_ms: int) -> list[tuple[str, JobRecord]]:
-    """(topic, record) of a job per (tenant, tenant index), each in its tenant's name."""
-    prepared = []
-    for tenant, index in jobs:
-        topic, record = client.prepare(Job(job_type, {"t": index, "hold_ms": hold_ms}))
-        prepared.append((topic, record.with_(tenant=tenant)))
-    return prepared
+def tenant_jobs(job_type: str, jobs: Iterable[tuple[str, int]], hold_ms: int) -> list[Job]:
+    """A job per (tenant, tenant index), in its tenant's name."""
+    return [Job(job_type, {"t": index, "hold_ms": hold_ms}, tenant=tenant)
+            for tenant, index in jobs]
 
 
 async def _offer(settings: Settings, job_type: str, load: Load) -> float:
     """A's flood while the workers are held, then their release and the quiet tenants'
     paced jobs; returns when the workers were released."""
-    client = App(settings).client()  # for `prepare` only: it is never entered
-    producer = AIOKAFKA.producer(settings)
-    await producer.start()
-    try:
+    async with App(settings).client() as client:
         for first in range(0, load.flood, ENQUEUE_BATCH):
             size = min(ENQUEUE_BATCH, load.flood - first)
-            await producer.send_many(tenant_records(client, job_type, [("a", 0)] * size,
-                                                    load.hold_ms))
+            await client.enqueue_many(tenant_jobs(job_type, [("a", 0)] * size, load.hold_ms))
         released = time.time()
         await throttle(settings, job_type, None)
         quiet = [(f"q{i}", i + 1) for i in range(load.quiet_tenants)]
@@ -140,9 +129,7 @@ async def _offer(settings: Settings, job_type: str, load: Load) -> float:
             # One job of each quiet tenant per tick, on a schedule that does not drift.
             await asyncio.sleep(max(0.0, began + tick / load.quiet_rate_per_s
                                     - time.monotonic()))
-            await producer.send_many(tenant_records(client, job_type, quiet, load.hold_ms))
-    finally:
-        await producer.stop()
+            await client.enqueue_many(tenant_jobs(job_type, quiet, load.hold_ms))
     return released
 
 
@@ -221,15 +208,10 @@ def limit_run(b: Bench, tenants: int = 4, per_tenant: int = 500,
     jobs = [(f"t{i}", i + 1) for i in range(tenants) for _ in range(per_tenant)]
 
     async def send() -> None:
-        client = App(s).client()
-        producer = AIOKAFKA.producer(s)
-        await producer.start()
-        try:
+        async with App(s).client() as client:
             for first in range(0, len(jobs), ENQUEUE_BATCH):
-                await producer.send_many(tenant_records(
-                    client, FAIR_LIMIT, jobs[first:first + ENQUEUE_BATCH], hold_ms))
-        finally:
-            await producer.stop()
+                await client.enqueue_many(tenant_jobs(
+                    FAIR_LIMIT, jobs[first:first + ENQUEUE_BATCH], hold_ms))
 
     try:
         run_async(send(), 120)

@@ -12,7 +12,7 @@ move to the overflow lane and back out of it. Keys are shared across tenants: ha
 jobs take a key from a pool every tenant uses, the others one of their tenant's own; each
 job carries its key's sequence number. Meanwhile, each time another ninth of the jobs has
 its effect, a random worker gets SIGKILL and another starts. Once every job has its effect
-and the lanes and tiers are read to their ends, the workers stop and
+and the lanes (the overflow lane too) and tiers are read to their ends, the workers stop and
 `fair_verdict.judge` decides: none lost, no effect twice, each key's effects in its
 sequence order, and some jobs through the overflow lane. `make chaos` runs it (`TRIAL`);
 tests/integration/test_fair_faults.py runs it small.
@@ -45,7 +45,6 @@ from stream_jobs.client import Job
 from stream_jobs.job_types import JobTypePolicy, load_job_types
 from stream_jobs.kafka import TopicPartition
 from stream_jobs.kafka.admin import open_admin
-from stream_jobs.kafka.clients import AIOKAFKA
 from stream_jobs.kafka.consumer import open_reader
 from stream_jobs.kafka.topics import apply
 from stream_jobs.naming import overflow_topic, relay_group, worker_group
@@ -120,25 +119,17 @@ async def _declare(settings: Settings) -> JobTypePolicy:
 
 async def _enqueue(settings: Settings, waves: list[list[Planned]], pause_s: float,
                    enqueued: dict[str, Planned]) -> None:
-    """Each wave in batches, each job in its tenant's name (the `sj-tenant` header) and
-    keyed by its key, then a pause; `enqueued` fills as the broker acknowledges."""
-    client = App(settings).client()  # for `prepare` only: it is never entered
-    producer = AIOKAFKA.producer(settings)
-    await producer.start()
-    try:
+    """Each wave in batches, each job in its tenant's name and keyed by its key, then a
+    pause; `enqueued` fills as the broker acknowledges."""
+    async with App(settings).client() as client:
         for wave in waves:
             for first in range(0, len(wave), SEND_BATCH):
-                sent = []
-                for p in wave[first:first + SEND_BATCH]:
-                    topic, record = client.prepare(Job(
-                        FAIR_TYPE, {"tenant": p.tenant, "key": p.key, "seq": p.seq},
-                        key=p.key))
-                    sent.append((topic, record.with_(tenant=p.tenant), p))
-                await producer.send_many([(topic, record) for topic, record, _ in sent])
-                enqueued.update((record.job_id, p) for _, record, p in sent)
+                chunk = wave[first:first + SEND_BATCH]
+                ids = await client.enqueue_many(
+                    Job(FAIR_TYPE, {"tenant": p.tenant, "key": p.key, "seq": p.seq},
+                        key=p.key, tenant=p.tenant) for p in chunk)
+                enqueued.update(zip(ids, chunk, strict=True))
             await asyncio.sleep(pause_s)
-    finally:
-        await producer.stop()
 
 
 async def _fetch(settings: Settings, sql: str) -> list[asyncpg.Record]:
@@ -170,11 +161,12 @@ async def _kill_as_it_goes(settings: Settings, group: WorkerGroup, jobs: int, ki
 
 
 async def _read_to_the_end(settings: Settings, policy: JobTypePolicy) -> bool:
-    """Every lane and tier of the type is read to its end by its group."""
+    """Every lane, the overflow lane and every tier of the type is read to its end by
+    its group (the workers read the overflow lane in the lanes' group)."""
     prefix = settings.topic_prefix
+    lanes = [*policy.lane_topics(prefix).values(), overflow_topic(prefix, policy.job_type)]
     async with open_reader(settings) as reader, open_admin(settings) as admin:
-        for group, topics in ((worker_group(prefix, policy.job_type),
-                               list(policy.lane_topics(prefix).values())),
+        for group, topics in ((worker_group(prefix, policy.job_type), lanes),
                               (relay_group(prefix, policy.job_type),
                                list(policy.tier_topics(prefix).values()))):
             tps = [TopicPartition(t, p) for t in topics for p in range(policy.partitions)]
