@@ -1,6 +1,6 @@
 """The noisy neighbour (issue 27, docs/fairness.md), side by side in one run:
 
-    BENCH_ONLY=fairness .venv/bin/python -m ops.bench.run      # about 5 minutes
+    BENCH_ONLY=fairness .venv/bin/python -m ops.bench.run      # about 4 minutes
 
 - **noisy neighbour**, `[fairness]` on and off: `stream-jobs worker ops.bench.fair_app:app
   --processes 2` of a type with a `[fairness]` table (`bench.fair-on`), then of one
