@@ -183,6 +183,14 @@ class JobTypePolicy:
         """Lane -> topic, in `naming.LANES` order (high, default, low)."""
         return {lane: lane_topic(prefix, self.job_type, lane) for lane in self.priorities}
 
+    def worker_topics(self, prefix: str) -> dict[str, str]:
+        """What `P.T.worker` reads, by name: the lanes and, with `[fairness]`, the overflow
+        lane ("overflow"), which operators see like a lane (stats, waiting, lookup)."""
+        topics = self.lane_topics(prefix)
+        if self.has_overflow:
+            topics["overflow"] = overflow_topic(prefix, self.job_type)
+        return topics
+
     def tier_topics(self, prefix: str) -> dict[str, str]:
         """Tier ("5s") -> topic, shortest delay first."""
         return {tier: tier_topic(prefix, self.job_type, tier) for tier in self.retry_tiers}

@@ -1,5 +1,6 @@
 """`stream-jobs throttle TYPE RATE` and `stream-jobs drain TYPE --rate RATE`: change a
-type's rate limit at run time (through `P._control`), and watch a backlog drain."""
+type's rate limit at run time (through `P._control`), and watch a backlog drain; with
+`--tenant`, one tenant's rate (`stream_jobs.cli.tenant_throttle`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from stream_jobs.cli.common import app, settings_of
+from stream_jobs.cli.tables import WIDE_OPTION
+from stream_jobs.cli.tenant_throttle import show_tenants, throttle_tenant
 from stream_jobs.clock import now_ms
 from stream_jobs.dlq.census import DlqCensus
 from stream_jobs.durations import parse_rate
@@ -72,22 +75,39 @@ def throttle(
     rate: str | None = typer.Argument(None, metavar="RATE", show_default=False,
                                       help="Jobs per unit across all workers, e.g. 50/s or "
                                            "600/m; 'none' lifts the limit. Omitted: show it."),
-    reset: bool = typer.Option(False, "--reset", help="Back to the TOML's rate_limit."),
+    reset: bool = typer.Option(False, "--reset", help="Back to the TOML's rate_limit (with "
+                               "--tenant: to the rate its [fairness] table gives the tenant)."),
+    tenant: str | None = typer.Option(None, "--tenant", help="One tenant's rate across the "
+                                      "fleet instead of the type's (a type with [fairness]); "
+                                      "kept in Postgres."),
+    tenants: bool = typer.Option(False, "--tenants", help="Show every tenant's limits and "
+                                 "running jobs now."),
+    wide: bool = WIDE_OPTION,
 ) -> None:
     """Change TYPE's rate limit for every running worker, without a restart.
 
     The limit is shared across the type's workers by partition ownership and holds until
-    the next `throttle` (or `--reset`), restarts included.
+    the next `throttle` (or `--reset`), restarts included. With --tenant it is one tenant's
+    rate, shared by the workers through Postgres (docs/fairness.md).
     """
     at_ms = now_ms()
     settings, types = _load(ctx, job_type)
     policy = types[job_type]
+    if rate is not None and reset:
+        raise ConfigError("Give a RATE or --reset, not both.")
+    if tenants:
+        if tenant is not None or rate is not None or reset:
+            raise ConfigError("--tenants shows the tenants' limits; set one with --tenant "
+                              "NAME RATE instead.")
+        show_tenants(settings, policy, wide=wide)
+        return
+    per_s = None if rate is None else _parse(rate)
+    if tenant is not None:
+        throttle_tenant(settings, policy, tenant, per_s, change=rate is not None, reset=reset)
+        return
     if rate is None and not reset:
         console.print(f"{job_type}: {_spell(asyncio.run(_current(settings, policy)))}")
         return
-    if rate is not None and reset:
-        raise ConfigError("Give a RATE or --reset, not both.")
-    per_s = None if rate is None else _parse(rate)
     before, after = asyncio.run(_set(settings, policy, per_s, by="throttle", reset=reset,
                                      at_ms=at_ms))
     console.print(f"{job_type}: {_spell(before)} -> {_spell(after)}; running workers apply "

@@ -18,6 +18,7 @@ from rich.live import Live
 from stream_jobs.cli.common import settings_of
 from stream_jobs.cli.job_key import print_key_search
 from stream_jobs.cli.stats_history import checked_window, print_history, read_history
+from stream_jobs.cli.stats_tenants import checked_tenants, print_tenants
 from stream_jobs.cli.tables import (
     WIDE_OPTION,
     Column,
@@ -35,6 +36,7 @@ from stream_jobs.plurals import counted
 from stream_jobs.settings import Settings
 from stream_jobs.tools.job_status import locate
 from stream_jobs.tools.stats import collect
+from stream_jobs.tools.tenant_stats import collect_tenants
 from stream_jobs.tools.type_stats import DEFAULT_WINDOW_S, StatsSnapshot, TopicLag, TypeStats
 
 console = Console()
@@ -66,13 +68,21 @@ def stats(
         help="One TYPE's history instead (docs/history.md): jobs by outcome, failure "
         "ratio, jobs/min and duration and dwell percentiles per 5 minutes (1h), hour (24h) "
         "or day (7d); --json gives every window."),
+    tenants: bool = typer.Option(
+        False, "--tenants", help="One TYPE's top tenants instead (docs/fairness.md): jobs "
+        "waiting, in the overflow lane and in flight, and p95 dwell over --window, by "
+        "tenant; the rest summed as other."),
     wide: bool = WIDE_OPTION,
 ) -> None:
-    """Lag and oldest job per lane, delay-tier depths, dead-lettered jobs (and their
-    letters), recent rates and live
-    workers per type, from Kafka (worker reports in P._stats give the rates); and the
-    outbox's depth and oldest row, from Postgres. With --history, one type's past windows
-    as the history process keeps them in Postgres."""
+    """Lag and oldest job per lane (and the overflow lane), delay-tier depths,
+    dead-lettered jobs (and their letters), recent rates and live workers per type, from
+    Kafka (worker reports in P._stats give the rates); and the outbox's depth and oldest
+    row, from Postgres. With --history, one type's past windows as the history process
+    keeps them in Postgres; with --tenants, one type's tenants."""
+    if tenants:
+        _show_tenants(ctx, job_type, as_json=as_json, watch=watch, partitions=partitions,
+                      history=history, window_s=window_s, wide=wide)
+        return
     if history is not None:
         _show_history(ctx, job_type, history, as_json=as_json, watch=watch,
                       partitions=partitions)
@@ -122,6 +132,18 @@ def _show_history(ctx: typer.Context, job_type: str | None, window: str, *, as_j
         _print_json(view.to_dict())
     else:
         print_history(console, view)
+
+
+def _show_tenants(ctx: typer.Context, job_type: str | None, *, as_json: bool, watch: bool,
+                  partitions: bool, history: str | None, window_s: float, wide: bool) -> None:
+    """`stats TYPE --tenants`: one type's tenants, read once."""
+    job_type = checked_tenants(job_type, watch=watch, partitions=partitions, history=history)
+    settings, types = _load(ctx, job_type)
+    census = asyncio.run(collect_tenants(settings, types, job_type, window_s=window_s))
+    if as_json:
+        _print_json(census.to_dict())
+    else:
+        print_tenants(console, census, wide=wide)
 
 
 # --watch stops on an event that SIGINT (Ctrl-C) or SIGTERM sets, as the worker, the relay

@@ -83,7 +83,7 @@ def topics_table(rows: list[kafka_topics.TopicRow], title: str, *, wide: bool
                  ) -> FittedTable:
     table = FittedTable(_TOPIC_COLUMNS, wide=wide, title=title)
     for row in rows:
-        role = "dlq" if row.role == "dlq" else f"{row.role} {row.name}"
+        role = row.role if row.role in ("dlq", "overflow") else f"{row.role} {row.name}"
         table.add_row(
             row.topic if row.declared else f"{row.topic} [dim](undeclared)[/]", role,
             "[green]yes[/]" if row.exists else "[red]missing[/]",

@@ -4,7 +4,9 @@ The gateway samples `stream_jobs.tools.stats` in the background and `StatsCollec
 turns the latest snapshot into gauges: lag, oldest age, tier and DLQ depth (letters),
 dead-lettered jobs (distinct job IDs: a job can leave several letters), rates, live
 workers, the rate limit in force, and per-partition lag and committed offsets (what the
-"partition stuck" alert watches), and the outbox's depth and oldest row. `HistoryCollector`
+"partition stuck" alert watches), and the outbox's depth and oldest row. Types with
+`[fairness]` get per-tenant gauges for the top `TOP_TENANTS` tenants by name and the rest
+as `tenant="other"`: the labels stay bounded whatever the number of tenants. `HistoryCollector`
 counts the jobs the history process recorded. Nothing here runs per job or per request.
 """
 
@@ -15,6 +17,8 @@ from collections.abc import Callable, Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from stream_jobs.fairness.census import TenantCensus
+from stream_jobs.fairness.tally import OTHER
 from stream_jobs.history.tally import Tally
 from stream_jobs.runtime.metrics import WORKER_METRICS, gauge
 from stream_jobs.tools.type_stats import StatsSnapshot
@@ -38,6 +42,10 @@ GATEWAY_METRICS = frozenset({
     "stream_jobs_gateway_enqueued_total",
     "stream_jobs_gateway_requests_total",
     "stream_jobs_history_jobs_total",
+    "stream_jobs_tenant_waiting",
+    "stream_jobs_tenant_overflow",
+    "stream_jobs_tenant_in_flight",
+    "stream_jobs_tenant_dwell_p95_seconds",
 })
 # Every series a worker or the gateway exports: what ops/ may refer to.
 EXPORTED_METRICS = WORKER_METRICS | GATEWAY_METRICS
@@ -46,8 +54,10 @@ EXPORTED_METRICS = WORKER_METRICS | GATEWAY_METRICS
 class StatsCollector(Collector):
     """Gauges from the latest stats snapshot the gateway sampled (none before the first)."""
 
-    def __init__(self, latest: Callable[[], StatsSnapshot | None]) -> None:
+    def __init__(self, latest: Callable[[], StatsSnapshot | None],
+                 tenants: Callable[[], Mapping[str, TenantCensus]] = dict) -> None:
         self.latest = latest
+        self.tenants = tenants
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self.latest()
@@ -58,6 +68,7 @@ class StatsCollector(Collector):
                     "When the gateway last sampled these stats (Unix time).",
                     [([], snapshot.at_ms / 1000)], [])
         yield from _outbox_gauges(snapshot)
+        yield from _tenant_gauges(self.tenants())
 
 
 class HistoryCollector(Collector):
@@ -142,6 +153,30 @@ def _type_gauges(snapshot: StatsSnapshot) -> Iterator[Metric]:
     yield gauge("stream_jobs_partition_stuck",
                 "1 when a lane partition's heartbeats stopped being processed "
                 "(types with heartbeat_interval only).", stuck, by_part)
+
+
+def _tenant_gauges(censuses: Mapping[str, TenantCensus]) -> Iterator[Metric]:
+    """Per type with `[fairness]`: its top tenants by name, the rest as `other`."""
+    waiting, overflow, in_flight, dwell = [], [], [], []
+    for job_type, census in sorted(censuses.items()):
+        for tenant, figures in [*census.top, (OTHER, census.other)]:
+            labels = [job_type, tenant]
+            waiting.append((labels, figures.waiting))
+            overflow.append((labels, figures.overflow))
+            in_flight.append((labels, figures.in_flight))
+            if figures.dwell_p95_s is not None:
+                dwell.append((labels, figures.dwell_p95_s))
+    by_tenant = ["type", "tenant"]
+    yield gauge("stream_jobs_tenant_waiting", "Jobs of a tenant not yet finished in the "
+                "type's lanes (at least, when the sample's scan met its bound).", waiting,
+                by_tenant)
+    yield gauge("stream_jobs_tenant_overflow", "Jobs of a tenant not yet finished in the "
+                "type's overflow lane.", overflow, by_tenant)
+    yield gauge("stream_jobs_tenant_in_flight", "Jobs of a tenant the live workers hold.",
+                in_flight, by_tenant)
+    yield gauge("stream_jobs_tenant_dwell_p95_seconds", "95th percentile wait from due to "
+                "start of a tenant's jobs over the sampler's window (a bucket's bound).",
+                dwell, by_tenant)
 
 
 def _outbox_gauges(snapshot: StatsSnapshot) -> Iterator[Metric]:

@@ -3,7 +3,9 @@
 Every `interval_s` the sampler takes a `stream_jobs.tools.stats` snapshot of every declared
 type (per partition, for the partition metrics) and keeps a small point per type in a
 ring that covers the last hour. `/metrics` and the dashboard read the latest snapshot;
-the dashboard's lag chart reads the ring. Nothing is persisted: a restarted gateway
+the dashboard's lag chart reads the ring. For each type with `[fairness]` it also takes a
+tenant census (`stream_jobs.fairness.census`, at most `TENANT_SCAN_RECORDS` records read
+per type and sample), which `/metrics` exports by tenant. Nothing is persisted: a restarted gateway
 starts that chart afresh (the other charts read the history: `recent.py`).
 """
 
@@ -17,16 +19,20 @@ from dataclasses import dataclass
 
 from stream_jobs.dlq.census import DlqCensus
 from stream_jobs.errors import StreamJobsError
+from stream_jobs.fairness.census import TenantCensus
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.redaction import redact_text
 from stream_jobs.settings import Settings
 from stream_jobs.tools.stats import collect
+from stream_jobs.tools.tenant_stats import collect_tenants
 from stream_jobs.tools.type_stats import StatsSnapshot, TypeStats
 
 log = logging.getLogger("stream_jobs.gateway")
 
 HISTORY_S = 3600.0
 RATE_WINDOW_S = 60.0
+# A sample's scan of one type's waiting jobs by tenant: a bound, not a page of the backlog.
+TENANT_SCAN_RECORDS = 20_000
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class StatsSampler:
         self.window_s = window_s
         self.history: deque[Sample] = deque(maxlen=max(2, int(history_s / interval_s) + 1))
         self.latest: StatsSnapshot | None = None
+        self.tenants: dict[str, TenantCensus] = {}  # of the types with [fairness]
         self.census = DlqCensus()  # each sample reads only the letters dead-lettered since
         self.problem: str | None = None  # why the last sample failed, if it did
         self.sampled = asyncio.Event()  # set after the first sample, good or bad
@@ -78,6 +85,11 @@ class StatsSampler:
         try:
             snapshot = await collect(self.settings, self.types, per_partition=True,
                                      window_s=self.window_s, census=self.census)
+            tenants = {name: await collect_tenants(self.settings, self.types, name,
+                                                   window_s=self.window_s,
+                                                   max_records=TENANT_SCAN_RECORDS)
+                       for name, policy in sorted(self.types.items())
+                       if policy.fairness is not None}
         except StreamJobsError as exc:
             self.problem = redact_text(str(exc), self.settings)
             log.warning("stats not sampled: %s", self.problem)
@@ -92,6 +104,7 @@ class StatsSampler:
             self.sampled.set()
         self.problem = None
         self.latest = snapshot
+        self.tenants = tenants
         self.history.append(Sample(snapshot.at_ms,
                                    {t.job_type: TypePoint.of(t) for t in snapshot.types}))
         return snapshot
@@ -110,4 +123,4 @@ class StatsSampler:
         return [(s.at_ms, s.types[job_type]) for s in self.history if job_type in s.types]
 
 
-__all__ = ["Sample", "StatsSampler", "TypePoint"]
+__all__ = ["TENANT_SCAN_RECORDS", "Sample", "StatsSampler", "TypePoint"]

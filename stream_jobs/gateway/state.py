@@ -75,7 +75,8 @@ class Gateway:
     dead_jobs: DeadJobs = field(default_factory=DeadJobs)
 
     def __post_init__(self) -> None:
-        self.registry.register(StatsCollector(lambda: self.sampler.latest))
+        self.registry.register(StatsCollector(lambda: self.sampler.latest,
+                                              lambda: self.sampler.tenants))
         self.registry.register(HistoryCollector(lambda: self.recent.totals))
         self.enqueued = Counter("stream_jobs_gateway_enqueued", "Jobs the gateway enqueued "
                                 "(acknowledged by the broker).", ["type"], registry=self.registry)

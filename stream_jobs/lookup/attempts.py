@@ -65,6 +65,9 @@ def steps_of(location: JobLocation) -> list[Step]:
         if seen.role == "lane":
             attempts.setdefault((round_, seen.attempt), _lane_attempt(seen))
             continue
+        if seen.role == "overflow":  # moved on from its lane: the same attempt, told here
+            attempts[(round_, seen.attempt)] = _lane_attempt(seen)
+            continue
         if seen.failure is not None:
             failed = seen.attempt - 1 if seen.role == "tier" else seen.attempt
             outcome = "failed, retried" if seen.role == "tier" else "failed, dead-lettered"
@@ -104,7 +107,7 @@ def _success(location: JobLocation) -> tuple[int, datetime | None] | None:
 
 
 def _order(seen: Sighting) -> tuple[int, int, int, int]:
-    role = {"tier": 0, "lane": 1, "overflow": 1, "dlq": 2}[seen.role]
+    role = {"tier": 0, "lane": 1, "overflow": 2, "dlq": 3}[seen.role]
     return seen.requeues, seen.attempt, seen.timestamp_ms, role
 
 

@@ -17,7 +17,7 @@ from stream_jobs.kafka.admin import open_admin
 from stream_jobs.kafka.consumer import open_reader
 from stream_jobs.lookup import location as locations
 from stream_jobs.lookup.location import JobLocation, Sighting, judge, sighting_of
-from stream_jobs.naming import TopicRole, relay_group, worker_group
+from stream_jobs.naming import TopicRole, overflow_topic, relay_group, worker_group
 from stream_jobs.postgres.pool import DRIVER_ERRORS, MISSING_TABLE
 from stream_jobs.results.rules import StoredResult
 from stream_jobs.results.store import ResultReader
@@ -136,9 +136,14 @@ async def _scan(settings: Settings, chosen: Sequence[JobTypePolicy], job_id: str
 
 def topics_of(prefix: str, policy: JobTypePolicy
             ) -> list[tuple[str, TopicRole, str, str | None]]:
-    """(topic, role, lane/tier/"dlq", the group whose commits mark progress there)."""
+    """(topic, role, lane/tier/"overflow"/"dlq", the group whose commits mark progress there)."""
     work, relay = worker_group(prefix, policy.job_type), relay_group(prefix, policy.job_type)
+    # A noisy tenant's job moved on from its lane: read by the same group (docs/fairness.md).
+    overflow: list[tuple[str, TopicRole, str, str | None]] = (
+        [(overflow_topic(prefix, policy.job_type), "overflow", "overflow", work)]
+        if policy.has_overflow else [])
     return [*((t, "lane", lane, work) for lane, t in policy.lane_topics(prefix).items()),
+            *overflow,
             *((t, "tier", tier, relay) for tier, t in policy.tier_topics(prefix).items()),
             (policy.dlq_topic(prefix), "dlq", "dlq", None)]
 

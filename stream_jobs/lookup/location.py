@@ -31,7 +31,8 @@ Status = Literal["done", "dead_lettered", "running", "retrying", "scheduled", "p
                  "finished", "not_seen", "cancelled", "superseded"]
 
 # Of two sightings with the same requeue count, attempt and timestamp, the later role.
-_ROLE_ORDER: dict[TopicRole, int] = {"tier": 0, "lane": 1, "overflow": 1, "dlq": 2}
+# A job moved from its lane to the overflow lane is there next.
+_ROLE_ORDER: dict[TopicRole, int] = {"tier": 0, "lane": 1, "overflow": 2, "dlq": 3}
 
 
 
@@ -254,8 +255,8 @@ def judge(sightings: Iterable[Sighting]) -> tuple[Status, Sighting | None]:
     """The status the latest sighting gives (without a dedup row), and that sighting.
 
     Latest means: most requeues, then highest attempt, then newest timestamp, then
-    tier < lane < DLQ (a retry record precedes its release to the lane, which precedes
-    a dead letter of the same attempt).
+    tier < lane < overflow < DLQ (a retry record precedes its release to the lane, which
+    precedes its move to the overflow lane and a dead letter of the same attempt).
     """
     ordered = sorted(sightings, key=lambda s: (s.requeues, s.attempt, s.timestamp_ms,
                                                _ROLE_ORDER[s.role]))

@@ -1,8 +1,8 @@
 """The database schema stream-jobs owns, held by SQLAlchemy and rendered to DDL for
 `stream-jobs db migrate`: the dedup table, the transactional outbox's table, the
 fencing token sequence, the kept results, the batches' and chains' rows, and the tables of
-cancels, unique keys and debounce windows, attempts released early (retry-now), and the
-history's windows.
+cancels, unique keys and debounce windows, attempts released early (retry-now), the
+tenants' slots and token buckets (per-tenant limits), and the history's windows.
 
 Kept apart from `dedup.py` so that importing the runtime does not import SQLAlchemy.
 `db migrate` also creates the schedules' state (`stream_jobs_schedules`, read and written
@@ -16,6 +16,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     Identity,
     Index,
     Integer,
@@ -34,6 +35,7 @@ from sqlalchemy.schema import CreateIndex, CreateSequence, CreateTable
 
 from stream_jobs.job_ids import MAX_JOB_ID_CHARS
 from stream_jobs.postgres.names import FENCING_SEQUENCE
+from stream_jobs.tenants import MAX_TENANT_BYTES
 
 metadata = MetaData()
 
@@ -234,6 +236,38 @@ _released_at_index = Index("stream_jobs_released_early_released_at",
                            released_early_table.c.released_at)
 
 
+# Per-tenant limits across the fleet (stream_jobs/fairness/): a tenant's running jobs of a
+# type each hold one of its slots 0..limit-1, a lease (holder, expires_at) its worker
+# renews; a free slot has no holder, a lapsed one an expires_at in the past.
+tenant_slots_table = Table(
+    "stream_jobs_tenant_slots",
+    metadata,
+    Column("job_type", String(249), primary_key=True),
+    Column("tenant", String(MAX_TENANT_BYTES), primary_key=True),
+    Column("slot", Integer, primary_key=True),
+    Column("holder", Text, nullable=True),
+    Column("expires_at", DateTime(timezone=True), nullable=True),
+)
+# A holder renews, and at its stop frees, all its slots in one statement.
+_tenant_slots_holder_index = Index("stream_jobs_tenant_slots_holder",
+                                   tenant_slots_table.c.holder)
+
+# A tenant's token bucket per type (tokens as of refilled_at, on Postgres' clock), and the
+# rate `stream-jobs throttle T --tenant X RATE` set: when overridden, override_per_s is the
+# rate in force (NULL: no limit), else the TOML's.
+tenant_rates_table = Table(
+    "stream_jobs_tenant_rates",
+    metadata,
+    Column("job_type", String(249), primary_key=True),
+    Column("tenant", String(MAX_TENANT_BYTES), primary_key=True),
+    Column("tokens", Float(precision=53), nullable=False, server_default=text("1")),
+    Column("refilled_at", DateTime(timezone=True), nullable=False,
+           server_default=func.clock_timestamp()),
+    Column("overridden", Boolean, nullable=False, server_default=false()),
+    Column("override_per_s", Float(precision=53), nullable=True),
+    Column("override_at", DateTime(timezone=True), nullable=True),
+)
+
 # History (stream_jobs/history/): each window's tally per type, as the history process's
 # exactly-once tables hold it (set, never added to, so a row written twice is right). size_s
 # is the window's length (60 or 3600 outside tests); size_s 0, start_ms 0 is the type's
@@ -266,6 +300,15 @@ def control_ddl() -> list[str]:
     return out
 
 
+def tenant_limits_ddl() -> list[str]:
+    """The statements for the per-tenant limits' slots and buckets."""
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    return [*(str(CreateTable(t, if_not_exists=True).compile(dialect=dialect))
+              for t in (tenant_slots_table, tenant_rates_table)),
+            str(CreateIndex(_tenant_slots_holder_index, if_not_exists=True)
+                .compile(dialect=dialect))]
+
+
 def schema_ddl() -> list[str]:
     """The statements that create the schema, rendered by SQLAlchemy for Postgres."""
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
@@ -280,5 +323,6 @@ def schema_ddl() -> list[str]:
         *(str(CreateIndex(i, if_not_exists=True).compile(dialect=dialect))
           for i in (_results_expiry_index, _open_workflows_index, _finished_workflows_index)),
         *control_ddl(),
+        *tenant_limits_ddl(),
         str(CreateTable(history_table, if_not_exists=True).compile(dialect=dialect)),
     ]

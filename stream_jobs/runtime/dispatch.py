@@ -225,7 +225,7 @@ class Dispatcher:
         forgets what it counted of it)."""
 
     async def assigned(self, consumer: Consumer, tps: Sequence[TopicPartition]) -> None:
-        """Partitions assigned, before their state is made (a hook for fair dispatch)."""
+        """Partitions assigned, their state made (a hook for fair dispatch)."""
 
     async def revoking(self, works: Sequence[PartitionWork], grace_s: float) -> None:
         """Partitions about to be released (a hook for fair dispatch)."""

@@ -100,6 +100,8 @@ class FairDispatcher(Dispatcher):
         self.gate = gate
         self._counts: dict[PartitionWork, Counter[str]] = {}
         self._held_until: dict[str, asyncio.TimerHandle] = {}
+        # Partitions whose overflow keys are being read: their fetched records, held.
+        self._adopting: dict[int, list[tuple[PartitionWork, list[Record]]]] = {}
 
     def _rotations(self) -> list[TenantRotation[Chain]]:
         return [*self._rotations_of_lanes, self._overflow_queue]
@@ -110,6 +112,10 @@ class FairDispatcher(Dispatcher):
         return super().work_for(tp)
 
     def dispatch(self, work: PartitionWork, records: list[Record]) -> None:
+        waiting = self._adopting.get(work.tp.partition)
+        if waiting is not None:  # the overflow's keys are being read: nothing runs yet
+            waiting.append((work, records))
+            return
         judge = self.judge
         counts = self._counts.setdefault(work, Counter())
         screen = self.screen
@@ -154,16 +160,31 @@ class FairDispatcher(Dispatcher):
         (they stay sticky until run). A partition whose keys cannot be read is not owned:
         its lane partition forwards nothing, which is always safe."""
         overflow = self.overflow
+        read_keys = self._read_keys
         mine = [tp for tp in tps if tp.topic == self._overflow_topic]
-        if overflow is None or self._read_keys is None or not mine:
+        if overflow is None or read_keys is None or not mine:
             return
+        # Until partition p's keys are known, what its lane and overflow partitions fetch
+        # waits here: a lane job must not overtake an earlier overflow job of its key.
+        for tp in mine:
+            self._adopting[tp.partition] = []
+        try:
+            await self._adopt(consumer, mine, overflow, read_keys)
+        finally:
+            for tp in mine:
+                for work, records in self._adopting.pop(tp.partition, []):
+                    if not work.revoked:
+                        self.dispatch(work, records)
+
+    async def _adopt(self, consumer: Consumer, mine: list[TopicPartition],
+                     overflow: Overflow, read_keys: ReadKeys) -> None:
         try:
             ends = await consumer.end_offsets(mine)
             firsts = await consumer.beginning_offsets(mine)
             for tp in mine:
                 start = await consumer.committed(tp)
                 start = firsts[tp] if start is None else max(start, firsts[tp])
-                keys = await self._read_keys(tp.partition, start, ends[tp])
+                keys = await read_keys(tp.partition, start, ends[tp])
                 overflow.adopt(tp.partition, keys)
         except Exception as exc:
             log.warning("%s: cannot read the overflow's waiting keys, so the lanes forward "

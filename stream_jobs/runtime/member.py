@@ -343,8 +343,10 @@ class GroupMember(ABC):
         log.info("%s: rebalance assigned %s", self.group_id,
                  ", ".join(_named(assigned)) or "nothing",
                  extra={"group": self.group_id, "partitions": _named(assigned)})
-        await self.dispatcher.assigned(self.consumer, assigned)
+        # Made before the first await: a fetch may return the new partitions' records
+        # while this callback still runs, and they need somewhere to go.
         self.adopt(assigned)
+        await self.dispatcher.assigned(self.consumer, assigned)
         self.taken_in += 1
         self.joined = True
 

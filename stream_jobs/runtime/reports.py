@@ -6,7 +6,8 @@ by the worker's ID, readable by any Kafka tool. Reports are best effort: a repor
 cannot be written is logged and skipped; jobs never wait on it. A report also says which
 process the worker is (host, pid, package version), the lane partitions it holds, and the
 jobs in its handlers, oldest first (`RunningJob`, at most `RUNNING_SHOWN`; `running_count`
-counts them all): what `stream-jobs running` and `workers` read. Shadow consumers
+counts them all): what `stream-jobs running` and `workers` read; and its tenants
+(`stream_jobs.fairness.tally`): what `stream-jobs stats T --tenants` reads. Shadow consumers
 (`worker --shadow`) publish `ShadowReport`s to the same topic, marked `"shadow": true`.
 """
 
@@ -97,6 +98,9 @@ class WorkerReport:
     # The oldest jobs in its handlers (at most RUNNING_SHOWN), and how many there are.
     running: tuple[RunningJob, ...] = ()
     running_count: int = 0
+    # Its tenants: the top ones by jobs held and dwell, the rest summed
+    # (`stream_jobs.fairness.tally.TenantSection.to_obj()`; parsed by the reader).
+    tenants: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         # Counters are keyed by outcome and reason codes (StrEnums).
@@ -132,6 +136,7 @@ class WorkerReport:
                                  for topic, part in data.get("partitions", ())),
                 running=tuple(RunningJob.of(job) for job in data.get("running", ())),
                 running_count=int(data.get("running_count", 0)),
+                tenants=dict(data.get("tenants") or {}),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             return None

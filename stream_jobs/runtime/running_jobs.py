@@ -13,10 +13,10 @@ import heapq
 import math
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from stream_jobs.runtime.dispatch import Runner
+from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.reports import RUNNING_SHOWN, RunningJob, package_version
 
 
@@ -38,6 +38,15 @@ def in_handlers(runners: Iterable[Runner], *, timeout_s: float, now_ms: int,
                             started_ms) for started_ms, ctx in oldest), len(runs)
 
 
+def held_headers(works: Iterable[PartitionWork]) -> Iterator[Sequence[tuple[str, bytes]]]:
+    """The headers of every record the worker holds fetched and unfinished (in its
+    handlers or waiting for a runner): what its report counts by tenant."""
+    for work in works:
+        for chain in work.chains.values():
+            for record in chain.records:
+                yield record.headers
+
+
 def process_fields() -> dict[str, Any]:
     """Which process reports (host, pid, package version): asked at each report, since a
     worker process may be forked (`--processes N`) after this module is imported."""
@@ -46,4 +55,4 @@ def process_fields() -> dict[str, Any]:
 
 _VERSION = package_version()
 
-__all__ = ["in_handlers", "process_fields"]
+__all__ = ["held_headers", "in_handlers", "process_fields"]

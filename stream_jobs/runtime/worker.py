@@ -30,6 +30,7 @@ from stream_jobs.context import JobContext
 from stream_jobs.dedup.store import Dedup
 from stream_jobs.errors import AlreadyDone, BadRecord, RunFailed
 from stream_jobs.failures import FailureInfo
+from stream_jobs.fairness.tally import TenantDwell, section_of
 from stream_jobs.handlers import JobHandler
 from stream_jobs.histogram import DurationHistogram
 from stream_jobs.history.windows import SlotTallies
@@ -55,7 +56,7 @@ from stream_jobs.runtime.idle import IdleWatch, run_until_idle
 from stream_jobs.runtime.member import GroupMember
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
 from stream_jobs.runtime.retries import Retries
-from stream_jobs.runtime.running_jobs import in_handlers, process_fields
+from stream_jobs.runtime.running_jobs import held_headers, in_handlers, process_fields
 from stream_jobs.runtime.services import Loop, Service, running
 from stream_jobs.runtime.stalls import LoopWatch
 from stream_jobs.runtime.throttle import ControlFollower
@@ -111,6 +112,7 @@ class Worker(FlowControlled):
         self.outcomes: Counter[str] = Counter()
         # The same counts per slot of time, with run durations and dwell times (history).
         self.slots = SlotTallies(self.outcomes, settings.history_window_s)
+        self.tenant_dwell = TenantDwell()  # by tenant, from one report to the next
         # Cancels, unique keys, debounce: the hot path reads the set of cancelled IDs directly.
         self.admission = Admission(settings, policy.job_type, stopping=self.stopping,
                                    interruptible=not handler.sync,
@@ -224,7 +226,8 @@ class Worker(FlowControlled):
             slot_ms=self.slots.slot_ms,
             slots={start: tally.to_obj() for start, tally in self.slots.slots(now_ms()).items()},
             partitions=tuple(sorted((tp.topic, tp.partition) for tp in self.partitions)),
-            running=running, running_count=running_count, **process_fields())
+            running=running, running_count=running_count, **process_fields(),
+            tenants=section_of(self.tenant_dwell, held_headers(self.partitions.values())).to_obj())
 
     async def _report_every(self) -> None:
         await publish_every(self.settings, self.producer, self.worker_id, self.report,
@@ -426,6 +429,7 @@ class Worker(FlowControlled):
         self.outcomes[outcome] += 1
         if started is not None:
             self.slots.observe(now - started, dwell_s)
+            self.tenant_dwell.observe(job.tenant if job else None, dwell_s)
 
     async def _record_end(self, job: JobRecord, outcome: Outcome,
                           failure: FailureInfo | None = None) -> None:

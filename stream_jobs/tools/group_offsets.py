@@ -101,9 +101,10 @@ async def _group_topics(admin: Admin, settings: Settings, group: str, topic: str
 
 
 def _topics_named_by(prefix: str, group: str, existing: set[str]) -> set[str]:
-    """The topics a group of ours reads: T.worker and T.shadow the lanes, T.relay the
-    tiers, T.dlq the DLQ."""
-    roles = {"worker": "lane", "shadow": "lane", "relay": "tier", "dlq": "dlq"}
+    """The topics a group of ours reads: T.worker the lanes and the overflow lane,
+    T.shadow the lanes, T.relay the tiers, T.dlq the DLQ."""
+    roles = {"worker": ("lane", "overflow"), "shadow": ("lane",), "relay": ("tier",),
+             "dlq": ("dlq",)}
     body, _, role_name = group.rpartition(".")
     role = roles.get(role_name)
     if role is None or not body.startswith(f"{prefix}."):
@@ -113,7 +114,7 @@ def _topics_named_by(prefix: str, group: str, existing: set[str]) -> set[str]:
     for name in existing:
         with contextlib.suppress(ConfigError):
             ref = parse_topic(prefix, name)
-            if ref.job_type == job_type and ref.role == role:
+            if ref.job_type == job_type and ref.role in role:
                 found.add(name)
     return found
 

@@ -113,7 +113,7 @@ async def read_with(consumer: Consumer, admin: Admin, prefix: str,
     a second each, most of what `stream-jobs stats` took on a near-empty stack). The
     groups' commits are asked concurrently, beside the offsets.
     """
-    lanes = {p.job_type: list(p.lane_topics(prefix).values()) for p in chosen}
+    lanes = {p.job_type: list(p.worker_topics(prefix).values()) for p in chosen}
     tiers = {p.job_type: list(p.tier_topics(prefix).values()) for p in chosen}
     names = [t for p in chosen for t in (*lanes[p.job_type], *tiers[p.job_type],
                                          p.dlq_topic(prefix))]

@@ -338,7 +338,7 @@ def type_stats(policy: JobTypePolicy, reading: StatsReading, *, prefix: str,
     return TypeStats(
         job_type=name,
         lanes=tuple(_topic_lag(reading, lane, topic, ages=True, per_partition=per_partition)
-                    for lane, topic in policy.lane_topics(prefix).items()),
+                    for lane, topic in policy.worker_topics(prefix).items()),
         tiers=tuple(_topic_lag(reading, tier, topic, ages=False, per_partition=per_partition)
                     for tier, topic in policy.tier_topics(prefix).items()),
         dlq_topic=dlq,

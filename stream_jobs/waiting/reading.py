@@ -74,7 +74,9 @@ class _Place:
 def places_of(prefix: str, policy: JobTypePolicy, state: State) -> tuple[list[_Place], str]:
     """Where the list looks, and the group whose commits mark what left it."""
     if state == "pending":
-        return ([_Place(lane, topic, "lane") for lane, topic in policy.lane_topics(prefix).items()],
+        lanes = policy.lane_topics(prefix)
+        return ([_Place(name, topic, "lane" if name in lanes else "overflow")
+                 for name, topic in policy.worker_topics(prefix).items()],
                 worker_group(prefix, policy.job_type))
     return ([_Place(tier, topic, "tier") for tier, topic in policy.tier_topics(prefix).items()],
             relay_group(prefix, policy.job_type))

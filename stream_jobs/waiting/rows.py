@@ -77,7 +77,7 @@ def row_of(record: Record, *, role: TopicRole, name: str) -> WaitingRow:
     raw_id = found.get(HEADER_JOB_ID)
     return WaitingRow(
         job_id="" if raw_id is None else raw_id.decode(errors="replace"),
-        state="pending" if role == "lane" else tier_state(seen), place=name,
+        state="pending" if role != "tier" else tier_state(seen), place=name,
         partition=seen.partition, offset=seen.offset, attempt=seen.attempt,
         timestamp_ms=seen.timestamp_ms,
         enqueued_at_ms=number_of(found.get(HEADER_ENQUEUED_AT)),

@@ -28,6 +28,7 @@ from stream_jobs.settings import Settings
 from tests.waiting import until
 
 from .conftest import Declare
+from .database import connect
 from .topic_reader import read_topic
 
 pytestmark = pytest.mark.integration
@@ -140,3 +141,51 @@ async def test_without_fairness_the_quiet_tenants_wait_behind_the_flood(
     total = FLOOD + QUIET_EACH * len(QUIET_TENANTS)
     assert last_quiet_start(started) > total * 3 // 4
     assert_key_order(started)
+
+
+async def test_order_and_once_hold_while_workers_join_and_leave_mid_flood(
+        app: App, settings: Settings, declare: Declare,
+        running: Callable[[Worker], asyncio.Task[None]]) -> None:
+    """Two rebalances while a flood moves to the overflow: a second worker joins (lane and
+    overflow partitions move to it, and it reads the overflow's waiting keys), then the
+    first leaves. Each job's effect happens once, and each key's effects happen in the
+    order its jobs were enqueued."""
+    await declare("fair.moves", partitions=4, retry_tiers=["1s"],
+                  fairness={"noisy_min_jobs": 30})
+    conn = await connect(settings)
+    await conn.execute("CREATE TABLE effects (n serial PRIMARY KEY, job_id text UNIQUE,"
+                       " key text, seq int, tenant text)")
+
+    @app.job("fair.moves", concurrency=8, ordering="key")
+    async def run(job: dict[str, Any], ctx: JobContext) -> None:
+        async with ctx.once() as tx:
+            await tx.execute("INSERT INTO effects (job_id, key, seq, tenant) "
+                             "VALUES ($1, $2, $3, $4)", ctx.job_id, ctx.key, job["seq"],
+                             ctx.tenant)
+        await asyncio.sleep(0.02)  # slow enough that the flood outlasts a rebalance
+
+    total = await enqueue_flood_then_quiet(settings, "fair.moves")
+
+    async def effects() -> int:
+        return int(await conn.fetchval("SELECT count(*) FROM effects"))
+
+    first = app.worker("fair.moves", relay=False)
+    running(first)
+    await until(lambda: _at_least(effects, 300), "the first worker is under way")
+    second = app.worker("fair.moves", relay=False)
+    running(second)
+    await until(lambda: sum(second.outcomes.values()) >= 100,
+                "the second worker took partitions over and ran jobs of them")
+    assert sum(first.outcomes.values()) < total  # it still had work when it shared
+    first.request_stop()
+    await until(lambda: _at_least(effects, total), f"all {total} effects", within_s=120)
+    rows = await conn.fetch("SELECT key, seq, tenant FROM effects ORDER BY n")
+    await conn.close()
+    assert len(rows) == total  # each once (the job ID is unique), none lost
+    assert_key_order([(r["tenant"], r["key"], r["seq"]) for r in rows])
+    moved = await read_topic(settings, overflow_topic(settings.topic_prefix, "fair.moves"))
+    assert moved, "the flood went through the overflow"
+
+
+async def _at_least(count: Callable[[], Any], n: int) -> bool:
+    return bool(await count() >= n)

@@ -24,6 +24,7 @@ from stream_jobs.cli.running import running_table, workers_table
 from stream_jobs.cli.schedules import schedules_table
 from stream_jobs.cli.stats import records_table, render_stats
 from stream_jobs.cli.stats_history import render_history
+from stream_jobs.cli.stats_tenants import render_tenants
 from stream_jobs.cli.tables import (
     TERMINAL_COLUMNS,
     FittedTable,
@@ -36,6 +37,8 @@ from stream_jobs.cli.waiting import waiting_table
 from stream_jobs.dlq.letters import LetterRow
 from stream_jobs.dlq.listing import DlqListing, LetterDetail
 from stream_jobs.failures import FailureInfo
+from stream_jobs.fairness.census import TenantCensus, WaitingCount, fold
+from stream_jobs.fairness.tally import TenantDwell, section_of
 from stream_jobs.history.store import WindowRow
 from stream_jobs.history.tally import Tally
 from stream_jobs.history.view import HistoryView
@@ -210,6 +213,17 @@ def waiting(state: str) -> WaitingPage | DeadPage:
                        (f"{LANE}.retry-10m",), NOW)
 
 
+def tenants() -> TenantCensus:
+    """Tenants as long as a tenant may be (128 bytes), counts in the millions."""
+    names = ["acme-" + "x" * 123, *(f"tenant-{n:03}" for n in range(40)), ""]
+    dwell = TenantDwell()
+    for name in names:
+        dwell.observe(name, 3600.0)
+    section = section_of(dwell, [[("sj-tenant", names[0].encode())]] * 1_000)
+    return fold(TYPE, WaitingCount({name: 1_234_567 for name in names}, {names[0]: 123_456},
+                                   100_000, False), [section], workers=12)
+
+
 # -- every table command's tables, by the function it prints with ----------------------------
 
 
@@ -217,6 +231,7 @@ def tables(wide: bool) -> Iterator[tuple[str, RenderableType]]:
     settings = Settings(kafka_bootstrap="kafka-0.kafka.internal:9092,kafka-1.kafka.internal:9092")
     yield "stats", render_stats(snapshot(), settings, partitions=True, wide=wide)
     yield "stats --history", render_history(history())
+    yield "stats --tenants", render_tenants(tenants(), wide=wide)
     yield "job", records_table(location(), wide=wide)
     yield "dlq list (reasons)", reasons_table(listing())
     yield "dlq list", rows_table(letter_rows(), wide=wide)

@@ -108,7 +108,8 @@ def test_a_tenant_with_its_share_of_jobs_in_flight_is_noisy() -> None:
     assert not judge.is_noisy("a", 0.0)  # 30 of 330: under 10 %
     for _ in range(300):
         judge.finished("b")
-    assert judge.is_noisy("a", 0.0) and judge.noisy(0.0) == ["a"]
+    assert judge.is_noisy("a", 0.0)
+    assert judge.noisy(0.0) == ["a"]
 
 
 def test_processing_time_makes_a_tenant_noisy_and_fades() -> None:
@@ -142,10 +143,14 @@ def test_the_fairness_table_reads_and_refuses_with_one_sentence() -> None:
     read = FairnessSpec.from_toml({"weights": {"acme": 3}, "tenant_concurrency": 10,
                                    "tenant_rate": "50/s", "noisy_window": "30s",
                                    "tenants": {"acme": {"concurrency": 50, "rate": "5/s"}}})
-    assert read.weight_of("acme") == 3 and read.weight_of("other") == 1
-    assert read.concurrency_of("acme") == 50 and read.concurrency_of("x") == 10
-    assert read.rate_of("acme") == 5 and read.rate_of("x") == 50
-    assert read.noisy_window_s == 30 and read.limited
+    assert read.weight_of("acme") == 3
+    assert read.weight_of("other") == 1
+    assert read.concurrency_of("acme") == 50
+    assert read.concurrency_of("x") == 10
+    assert read.rate_of("acme") == 5
+    assert read.rate_of("x") == 50
+    assert read.noisy_window_s == 30
+    assert read.limited
     assert not FairnessSpec().limited
     for bad, says in [
             ({"weights": {"a": 0}}, "fairness.weights.a must be a whole number"),

@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from stream_jobs.dlq.tally import DlqCounts
+from stream_jobs.fairness.census import TenantCensus, WaitingCount, fold
+from stream_jobs.fairness.tally import TOP_TENANTS, TenantDwell, section_of
 from stream_jobs.gateway.charts import bar_chart, line_chart, nice_max
 from stream_jobs.gateway.metrics import (
     EXPORTED_METRICS,
@@ -104,7 +106,7 @@ def test_worker_collector_exports_its_declared_names() -> None:
 def test_stats_collector_exports_its_declared_names() -> None:
     registry = CollectorRegistry(auto_describe=False)
     snapshot: StatsSnapshot | None = None
-    registry.register(StatsCollector(lambda: snapshot))
+    registry.register(StatsCollector(lambda: snapshot, lambda: {"t": _tenants(3)}))
     assert _exposed(registry) == set()  # nothing before the first sample
     snapshot = _snapshot()
     own = {"stream_jobs_gateway_enqueued_total", "stream_jobs_gateway_requests_total",
@@ -117,6 +119,30 @@ def test_stats_collector_exports_its_declared_names() -> None:
     # Two letters of one job: the DLQ's depth counts letters, its jobs gauge the job.
     assert 'stream_jobs_dlq_depth{type="t"} 2.0' in text
     assert 'stream_jobs_dlq_jobs{type="t"} 1.0' in text
+
+
+def _tenants(count: int) -> TenantCensus:
+    dwell = TenantDwell()
+    for n in range(count):
+        dwell.observe(f"tenant-{n}", 0.2)
+    return fold("t", WaitingCount({f"tenant-{n}": n + 1 for n in range(count)}, {}, 0, True),
+                [section_of(dwell, [])], workers=1)
+
+
+def test_tenant_gauges_name_at_most_the_top_tenants_and_other() -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatsCollector(_snapshot, lambda: {"t": _tenants(50)}))
+    text = generate_latest(registry).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("stream_jobs_tenant_waiting", "stream_jobs_tenant_in_flight",
+                 "stream_jobs_tenant_overflow", "stream_jobs_tenant_dwell_p95_seconds"):
+        tenants = {s.labels["tenant"] for s in families[name].samples}
+        assert len(tenants) <= TOP_TENANTS + 1, name
+        assert "other" in tenants
+    waiting = {s.labels["tenant"]: s.value for s in families["stream_jobs_tenant_waiting"].samples}
+    assert sum(waiting.values()) == sum(range(1, 51))  # the rest summed, nothing lost
+    assert waiting["tenant-49"] == 50
+    assert len(waiting) == TOP_TENANTS + 1
 
 
 def test_history_collector_counts_the_history_totals() -> None:

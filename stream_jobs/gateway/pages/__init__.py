@@ -17,11 +17,12 @@ from stream_jobs.gateway.pages import (
     overview,
     running,
     schedules,
+    tenants,
     waiting,
 )
 
 routers: list[APIRouter] = [overview.router, login.router, dlq.router, jobs.router,
                             running.router, waiting.router, schedules.router, batches.router,
-                            outbox.router, history.router, job_search.router]
+                            outbox.router, history.router, job_search.router, tenants.router]
 
 __all__ = ["routers"]
