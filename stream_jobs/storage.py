@@ -20,9 +20,11 @@ from typing import Protocol
 from stream_jobs.cancels.watch import CancelFeed, CancelWatch
 from stream_jobs.client_stores import ClientStores, PostgresStores
 from stream_jobs.dedup.store import Dedup, DedupStore
+from stream_jobs.fairness.gate import TenantGate
 from stream_jobs.results.finish import FinishStore
 from stream_jobs.results.store import FinishRows
 from stream_jobs.settings import Settings
+from stream_jobs.tenants import FairnessSpec
 from stream_jobs.unique.release import Keys, KeyStore
 
 
@@ -49,6 +51,12 @@ class Storage(Protocol):
 
     def client_stores(self) -> ClientStores:
         """A client's cancels, keys, results and workflows, closed by the client."""
+        ...
+
+    def tenant_gate(self, job_type: str, spec: FairnessSpec, holder: str
+                    ) -> TenantGate | None:
+        """A fair worker's per-tenant limits across the fleet (None: not kept here),
+        started and stopped by the worker."""
         ...
 
 
@@ -78,6 +86,9 @@ class PostgresStorage:
 
     def client_stores(self) -> ClientStores:
         return PostgresStores(self.settings)
+
+    def tenant_gate(self, job_type: str, spec: FairnessSpec, holder: str) -> TenantGate:
+        return TenantGate(self.settings, job_type, spec, holder)
 
 
 __all__ = ["PostgresStorage", "Storage"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -47,6 +48,8 @@ from stream_jobs.runtime.dispatch import (
     record_size,
 )
 from stream_jobs.runtime.member import GroupMember
+from stream_jobs.runtime.services import Service
+from stream_jobs.storage import Storage
 from stream_jobs.tenants import FairnessSpec
 
 log = logging.getLogger("stream_jobs.consumer")
@@ -98,6 +101,8 @@ class FairDispatcher(Dispatcher):
         self.judge = NoisyJudge(fairness)
         self.overflow = overflow
         self.gate = gate
+        # What runs beside it, started before the first fetch (the gate, when it has one).
+        self.services: list[Service] = []
         self._counts: dict[PartitionWork, Counter[str]] = {}
         self._held_until: dict[str, asyncio.TimerHandle] = {}
         # Partitions whose overflow keys are being read: their fetched records, held.
@@ -346,12 +351,13 @@ def fair_consumer_options(policy: JobTypePolicy) -> dict[str, Any]:
 
 
 def fair_dispatcher(member: GroupMember, policy: JobTypePolicy, ordering: str,
-                    kafka: KafkaClients, gate: Gate | None = None) -> FairDispatcher:
-    """The dispatcher of `member` (a type's worker) for its `[fairness]` table."""
+                    kafka: KafkaClients, storage: Storage) -> FairDispatcher:
+    """The dispatcher of `member` (a type's worker) for its `[fairness]` table, with the
+    type's per-tenant limits from `storage` (where it keeps them)."""
     fairness = policy.fairness
     assert fairness is not None
     if ordering == "partition":
-        raise ConfigError(f"{policy.origin}: [fairness] needs ordering \"key\" or \"none\": "
+        raise ConfigError(f"{policy.origin}: [fairness] needs ordering \"key\" or \"unordered\": "
                           f"under ordering \"partition\" every job of a partition waits for "
                           "the one before it, so no tenant can go first.")
     topic = overflow_topic(member.settings.topic_prefix, policy.job_type)
@@ -370,14 +376,22 @@ def fair_dispatcher(member: GroupMember, policy: JobTypePolicy, ordering: str,
         finally:
             await reader.stop()
 
-    return FairDispatcher(
+    gate = storage.tenant_gate(policy.job_type, fairness, f"{member.group_id} {os.getpid()}")
+    fair = FairDispatcher(
         fairness=fairness, overflow=overflow, overflow_topic=topic, read_keys=read_keys,
         gate=gate, concurrency=old.concurrency, handle=member.handle,
         chain_of=member.chain_of, on_finished=member.relieve, stopping=member.stopping,
         lane_weights=[(lane_topic(member.settings.topic_prefix, policy.job_type, lane), w)
                       for lane, w in policy.lane_weights],
         name=member.group_id)
+    fair.services = [gate] if gate is not None else []
+    return fair
+
+
+def fair_services(dispatcher: Dispatcher) -> list[Service]:
+    """What a fair dispatcher needs running before the first fetch: its limits' gate."""
+    return list(dispatcher.services) if isinstance(dispatcher, FairDispatcher) else []
 
 
 __all__ = ["GATE_DOWN_WAIT_S", "FairDispatcher", "Gate", "chain_tenant", "fair_consumer_options",
-           "fair_dispatcher"]
+           "fair_dispatcher", "fair_services"]

@@ -30,7 +30,7 @@ from stream_jobs.context import JobContext
 from stream_jobs.dedup.store import Dedup
 from stream_jobs.errors import AlreadyDone, BadRecord, RunFailed
 from stream_jobs.failures import FailureInfo
-from stream_jobs.fairness.tally import TenantDwell, section_of
+from stream_jobs.fairness.tally import TenantDwell
 from stream_jobs.handlers import JobHandler
 from stream_jobs.histogram import DurationHistogram
 from stream_jobs.history.windows import SlotTallies
@@ -47,7 +47,11 @@ from stream_jobs.runtime.admission import Admission, holds_key
 from stream_jobs.runtime.calls import call_finished, handler_call
 from stream_jobs.runtime.delay_relay import Relay
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
-from stream_jobs.runtime.fair_dispatch import fair_consumer_options, fair_dispatcher
+from stream_jobs.runtime.fair_dispatch import (
+    fair_consumer_options,
+    fair_dispatcher,
+    fair_services,
+)
 from stream_jobs.runtime.flow_control import FlowControlled, header_expires_at_ms
 from stream_jobs.runtime.gc_tuning import worker_collector
 from stream_jobs.runtime.heartbeats import is_heartbeat
@@ -56,11 +60,11 @@ from stream_jobs.runtime.idle import IdleWatch, run_until_idle
 from stream_jobs.runtime.member import GroupMember
 from stream_jobs.runtime.reports import WorkerReport, new_worker_id, publish, publish_every
 from stream_jobs.runtime.retries import Retries
-from stream_jobs.runtime.running_jobs import held_headers, in_handlers, process_fields
 from stream_jobs.runtime.services import Loop, Service, running
 from stream_jobs.runtime.stalls import LoopWatch
 from stream_jobs.runtime.throttle import ControlFollower
 from stream_jobs.runtime.worker_options import DEFAULT_MAX_BUFFERED
+from stream_jobs.runtime.worker_report import report_of
 from stream_jobs.schedules import Scheduler
 from stream_jobs.settings import Settings
 from stream_jobs.storage import PostgresStorage, Storage
@@ -94,8 +98,6 @@ class Worker(FlowControlled):
                                                           DEFAULT_MAX_BUFFERED),
                          lane_weights=weights, kafka=kafka,
                          consumer_options=fair_consumer_options(policy))
-        if policy.fairness is not None:
-            self.dispatcher = fair_dispatcher(self, policy, handler.ordering, kafka)
         self.kafka = kafka
         self.policy = policy
         self.handler = handler
@@ -104,6 +106,8 @@ class Worker(FlowControlled):
         self.retries = Retries(self, prefix, policy, handler.timeout_s, self.worker_id)
         # The database's part (docs/design/layout.md): the app's, or Postgres's own.
         storage = storage or PostgresStorage(settings)
+        if policy.fairness is not None:  # tenants round robin, the overflow, their limits
+            self.dispatcher = fair_dispatcher(self, policy, handler.ordering, kafka, storage)
         self.dedup: Dedup = storage.dedup_store()
         self.children = children  # checks and makes the child jobs of ctx.enqueue()
         # Results, batch members, chain steps: what a job that needs it commits at its end.
@@ -126,7 +130,7 @@ class Worker(FlowControlled):
         self.durations: DurationHistogram | None = None
         self.report_interval_s = heartbeat_report_interval_s(report_interval_s,
                                                              policy.heartbeat_interval_s)
-        self._started_at_ms = now_ms()
+        self.started_at_ms = now_ms()
         # Flow control: the type's limit in force, this worker's share of it, heartbeats.
         self.init_flow(policy, control=control)
         # The type's schedules (`App.worker` passes them): fired by whichever worker leads.
@@ -190,7 +194,7 @@ class Worker(FlowControlled):
         the first fetch needs, started while the consumer joins (the cancels, the control
         topic), then what starts once it joined and stops once it drained (the reports,
         whose last is the final one, the delay relay, heartbeats, the type's schedules)."""
-        first: list[Service] = [self.admission]
+        first: list[Service] = [self.admission, *fair_services(self.dispatcher)]
         if self.control:
             follower = ControlFollower(self.settings, self._on_control)
             first.append(Loop("control", follower.follow,
@@ -207,27 +211,7 @@ class Worker(FlowControlled):
 
     def report(self, *, final: bool = False) -> WorkerReport:
         """This worker's counters now (what it publishes to `P._stats`)."""
-        # What runs: the runners' calls, read here so that the per-job path pays nothing.
-        runners = self.dispatcher.runners  # none unless a loop runs this worker
-        running, running_count = in_handlers(
-            runners, timeout_s=self.handler.timeout_s, now_ms=now_ms(),
-            loop_now_s=asyncio.get_running_loop().time() if runners else 0.0)
-        return WorkerReport(
-            job_type=self.policy.job_type, worker_id=self.worker_id, at_ms=now_ms(),
-            started_at_ms=self._started_at_ms,
-            outcomes={str(k): v for k, v in self.outcomes.items()},
-            dead_letter_reasons={str(k): v for k, v in self.dead_letter_reasons.items()},
-            in_flight=self.in_flight(),
-            released=self.relay.released if self.relay is not None else 0, final=final,
-            interval_s=self.report_interval_s, rate_limit_per_s=self.rate.per_s,
-            rate_source=self.rate.source, rate_share_per_s=self.rate_share_per_s,
-            heartbeats=tuple((tp.topic, tp.partition, at_ms)
-                             for tp, at_ms in sorted(self.heartbeats.items())),
-            slot_ms=self.slots.slot_ms,
-            slots={start: tally.to_obj() for start, tally in self.slots.slots(now_ms()).items()},
-            partitions=tuple(sorted((tp.topic, tp.partition) for tp in self.partitions)),
-            running=running, running_count=running_count, **process_fields(),
-            tenants=section_of(self.tenant_dwell, held_headers(self.partitions.values())).to_obj())
+        return report_of(self, final=final)
 
     async def _report_every(self) -> None:
         await publish_every(self.settings, self.producer, self.worker_id, self.report,

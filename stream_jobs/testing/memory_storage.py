@@ -8,6 +8,7 @@ from stream_jobs.cancels.watch import CancelFeed
 from stream_jobs.client_stores import ClientStores
 from stream_jobs.dedup.store import Dedup
 from stream_jobs.results.finish import FinishStore
+from stream_jobs.tenants import FairnessSpec
 from stream_jobs.testing.memory_control import MemoryCancels, MemoryKeys, MemoryStores
 from stream_jobs.testing.memory_dedup import MemoryDedup
 from stream_jobs.unique.release import Keys
@@ -35,6 +36,11 @@ class MemoryStorage:
 
     def client_stores(self) -> ClientStores:
         return self.stores
+
+    def tenant_gate(self, job_type: str, spec: FairnessSpec, holder: str) -> None:
+        """The tester runs fair dispatch and the overflow lane, not the per-tenant limits
+        across the fleet, which are Postgres's (docs/testing.md)."""
+        return None
 
 
 __all__ = ["MemoryStorage"]

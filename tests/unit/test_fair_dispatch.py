@@ -169,5 +169,5 @@ async def test_a_type_ordered_by_partition_cannot_have_fairness(
 
     t = job_tester(app, types={"bulk.import": {"fairness": {}}})
     await t.enqueue("bulk.import", {})
-    with pytest.raises(ConfigError, match='needs ordering "key" or "none"'):
+    with pytest.raises(ConfigError, match='needs ordering "key" or "unordered"'):
         await t.run_until_idle()
