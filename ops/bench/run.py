@@ -43,6 +43,7 @@ import asyncpg
 
 from ops.bench import (
     control,
+    fairness,
     fencing,
     gateway,
     kafka_tools,
@@ -235,6 +236,7 @@ def _sections() -> list[Section]:
         ("control", control.control),
         ("gateway", gateway.gateway),
         ("tracing", tracing.tracing),
+        ("fairness", fairness.fairness),
     ]
 
 

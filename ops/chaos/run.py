@@ -4,13 +4,14 @@ then `ops/chaos/RESULTS.md`.
 In this order: the process-fault scenarios on the stack's single broker (`scenarios.py`,
 one trial procedure for all: `trial.py`), the trials with procedures of their own
 (`TRIALS`: scheduler failover, batch callbacks, cancels racing runs, the outbox through a
-Kafka outage; `protocol.py`), then the broker scenarios on a 3-node cluster started here
-and stopped afterwards. RESULTS.md is written after every run.
+Kafka outage, tenants to and from the overflow lane; `protocol.py`), then the broker
+scenarios on a 3-node cluster started here and stopped afterwards. RESULTS.md is written
+after every run.
 
 Environment knobs: CHAOS_RUNS (runs of each, default 3), CHAOS_ONLY (comma-separated
 names of scenarios and trials, default all), CHAOS_JOBS (jobs per run: DEFAULT_JOBS for
-the scenarios, the trials' own sizes for batches and cancels; the failover and outbox
-trials last a set time whatever it says). The stack is the one the project's settings
+the scenarios, the trials' own sizes for batches, cancels and fairness; the failover and
+outbox trials last a set time whatever it says). The stack is the one the project's settings
 name (`stream-jobs dev up` on its ports).
 """
 
@@ -24,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ops.chaos import batches, cancels, failover, outbox, report
+from ops.chaos import batches, cancels, failover, fairness, outbox, report
 from ops.chaos.protocol import OwnTrial, TrialRow
 from ops.chaos.scenarios import SCENARIOS, Scenario
 from ops.chaos.trial import Stack, TrialResult, run_trial
@@ -36,7 +37,7 @@ DEFAULT_JOBS = 10_000
 CHAOS_DIR = Path(__file__).resolve().parent
 OUT_DIR = CHAOS_DIR / "out"
 TRIALS: dict[str, OwnTrial] = {t.name: t for t in (
-    failover.TRIAL, batches.TRIAL, cancels.TRIAL, outbox.TRIAL)}
+    failover.TRIAL, batches.TRIAL, cancels.TRIAL, outbox.TRIAL, fairness.TRIAL)}
 
 log = logging.getLogger("ops.chaos")
 

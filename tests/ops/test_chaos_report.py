@@ -31,7 +31,8 @@ def _cancel_row(run: int, problems: list[str]) -> dict[str, object]:
 def test_chaos_only_names_scenarios_and_trials() -> None:
     scenarios, trials = chosen("")
     assert [s.name for s in scenarios] == list(SCENARIOS)
-    assert [t.name for t in trials] == ["failover", "batches", "cancels", "outbox"]
+    assert [t.name for t in trials] == ["failover", "batches", "cancels", "outbox",
+                                          "fairness"]
     scenarios, trials = chosen("outbox, kill9,batches")
     assert [s.name for s in scenarios] == ["kill9"]
     assert [t.name for t in trials] == ["batches", "outbox"]

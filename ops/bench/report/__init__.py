@@ -5,9 +5,9 @@ MET / NOT MET with by how much. Pure: `render(data) -> str`.
 
 A module per part of the document: `tables` (what every part is made of), `summary` (the
 shared Goals, Figures and Ratios), `scaling` and `processes` (the runs of worker
-processes), `features` (a section per feature module), `details` (machine, settings,
-method, the details behind some figures, the run), `merge` (a partial run's sections
-into the published file).
+processes), `features` (a section per feature module), `fairness` (the noisy neighbour),
+`details` (machine, settings, method, the details behind some figures, the run), `merge`
+(a partial run's sections into the published file).
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from types import ModuleType
 from typing import Any
 
 from ops.bench import control, gateway, outbox, tester, tracing
+from ops.bench import fairness as fairness_bench
 from ops.bench import processes as processes_bench
 from ops.bench import results as results_bench
 from ops.bench import scaling as scaling_bench
 from ops.bench.report.details import detail_sections, run_section, setup_sections
+from ops.bench.report.fairness import fairness_section
 from ops.bench.report.features import feature_section
 from ops.bench.report.merge import merge_sections
 from ops.bench.report.processes import processes_section
@@ -30,11 +32,12 @@ from ops.bench.report.tables import FigureJSON
 # Bench sections whose results appear only under their own `## HEADING` of RESULTS.md (each
 # module declares it, and its GOALS), so a partial run (BENCH_ONLY) can replace that
 # heading and keep the rest of the file. The other sections feed the shared tables.
-# (Aliased: the report's own modules `scaling` and `processes` are names in this package.)
+# (Aliased: the report's own modules `scaling`, `processes` and `fairness` are names in
+# this package.)
 OWN_SECTIONS: dict[str, ModuleType] = {
     "scaling": scaling_bench, "processes": processes_bench, "outbox": outbox,
     "results": results_bench, "control": control, "gateway": gateway, "tester": tester,
-    "tracing": tracing}
+    "tracing": tracing, "fairness": fairness_bench}
 OWN_HEADINGS: dict[str, str] = {name: module.HEADING for name, module in OWN_SECTIONS.items()}
 FEATURES = ("outbox", "results", "control", "gateway", "tester", "tracing")
 
@@ -68,6 +71,8 @@ def own_sections(figures: dict[str, FigureJSON], details: dict[str, Any],
         out += processes_section(details["processes"], figures, errors.get("processes"))
     for name in FEATURES:
         out += feature_section(figures, OWN_SECTIONS[name])
+    if "fairness" in details:
+        out += fairness_section(details["fairness"], figures, errors.get("fairness"))
     return out
 
 
