@@ -116,7 +116,8 @@ class Worker(FlowControlled):
         self.outcomes: Counter[str] = Counter()
         # The same counts per slot of time, with run durations and dwell times (history).
         self.slots = SlotTallies(self.outcomes, settings.history_window_s)
-        self.tenant_dwell = TenantDwell()  # by tenant, from one report to the next
+        # Dwell by tenant, from one report to the next: a [fairness] type's (docs/fairness.md).
+        self.tenant_dwell = TenantDwell() if policy.fairness is not None else None
         # Cancels, unique keys, debounce: the hot path reads the set of cancelled IDs directly.
         self.admission = Admission(settings, policy.job_type, stopping=self.stopping,
                                    interruptible=not handler.sync,
@@ -413,7 +414,8 @@ class Worker(FlowControlled):
         self.outcomes[outcome] += 1
         if started is not None:
             self.slots.observe(now - started, dwell_s)
-            self.tenant_dwell.observe(job.tenant if job else None, dwell_s)
+            if self.tenant_dwell is not None:
+                self.tenant_dwell.observe(job.tenant if job else None, dwell_s)
 
     async def _record_end(self, job: JobRecord, outcome: Outcome,
                           failure: FailureInfo | None = None) -> None:

@@ -10,7 +10,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from stream_jobs.clock import now_ms
-from stream_jobs.fairness.tally import section_of
+from stream_jobs.fairness.tally import TenantDwell, section_of
 from stream_jobs.runtime.reports import WorkerReport
 from stream_jobs.runtime.running_jobs import held_headers, in_handlers, process_fields
 
@@ -40,7 +40,7 @@ def report_of(worker: Worker, *, final: bool = False) -> WorkerReport:
         slots={start: tally.to_obj() for start, tally in worker.slots.slots(now_ms()).items()},
         partitions=tuple(sorted((tp.topic, tp.partition) for tp in worker.partitions)),
         running=running, running_count=running_count, **process_fields(),
-        tenants=section_of(worker.tenant_dwell,
+        tenants=section_of(worker.tenant_dwell or TenantDwell(),
                            held_headers(worker.partitions.values())).to_obj())
 
 
