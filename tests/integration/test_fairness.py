@@ -23,6 +23,7 @@ from stream_jobs.job_ids import new_job_id
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import lane_topic, overflow_topic
 from stream_jobs.record import JobRecord
+from stream_jobs.runtime.fair_dispatch import FairDispatcher
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.settings import Settings
 from tests.waiting import until
@@ -232,3 +233,35 @@ async def test_a_tenants_concurrency_holds_across_workers_and_others_go_on(
     await until(lambda: ran("a") == 60, "a's jobs ran too", within_s=60)
     assert most["a"] == 3  # reached, never passed
     assert 3 < most["b"] <= 6
+
+
+async def test_a_tenant_quiet_again_stays_in_the_lane(
+        app: App, settings: Settings, declare: Declare,
+        running: Callable[[Worker], asyncio.Task[None]]) -> None:
+    """Once the flood has run and its tenant's measures have faded (a 1 s window here),
+    and its keys have drained from the overflow, its new jobs run from the lane."""
+    await declare("fair.calm", partitions=2, retry_tiers=["1s"],
+                  fairness={"noisy_min_jobs": 30, "noisy_window": "1s"})
+    ran: list[str] = []
+
+    @app.job("fair.calm", concurrency=8, ordering="key")
+    async def run(job: dict[str, Any], ctx: JobContext) -> None:
+        ran.append(ctx.job_id)
+
+    total = await enqueue_flood_then_quiet(settings, "fair.calm")
+    worker = app.worker("fair.calm", relay=False)
+    running(worker)
+    await until(lambda: len(set(ran)) == total, f"the {total} jobs of the flood ran")
+    fair = worker.dispatcher
+    assert isinstance(fair, FairDispatcher)
+    assert fair.overflow is not None
+    assert fair.overflow.forwarded > 0
+    await until(lambda: not fair.judge.noisy(time.monotonic()), "tenant a is quiet again")
+    assert fair.overflow.sticky_keys() == 0  # its keys drained with the overflow
+    moved = fair.overflow.forwarded
+    async with JobProducer(settings) as producer:
+        await producer.send_many([(lane_topic(settings.topic_prefix, "fair.calm"), JobRecord(
+            new_job_id(), "fair.calm", b"{}", b"shared0", tenant="a",
+            enqueued_at_ms=int(time.time() * 1000))) for _ in range(20)])
+    await until(lambda: len(set(ran)) == total + 20, "a's new jobs ran")
+    assert fair.overflow.forwarded == moved  # from the lane, none forwarded
