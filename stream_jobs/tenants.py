@@ -33,6 +33,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from stream_jobs.durations import parse_duration, parse_rate
 from stream_jobs.errors import ConfigError
@@ -150,23 +151,28 @@ class FairnessSpec:
             if limits.concurrency is not None:
                 _whole(f"tenants.{name}.concurrency", limits.concurrency)
 
+    @cached_property
+    def _weight_by_tenant(self) -> dict[str, int]:
+        return dict(self.weights)
+
+    @cached_property
+    def _limits_by_tenant(self) -> dict[str, TenantLimits]:
+        return dict(self.tenants)
+
     def weight_of(self, tenant: str) -> int:
         """Starts per round of `tenant` (1 unless `weights` names it)."""
-        for name, weight in self.weights:
-            if name == tenant:
-                return weight
-        return 1
+        return self._weight_by_tenant.get(tenant, 1)
 
     def concurrency_of(self, tenant: str) -> int | None:
         """Running jobs `tenant` may have across the fleet (None: no limit)."""
-        own = dict(self.tenants).get(tenant)
+        own = self._limits_by_tenant.get(tenant)
         if own is not None and own.concurrency is not None:
             return own.concurrency
         return self.tenant_concurrency
 
     def rate_of(self, tenant: str) -> float | None:
         """Starts a second `tenant` may have across the fleet, by the TOML (None: none)."""
-        own = dict(self.tenants).get(tenant)
+        own = self._limits_by_tenant.get(tenant)
         if own is not None and own.rate_per_s is not None:
             return own.rate_per_s
         return self.tenant_rate_per_s
