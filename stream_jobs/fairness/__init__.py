@@ -9,5 +9,10 @@ A type with `[fairness]` in its TOML (`stream_jobs.tenants.FairnessSpec`) gets:
   the same workers with a bounded share of their slots (`overflow`);
 - per-tenant concurrency and rate limits across the fleet (`limits`, `limit_store`,
   `gate`);
-- what operators read: tenants by waiting, in flight, dwell and overflow (`census`).
+- what operators read: tenants by waiting, in flight, dwell and overflow (`census`,
+  over the pure `tally`).
+
+The worker's hook is `stream_jobs.runtime.fair_dispatch` (a `Dispatcher`, so it lives with
+the runtime); the faces are `stream-jobs stats --tenants`, `throttle --tenant` and the
+dashboard's Tenants tab.
 """
