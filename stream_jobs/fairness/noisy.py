@@ -77,8 +77,11 @@ class NoisyJudge:
 
     def noisy(self, now: float) -> list[str]:
         """Every noisy tenant now (for reports: O(tenants))."""
-        seen = set(self.in_flight) | set(self._busy)
-        return sorted(t for t in seen if self.is_noisy(t, now))
+        return sorted(t for t in self.tenants_seen() if self.is_noisy(t, now))
+
+    def tenants_seen(self) -> set[str]:
+        """The tenants the judge keeps anything of (in flight, or time not yet forgotten)."""
+        return set(self.in_flight) | set(self._busy)
 
     def forget_idle(self, now: float) -> None:
         """Drop tenants with nothing in flight whose time has decayed to nothing (call

@@ -107,6 +107,9 @@ class FairDispatcher(Dispatcher):
         self._held_until: dict[str, asyncio.TimerHandle] = {}
         # Partitions whose overflow keys are being read: their fetched records, held.
         self._adopting: dict[int, list[tuple[PartitionWork, list[Record]]]] = {}
+        # The noisy judge forgets tenants idle for a window, at most once a window.
+        self._tidy_every_s = fairness.noisy_window_s
+        self._tidy_at = 0.0
 
     def _rotations(self) -> list[TenantRotation[Chain]]:
         return [*self._rotations_of_lanes, self._overflow_queue]
@@ -122,6 +125,10 @@ class FairDispatcher(Dispatcher):
             waiting.append((work, records))
             return
         judge = self.judge
+        now = time.monotonic()
+        if now >= self._tidy_at:  # tenants gone quiet leave the judge's maps
+            judge.forget_idle(now)
+            self._tidy_at = now + self._tidy_every_s
         counts = self._counts.setdefault(work, Counter())
         screen = self.screen
         overflow = self.overflow
@@ -332,12 +339,6 @@ class FairDispatcher(Dispatcher):
         self._held_until.clear()
         super().stop()
 
-    def tenants_waiting(self) -> dict[str, int]:
-        """Chains ready to start by tenant, lanes and overflow together (for reports)."""
-        found: Counter[str] = Counter()
-        for rotation in self._rotations():
-            found.update(rotation.tenants())
-        return dict(found)
 
 
 

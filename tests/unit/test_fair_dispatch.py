@@ -171,3 +171,21 @@ async def test_a_type_ordered_by_partition_cannot_have_fairness(
     await t.enqueue("bulk.import", {})
     with pytest.raises(ConfigError, match='needs ordering "key" or "unordered"'):
         await t.run_until_idle()
+
+
+async def test_tenants_gone_quiet_leave_the_noisy_judge() -> None:
+    handle = Handler()
+    handle.release()
+    fair = dispatcher(handle, concurrency=4, noisy_window_s=0.01)
+    lane = fair.work_for(TopicPartition(LANE, 0))
+    for n in range(50):
+        fair.dispatch(lane, records(LANE, f"t{n}", n, 1))  # type: ignore[arg-type]
+    await until(lambda: len(handle.done) == 50, "every tenant's job ran")
+    assert len(fair.judge.tenants_seen()) == 50
+
+    def tidied() -> bool:
+        fair.dispatch(lane, [])  # a fetch that brought nothing still tidies, once a window
+        return not fair.judge.tenants_seen()
+
+    await until(tidied, "the judge forgot the 50 idle tenants")
+    fair.stop()
