@@ -21,7 +21,6 @@ Bodies should be database writes only: a slow body holds its batch's other jobs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -37,6 +36,10 @@ INSERT_DONE = (
 
 
 _QUEUE_BEFORE_NEW_BATCH = 8
+# How long a job's rollback to its savepoint, and a batch's COMMIT, may take before the
+# connection is taken for dead (a Postgres that hangs: no answer, no error).
+UNDO_TIMEOUT_S = 5.0
+END_TIMEOUT_S = 30.0
 
 
 class CommitBatch:
@@ -56,6 +59,7 @@ class CommitBatch:
         self.committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._savepoints = 0
         self._ending: asyncio.Task[None] | None = None
+        self.undoing: asyncio.Task[None] | None = None  # a cancelled run's rollback
 
     async def begin(self) -> None:
         await self._tx.start()
@@ -86,25 +90,35 @@ class CommitBatch:
             self._ending = asyncio.get_running_loop().create_task(self._end())
 
     async def _end(self) -> None:
+        if self.undoing is not None:
+            await self.undoing  # bounded, and never raises: a failure poisons the batch
         try:
             if self.poisoned is not None:
-                await self._tx.rollback()
-                raise self.poisoned
-            # Postgres answers COMMIT of an aborted transaction (a body caught a failed
-            # statement's error and went on) with a ROLLBACK that asyncpg does not report:
-            # every job of the batch would be acknowledged and nothing written. This one
-            # round trip per batch raises InFailedSQLTransactionError instead.
-            await self.conn.execute("SELECT 1")
-            await self._tx.commit()
+                raise self.poisoned  # rolled back by the connection's end, below
+            # Bounded: on a Postgres that hangs the batch fails (and its jobs are retried,
+            # the dedup rows absorbing a COMMIT that did land) rather than holding its
+            # connection and its jobs' slots for as long as the link is dead.
+            await asyncio.wait_for(self._commit(), END_TIMEOUT_S)
         except BaseException as exc:  # every waiting job must hear about it
             if not self.committed.done():
                 self.committed.set_exception(exc)
-            with contextlib.suppress(Exception):
-                await self.conn.close()  # a connection in an unknown state is not reused
+            # A connection in an unknown state is not reused; ended without a goodbye,
+            # which a connection that does not answer would never finish. Postgres rolls
+            # back what it holds open when it sees the socket close.
+            self.conn.terminate()
         else:
             self.committed.set_result(None)
         finally:
             await self._release(self.conn)
+
+
+    async def _commit(self) -> None:
+        # Postgres answers COMMIT of an aborted transaction (a body caught a failed
+        # statement's error and went on) with a ROLLBACK that asyncpg does not report:
+        # every job of the batch would be acknowledged and nothing written. This one
+        # round trip per batch raises InFailedSQLTransactionError instead.
+        await self.conn.execute("SELECT 1")
+        await self._tx.commit()
 
 
 class GroupCommitter:
@@ -161,6 +175,9 @@ class GroupCommitter:
         left = False
         try:
             async with batch.lock:
+                if batch.undoing is not None:
+                    # A run before this one ended mid-statement: its rollback first.
+                    await asyncio.shield(batch.undoing)
                 conn = batch.conn
                 savepoint = batch.next_savepoint()
                 # One round trip: the savepoint and the claim go in one simple query.
@@ -170,19 +187,19 @@ class GroupCommitter:
                         f"SAVEPOINT {savepoint}; INSERT INTO stream_jobs_done (job_id, "
                         f"job_type, attempt) VALUES ({_literal(job_id)}, {_literal(job_type)}, "
                         f"{int(attempt)}) ON CONFLICT (job_id) DO NOTHING")
-                except BaseException:
+                except BaseException as exc:
                     # Cancelled (the handler's timeout) or failed mid-claim: the server may
                     # hold the claim, or an aborted transaction. Committed with the batch,
                     # a claim without its effects would mark the job done for good, and an
                     # aborted transaction would silently roll back the whole batch.
-                    await _undo(batch, savepoint)
+                    await _undo_after(exc, batch, savepoint)
                     raise
                 if status.endswith(" 0"):
                     raise AlreadyDone(f"job {job_id} already finished")
                 try:
                     yield conn
-                except BaseException:
-                    await _undo(batch, savepoint)
+                except BaseException as exc:
+                    await _undo_after(exc, batch, savepoint)
                     raise
             left = True
             batch.leave()
@@ -193,10 +210,24 @@ class GroupCommitter:
                 batch.leave()
 
 
+async def _undo_after(exc: BaseException, batch: CommitBatch, savepoint: str) -> None:
+    """Roll a run back to its savepoint: a run that failed waits for it; a cancelled one
+    (its timeout, a cancel) ends now, and the rollback goes on beside it, the next run on
+    the connection and the batch's COMMIT waiting for it. So a Postgres that stops
+    answering mid-statement cannot hold a handler past its timeout."""
+    if isinstance(exc, asyncio.CancelledError):
+        batch.undoing = asyncio.get_running_loop().create_task(_undo(batch, savepoint))
+    else:
+        await _undo(batch, savepoint)
+
+
 async def _undo(batch: CommitBatch, savepoint: str) -> None:
     """Roll one job back to its savepoint; if even that fails, the batch cannot commit."""
     try:
-        await asyncio.shield(batch.conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}"))
+        # Bounded: after a handler's timeout cancelled a statement that Postgres never
+        # answered, the rollback would wait as long; the batch is given up instead.
+        await asyncio.wait_for(asyncio.shield(batch.conn.execute(
+            f"ROLLBACK TO SAVEPOINT {savepoint}")), UNDO_TIMEOUT_S)
     except BaseException as exc:
         batch.poisoned = exc
 

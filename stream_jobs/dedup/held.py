@@ -14,6 +14,7 @@ Driver errors are ours here: `DatabaseUnavailable` when Postgres cannot be reach
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any, Protocol
 
@@ -25,6 +26,7 @@ from stream_jobs.errors import AlreadyDone, DatabaseUnavailable, FinishFailed
 _UNREACHABLE = (OSError, asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError,
                 asyncpg.ConnectionDoesNotExistError, TimeoutError)
 DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
+ROLLBACK_TIMEOUT_S = 5.0  # then the connection is taken for dead
 
 
 def ours(exc: BaseException, what: str) -> DatabaseUnavailable | FinishFailed:
@@ -101,9 +103,14 @@ class HeldTransaction:
         await self._release()
 
     async def rollback(self) -> None:
-        with contextlib.suppress(Exception):
+        try:
             if not self.conn.is_closed() and self.conn.is_in_transaction():
-                await self._tx.rollback()
+                # Bounded: after a handler's timeout cancelled a statement Postgres never
+                # answered, the rollback would wait as long.
+                await asyncio.wait_for(self._tx.rollback(), ROLLBACK_TIMEOUT_S)
+        except Exception:
+            # Ended without a goodbye; Postgres rolls back when it sees the socket close.
+            self.conn.terminate()
         await self._release()
 
     async def _release(self) -> None:

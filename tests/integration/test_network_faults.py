@@ -37,6 +37,7 @@ from tests.waiting import until
 from .conftest import Declare
 
 PROBE_S = 1.0  # the probe's interval and timeout here
+TIMEOUT_S = 3.0  # the handler's
 
 
 @pytest.fixture
@@ -156,3 +157,56 @@ async def test_the_relay_and_result_waits_go_on_while_their_listen_link_is_silen
         await asyncio.wait_for(relaying, 30)
         worker.request_stop()
         await asyncio.wait_for(running, 60)
+
+
+async def test_a_handler_in_ctx_once_does_not_hang_past_its_timeout_when_postgres_hangs(
+        app: App, declare: Declare, proxy: NetProxy) -> None:
+    await declare("net.once", partitions=1, retry_tiers=["1s"], max_attempts=5)
+    direct = app.settings
+    link = await _pg_link(proxy, direct, "postgres")
+    _via(app, database_url=_with_port(direct.database_url, link.listen),
+         database_listen_url=direct.database_url)
+    conn = await asyncpg.connect(direct.database_url, server_settings={
+        "search_path": direct.database_schema})
+    await conn.execute("CREATE TABLE net_effects (job_id text, attempt int)")
+    inside = asyncio.Event()
+    go = asyncio.Event()
+    ended: list[tuple[int, float]] = []
+
+    @app.job("net.once", timeout=TIMEOUT_S)
+    async def write(job: dict[str, Any], ctx: JobContext) -> None:
+        try:
+            async with ctx.once() as tx:
+                if ctx.attempt == 1:
+                    inside.set()
+                    await go.wait()
+                await tx.execute("INSERT INTO net_effects VALUES ($1, $2)", ctx.job_id,
+                                 ctx.attempt)
+        finally:
+            ended.append((ctx.attempt, time.monotonic()))
+
+    worker = app.worker("net.once")
+    running = asyncio.create_task(worker.run(until_idle=True))
+    try:
+        async with app.client() as client:
+            job_id = await client.enqueue("net.once", {})
+        await asyncio.wait_for(inside.wait(), 30)
+        await link.blackhole()
+        go.set()  # its INSERT goes into the hanging link
+        hung = time.monotonic()
+        await until(lambda: bool(ended), "the first run to end at its timeout",
+                    TIMEOUT_S + 10)
+        # The run ended at its timeout though Postgres never answered.
+        assert ended[0][0] == 1
+        assert ended[0][1] - hung < TIMEOUT_S + 1, ended
+        assert await conn.fetchval("SELECT count(*) FROM net_effects") == 0
+        await link.clear()
+        await asyncio.wait_for(running, 90)
+        rows = await conn.fetch("SELECT job_id, attempt FROM net_effects")
+    finally:
+        await link.clear()
+        worker.request_stop()
+        await conn.close()
+    # Once Postgres answered again, the job ran once (its first run left nothing).
+    assert [r["job_id"] for r in rows] == [job_id]
+    assert rows[0]["attempt"] > 1, rows
