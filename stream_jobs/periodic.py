@@ -35,6 +35,8 @@ MISSED_POLICIES: tuple[str, ...] = get_args(MissedPolicy)
 SCHEDULE_KEYS = ("name", "cron", "every", "timezone", "payload", "missed")
 # Fire times are whole milliseconds; below a second a schedule is a busy loop, not a job.
 MIN_EVERY_S = 1.0
+# Past this the next fire time is a date no clock or page can show; a year is cron's.
+MAX_EVERY_S = 3650 * 86_400.0
 MAX_NAME_CHARS = 100
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -76,6 +78,9 @@ class ScheduleSpec:
             if self.timezone != "UTC":
                 raise self._invalid("timezone", "applies to cron only: 'every' counts "
                                     "elapsed time from the Unix epoch, whatever the zone")
+            if self.every_s > MAX_EVERY_S:
+                raise self._invalid("every", f"is at most {format_duration(MAX_EVERY_S)}; a "
+                                    "rarer firing is a cron expression's (e.g. \"0 0 1 1 *\")")
             if not self.every_s >= MIN_EVERY_S or \
                     abs(round(self.every_s * 1000) - self.every_s * 1000) > 1e-6:
                 raise self._invalid("every", f"must be a whole number of ms, at least "
@@ -127,11 +132,13 @@ def parse_schedules(raw: object) -> tuple[ScheduleSpec, ...]:
         raise ConfigError("'schedules' must be tables written [[schedules]] with a name and "
                           "a cron or every key.")
     specs: list[ScheduleSpec] = []
+    names: set[str] = set()  # a set: a file of 10,000 schedules is read in linear time
     for index, table in enumerate(raw, start=1):
         spec = _one_schedule(index, table)
-        if any(other.name == spec.name for other in specs):
+        if spec.name in names:
             raise ConfigError(f"schedule {spec.name!r} is declared twice; give each "
                               "[[schedules]] its own name.")
+        names.add(spec.name)
         specs.append(spec)
     return tuple(specs)
 
