@@ -17,10 +17,15 @@ from typing import Any, Literal
 
 import orjson
 
+from stream_jobs.errors import BadRecord
 from stream_jobs.job_ids import job_id_time_ms
+from stream_jobs.outcomes import Reason
 from stream_jobs.postgres.names import OUTBOX_INSERT, named
 
 TABLE = "stream_jobs_outbox"
+# The one header of a row whose headers column cannot be read (`decode_headers`): the
+# relay sends the row with it alone, so its lane's worker dead-letters it with the cause.
+HEADER_UNREADABLE = "sj-outbox-error"
 # Postgres keeps 63 bytes of an identifier; a LISTEN channel is one.
 _CHANNEL_MAX = 63
 # A failed write of a row waits this long, doubling per attempt up to the cap: short
@@ -56,10 +61,32 @@ def encode_headers(headers: Iterable[tuple[str, bytes]]) -> str:
     return orjson.dumps(pairs).decode()
 
 
-def decode_headers(stored: str | bytes | Sequence[Any]) -> tuple[tuple[str, bytes], ...]:
-    """The headers of a row as the driver returned them (JSON text, or parsed)."""
-    pairs: Sequence[Any] = orjson.loads(stored) if isinstance(stored, str | bytes) else stored
-    return tuple((str(name), str(value).encode()) for name, value in pairs)
+def decode_headers(stored: object) -> tuple[tuple[str, bytes], ...]:
+    """The headers of a row as the driver returned them (JSON text, or parsed): a list of
+    [name, value] pairs of text (a value may be an integer: its digits). Anything else,
+    which only another program writing into the table can make, is `BadRecord`
+    ("bad-header") with a sentence saying what the column holds."""
+    try:
+        pairs = orjson.loads(stored) if isinstance(stored, str | bytes) else stored
+    except orjson.JSONDecodeError as exc:
+        raise BadRecord(Reason.BAD_HEADER, f"The outbox row's headers are not JSON: {exc}.") \
+            from None
+    if not isinstance(pairs, list | tuple):
+        raise BadRecord(Reason.BAD_HEADER, "The outbox row's headers are a JSON "
+                        f"{type(pairs).__name__}, not a list of [name, value] pairs.")
+    decoded = []
+    for index, pair in enumerate(pairs):
+        if not (isinstance(pair, list | tuple) and len(pair) == 2 and isinstance(pair[0], str)
+                and (isinstance(pair[1], str) or type(pair[1]) is int)):
+            raise BadRecord(Reason.BAD_HEADER, f"The outbox row's header number {index + 1} "
+                            "is not a [name, value] pair of text.")
+        try:
+            decoded.append((pair[0], str(pair[1]).encode()))
+            pair[0].encode()
+        except UnicodeEncodeError:  # a lone surrogate, from a JSON escape
+            raise BadRecord(Reason.BAD_HEADER, f"The outbox row's header number {index + 1} "
+                            "is not valid UTF-8 text.") from None
+    return tuple(decoded)
 
 
 def channel(schema: str) -> str:
