@@ -32,6 +32,8 @@ _CHANNEL_MAX = 63
 # enough that rows go within seconds of a broker coming back.
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 5.0
+# A row Kafka cannot take (`park_oversized`) is looked at again this much later.
+PARKED_RETRY_S = 60.0
 
 Placeholders = Literal["asyncpg", "format", "named"]
 
@@ -192,6 +194,41 @@ def sendable(claimed: Sequence[OutboxRow], earlier: Mapping[Slot, int]
         first = earlier.get((row.topic, row.key))
         (held if first is not None and first < row.id else now).append(row)
     return now, held
+
+
+def record_bytes(row: OutboxRow) -> int:
+    """The row's size as a Kafka record, its framing counted generously."""
+    return (len(row.payload) + len(row.key or b"") + 128
+            + sum(len(name.encode()) + len(value) + 16 for name, value in row.header_pairs))
+
+
+def park_oversized(rows: Sequence[OutboxRow], max_bytes: int
+                   ) -> tuple[list[OutboxRow], dict[int, str]]:
+    """(send now, why each of the others waits) of rows about to be sent.
+
+    A row over `max_bytes` as a record (only another program writing into the table makes
+    one: the client refuses such a payload) is one Kafka never takes; sent with the others,
+    it would fail their topic's write every round. It waits, with its reason, for an
+    operator to delete it; the rows of its topic and key after it wait with it, so their
+    order holds.
+    """
+    now: list[OutboxRow] = []
+    parked: dict[int, str] = {}
+    blocked: dict[Slot, int] = {}
+    for row in rows:
+        slot = (row.topic, row.key)
+        size = record_bytes(row)
+        if slot in blocked:
+            parked[row.id] = (f"It waits behind outbox row {blocked[slot]} of its topic and "
+                              "key, which Kafka cannot take.")
+        elif size > max_bytes:
+            blocked[slot] = row.id
+            parked[row.id] = (f"The row is {size:,} bytes as a record, over the {max_bytes:,} "
+                              "the producer sends (STREAM_JOBS_MAX_PAYLOAD_BYTES and headers): "
+                              "it is never sent; delete it, or raise the limit.")
+        else:
+            now.append(row)
+    return now, parked
 
 
 def retry_delay_s(attempts: int) -> float:
