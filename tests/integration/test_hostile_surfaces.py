@@ -38,7 +38,6 @@ from stream_jobs.record import (
     HEADER_TYPE,
     HEADER_UNIQUE,
     HEADER_WORKFLOW,
-    JobRecord,
 )
 from stream_jobs.settings import Settings
 from tests.integration.cli_env import settings_env
@@ -158,3 +157,72 @@ async def test_an_outbox_row_kafka_cannot_take_holds_up_no_other_row(
     assert waiting[0].last_error.endswith("it is never sent; delete it, or raise the limit.")
     assert waiting[1].last_error == (f"It waits behind outbox row {waiting[0].id} of its "
                                      "topic and key, which Kafka cannot take.")
+
+
+# -- records from another producer: key and workflow headers ---------------------------------
+
+
+async def _send_raw(settings: Settings, job_type: str,
+                    records: list[tuple[str, list[tuple[str, bytes]]]]) -> None:
+    """Records as another producer writes them: (job ID, extra headers) each."""
+    async with JobProducer(settings) as producer:
+        for job_id, extra in records:
+            headers = [(HEADER_JOB_ID, job_id.encode()), (HEADER_TYPE, job_type.encode()),
+                       *extra]
+            await producer.send_raw(lane_topic(settings.topic_prefix, job_type),
+                                    job_id.encode(), orjson.dumps({"id": job_id}), headers)
+
+
+async def test_garbage_key_and_workflow_headers_are_dead_lettered_and_the_rest_run(
+        app: App, declare: Declare, settings: Settings) -> None:
+    # A NUL in sj-unique or sj-workflow used to decode: the job ran, then giving its key
+    # back (or counting it in its batch) failed in Postgres on every try, so the worker
+    # never finished it and never committed past it.
+    job_type = "hostile.headers"
+    await declare(job_type, partitions=1, retry_tiers=["1s"], max_attempts=1)
+    ran: list[str] = []
+
+    @app.job(job_type)
+    async def note(job: dict[str, str], ctx: JobContext) -> None:
+        async with ctx.once():
+            ran.append(job["id"])
+
+    async with app.client() as client:
+        before = await client.enqueue(job_type, {"id": "before"}, job_id="before",
+                                      unique_key="k-before")
+    await _send_raw(settings, job_type, [
+        ("nul-unique", [(HEADER_UNIQUE, b"k\x00")]),
+        ("nul-batch", [(HEADER_WORKFLOW, b"batch:\x00")]),
+        ("long-debounce", [("sj-debounce", b"d" * 300)]),
+        ("forged-line", [(HEADER_UNIQUE, b"k\nCRITICAL forged")]),
+        ("utf8-not", [(HEADER_WORKFLOW, b"batch:\xff")]),
+        # Garbled or unknown, yet harmless: the job runs as a job of its own.
+        ("no-such-chain", [(HEADER_WORKFLOW, b"chain:3:never-existed")]),
+        ("garbled", [(HEADER_WORKFLOW, b"batch")]),
+    ])
+    async with app.client() as client:
+        after = await client.enqueue(job_type, {"id": "after"}, job_id="after",
+                                     unique_key="k-after")
+    async with OutboxRelay(settings) as relay:  # a unique job goes through the outbox
+        assert await relay.drain() == 2
+    worker = app.worker(job_type)
+    await asyncio.wait_for(worker.run(until_idle=True), 60)
+
+    assert sorted(ran) == ["after", "before", "garbled", "no-such-chain"]
+    assert worker.outcomes == {"succeeded": 4, "dead_lettered": 5}
+    reasons = _reasons(await read_topic(settings, dlq_topic(settings.topic_prefix, job_type)))
+    assert reasons == {
+        '{"id":"nul-unique"}': "bad-header: The 'sj-unique' header holds the control "
+                               "character U+0000.",
+        '{"id":"nul-batch"}': "bad-header: The 'sj-workflow' header holds the control "
+                              "character U+0000.",
+        '{"id":"long-debounce"}': "bad-header: The 'sj-debounce' header is 300 characters, "
+                                  "over the limit of 255.",
+        '{"id":"forged-line"}': "bad-header: The 'sj-unique' header holds the control "
+                                "character U+000A.",
+        '{"id":"utf8-not"}': "bad-header: The 'sj-workflow' header is not UTF-8 text.",
+    }
+    # The keys of the jobs before and after were given back.
+    assert await fetch_value(settings, "SELECT count(*) FROM stream_jobs_unique WHERE "
+                             "finished_at IS NULL") == 0
+    assert (before, after) == ("before", "after")
