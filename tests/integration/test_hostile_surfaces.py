@@ -11,6 +11,7 @@ jobs accepted before and after the bad one are still processed.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -226,3 +227,80 @@ async def test_garbage_key_and_workflow_headers_are_dead_lettered_and_the_rest_r
     assert await fetch_value(settings, "SELECT count(*) FROM stream_jobs_unique WHERE "
                              "finished_at IS NULL") == 0
     assert (before, after) == ("before", "after")
+
+
+# -- the gateway's enqueue and cancel; the CLI's cancel ------------------------------------
+
+
+async def _served(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    gateway = create_app(settings.model_copy(update={"gateway_token": SecretStr(TOKEN)}),
+                         sample=False)
+    async with gateway.router.lifespan_context(gateway), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=gateway), base_url="http://localhost",
+            headers=AUTH) as http:
+        yield http
+
+
+@pytest.fixture
+async def http(app: App, declare: Declare) -> AsyncIterator[httpx.AsyncClient]:
+    await declare("hostile.gateway", partitions=1, retry_tiers=["1s"], max_attempts=1)
+    async for client in _served(app.settings):
+        yield client
+
+
+HOSTILE_FIELDS: list[tuple[dict[str, Any], str]] = [
+    ({"tenant": "t" * 129}, "A tenant is at most 128 bytes of UTF-8; this one is 129."),
+    ({"tenant": "é" * 65}, "A tenant is at most 128 bytes of UTF-8; this one is 130."),
+    ({"tenant": "acme\x00"}, "A tenant cannot contain the control character U+0000"),
+    ({"tenant": ""}, "A tenant cannot be empty"),
+    # The body is strict JSON: an escaped lone surrogate never reaches the fields' checks.
+    ({"tenant": "\ud800"}, "The body is not strict JSON: no low surrogate in string."),
+    ({"key": "k\udfff"}, "The body is not strict JSON: "),
+    ({"key": "k" * 10_000}, "String should have at most 1024 characters"),
+    ({"key": "k\nCRITICAL forged"}, "A key cannot contain the control character U+000A"),
+    ({"unique_key": "digest:user-42"}, "Extra inputs are not permitted"),
+    ({"debounce": "30s"}, "Extra inputs are not permitted"),
+]
+
+
+async def test_the_gateway_refuses_hostile_job_fields_with_a_sentence(
+        app: App, http: httpx.AsyncClient) -> None:
+    # A body that was not JSON used to be answered "JSON decode error" alone.
+    job_type = "hostile.gateway"
+    ran: list[int] = []
+
+    @app.job(job_type)
+    async def note(job: dict[str, int], ctx: JobContext) -> None:
+        ran.append(job["n"])
+
+    before = await http.post(f"/jobs/{job_type}", json={"payload": {"n": 1}, "tenant": "acme"})
+    assert before.status_code == 202, before.text
+    for fields, said in HOSTILE_FIELDS:
+        answer = await http.post(f"/jobs/{job_type}",
+                                 content=_json_with_escapes({"payload": {"n": 0}, **fields}),
+                                 headers={"Content-Type": "application/json"})
+        assert answer.status_code == 422, (fields, answer.text)
+        # One problem per shape the body could have had (a job, a batch): one names it.
+        problems = [problem["msg"] for problem in answer.json()["detail"]]
+        assert any(said in problem for problem in problems), (fields, problems)
+    # Bytes that are not UTF-8 at all, and a body nested past any parser's depth.
+    for raw in (b'{"payload": {"n": 0}, "key": "\xff\xfe"}',
+                b'{"payload": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_001):
+        answer = await http.post(f"/jobs/{job_type}", content=raw,
+                                 headers={"Content-Type": "application/json"})
+        assert answer.status_code == 422, answer.text[:300]
+        assert answer.json()["detail"][0]["msg"].startswith("The body is not strict JSON: ")
+        assert len(answer.text) < 300, answer.text  # what was wrong, not the body again
+    after = await http.post(f"/jobs/{job_type}", json={"payload": {"n": 2}})
+    assert after.status_code == 202, after.text
+
+    worker = app.worker(job_type)
+    await worker.run(until_idle=True)
+    assert ran == [1, 2]  # nothing refused was written, nothing accepted lost
+    assert worker.outcomes == {"succeeded": 2}
+
+
+def _json_with_escapes(value: dict[str, Any]) -> bytes:
+    """JSON with anything but ASCII escaped, lone surrogates too ("\\ud800"), as a client
+    in another language may send them (orjson refuses to write those)."""
+    return json.dumps(value).encode()
