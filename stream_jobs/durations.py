@@ -27,20 +27,21 @@ def parse_duration(text: str | int | float) -> float:
     else:
         match = _DURATION.match(text)
         if match is None:
-            raise ConfigError(f"{text!r} is not a duration; write e.g. '5s', '1m' or '7d'.")
+            raise ConfigError(f"{_shown(text)} is not a duration; write e.g. '5s', '1m' or "
+                              "'7d'.")
         seconds = float(match.group(1)) * _UNITS_S[match.group(2)]
     if not math.isfinite(seconds):
         # NaN or infinity (or digits past any float): every comparison and sum of it lies.
         raise ConfigError(f"{_shown(text)} is not a finite duration; write e.g. '5s', '1m' "
                           "or '7d'.")
     if seconds < 0:
-        raise ConfigError(f"{text!r} is negative; a duration is zero or more.")
+        raise ConfigError(f"{_shown(text)} is negative; a duration is zero or more.")
     return seconds
 
 
 def _shown(text: str | int | float) -> str:
-    shown = repr(text)
-    return shown if len(shown) <= 40 else shown[:37] + "..."  # a huge number, quoted short
+    shown = repr(text)  # quoted short: a megabyte of digits is no help in a message
+    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 def format_duration(seconds: float) -> str:

@@ -23,11 +23,8 @@ import pytest
 from pydantic import SecretStr
 
 from stream_jobs.app import App
-from stream_jobs.client import Job
 from stream_jobs.context import JobContext
-from stream_jobs.errors import JobFailed
 from stream_jobs.gateway import create_app
-from stream_jobs.job_ids import new_job_id
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.naming import dlq_topic, lane_topic
 from stream_jobs.outbox.depth import failing_rows
@@ -304,3 +301,63 @@ def _json_with_escapes(value: dict[str, Any]) -> bytes:
     """JSON with anything but ASCII escaped, lone surrogates too ("\\ud800"), as a client
     in another language may send them (orjson refuses to write those)."""
     return json.dumps(value).encode()
+
+
+NEVER_IDS = ["0190a2b4-0000-7000-8000-000000000000", "x" * 64, "é€"]  # looked for, not found
+IMPOSSIBLE_IDS = {"": "A job ID is 1 to 64 characters.", "x" * 100_000: "A job ID is 1 to 64",
+                  "a\nCRITICAL forged": "cannot contain the control character U+000A",
+                  "\udcff\udcfe": "must be valid UTF-8 text"}  # bytes 0xff 0xfe on argv
+
+
+async def _cli(settings: Settings, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        CLI, *(arg.encode(errors="surrogateescape") for arg in args), cwd=ROOT,
+        env=settings_env(settings, COLUMNS="200"), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_cancels_of_ids_that_never_existed_are_refused_with_a_sentence(
+        app: App, http: httpx.AsyncClient) -> None:
+    # An impossible ID used to be looked for everywhere, then quoted back whole: a 100 KB
+    # error, a forged second line on the terminal, or, for bytes that are not UTF-8, four
+    # notes that Postgres "failed" (it had refused the text).
+    job_type = "hostile.gateway"
+    ran: list[int] = []
+
+    @app.job(job_type)
+    async def note(job: dict[str, int], ctx: JobContext) -> None:
+        ran.append(job["n"])
+
+    async with app.client() as client:
+        waiting = await client.enqueue(job_type, {"n": 1})
+    for job_id in NEVER_IDS:
+        answer = await http.post(f"/jobs/{job_id}/cancel?type={job_type}")
+        assert answer.status_code == 404, (job_id, answer.text)
+        assert answer.json()["detail"].startswith(f"No job {job_id} was found")
+    # Bytes that are not UTF-8 in a URL reach us as U+FFFD: an ID looked for, not found.
+    for path, said in [("%0Aforged", "U+000A"), ("%FF%FE", "No job \ufffd\ufffd was found"),
+                       ("x" * 65, "at most 64")]:
+        answer = await http.post(f"/jobs/{path}/cancel")
+        assert answer.status_code in (404, 422), (path, answer.text)
+        assert said in answer.text, (path, answer.text)
+        assert len(answer.text) < 400
+    # The CLI: exit code 1 and one line, naming what is wrong without quoting the ID.
+    results = await asyncio.gather(*(_cli(app.settings, "cancel", job_type, job_id)
+                                     for job_id in IMPOSSIBLE_IDS))
+    for (code, out, err), said in zip(results, IMPOSSIBLE_IDS.values(), strict=True):
+        assert (code, out) == (1, ""), err
+        assert err.startswith("error: No job can have the ID given, so nothing was "
+                              "cancelled: "), err
+        assert said in err
+        assert len(err.strip().splitlines()) == 1
+        assert len(err) < 400
+
+    async with app.client() as client:
+        after = await client.enqueue(job_type, {"n": 2})
+    worker = app.worker(job_type)
+    await worker.run(until_idle=True)
+    assert ran == [1, 2]  # the job waiting before, and the one enqueued after, both ran
+    assert (waiting, after) != ("", "")

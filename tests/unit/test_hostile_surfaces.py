@@ -48,6 +48,7 @@ from stream_jobs.record import (
 from stream_jobs.results.rules import encode_result
 from stream_jobs.settings import Settings
 from stream_jobs.tenants import MAX_TENANT_BYTES, checked_tenant, tenant_from_header
+from stream_jobs.tools.cancel import cancel_job
 from stream_jobs.unique.rules import MAX_DEBOUNCE_S, MAX_KEY_CHARS, MAX_UNIQUE_FOR_S, key_claim
 from stream_jobs.workflows.members import Membership, parse_membership
 
@@ -328,6 +329,17 @@ def test_fuzz_cancel_notices(payload: str, kind: NoticeKind, job_id: str,
     assert released is None or released[0]
 
 
+@pytest.mark.parametrize("job_id", ["", "x" * 65, "a\nCRITICAL forged", "\udcff", "\x00"])
+async def test_a_cancel_of_an_id_no_job_can_have_asks_nothing(job_id: str) -> None:
+    # Refused before any scan or query: nothing listens at these addresses.
+    settings = Settings(kafka_bootstrap="127.0.0.1:9",
+                        database_url="postgresql://x@127.0.0.1:9/x")
+    with pytest.raises(ConfigError, match=r"^No job can have the ID given") as refused:
+        await cancel_job(settings, {}, job_id)
+    a_sentence(refused.value)
+    assert job_id not in str(refused.value) or not job_id
+
+
 # -- IDs and keys given at enqueue ------------------------------------------------------------
 
 
@@ -363,7 +375,7 @@ def test_fuzz_what_enqueue_is_given(client: Any, job_id: str | None, key: Any,
 def test_a_lone_surrogate_in_a_job_id_or_key_is_refused_with_a_sentence(client: Any,
                                                                         field: str) -> None:
     # It used to pass the checks and raise UnicodeEncodeError when the record was made.
+    given: dict[str, Any] = {field: "abc\ud800"}
     with pytest.raises(ConfigError, match="lone surrogate") as refused:
-        given: dict[str, Any] = {field: "abc\ud800"}
         client.prepare(Job("email.send", {"n": 1}, **given))
     a_sentence(refused.value)
