@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import pytest
 from pydantic import SecretStr
 
 from stream_jobs.app import App
+from stream_jobs.client import Job
 from stream_jobs.context import JobContext
 from stream_jobs.gateway import create_app
 from stream_jobs.kafka.producer import JobProducer
@@ -361,3 +363,45 @@ async def test_cancels_of_ids_that_never_existed_are_refused_with_a_sentence(
     await worker.run(until_idle=True)
     assert ran == [1, 2]  # the job waiting before, and the one enqueued after, both ran
     assert (waiting, after) != ("", "")
+
+
+# -- a result over the limit, in a chain ------------------------------------------------------
+
+
+async def test_a_chain_step_whose_result_is_over_the_limit_stops_the_chain_and_says_why(
+        app: App, declare: Declare, settings: Settings) -> None:
+    # A chain keeps each step's result for the next one, whether or not the type keeps
+    # results: one over max_result_bytes fails the step (retried, then dead-lettered),
+    # the chain stops there and says why, and the jobs around it run.
+    job_type = "hostile.chain"
+    await declare(job_type, partitions=1, retry_tiers=["1s"], max_attempts=2)
+    app = App(settings.model_copy(update={"max_result_bytes": 1000}))  # on app's schema
+    ran: list[int] = []
+
+    @app.job(job_type)
+    async def step(job: dict[str, int], ctx: JobContext) -> str:
+        ran.append(job["n"])
+        return "x" * job["size"]
+
+    async with app.client() as client:
+        before = await client.enqueue(job_type, {"n": 0, "size": 10})
+        chain_id = await client.chain(*(Job(job_type, {"n": n, "size": size})
+                                        for n, size in ((1, 10), (2, 5000), (3, 10))))
+        after = await client.enqueue(job_type, {"n": 4, "size": 10})
+        outcomes: Counter[str] = Counter()
+        # A chain's next step is written to the outbox when a step succeeds: relay, run,
+        # until the relay finds nothing more.
+        async with OutboxRelay(settings) as relay:
+            while await relay.drain() or not outcomes:
+                worker = app.worker(job_type)
+                await asyncio.wait_for(worker.run(until_idle=True), 60)
+                outcomes.update(worker.outcomes)
+        progress = await client.progress(chain_id)
+
+    assert sorted(ran) == [0, 1, 2, 2, 4]  # step 2 twice (max_attempts), step 3 never
+    assert outcomes == {"succeeded": 3, "retried": 1, "dead_lettered": 1}
+    assert progress.state == "failed"
+    assert progress.failed_step == 1
+    assert "ResultTooLarge: The hostile.chain result is 5,002 bytes as JSON, over the limit " \
+           "of 1,000" in (progress.failure or "")
+    assert (before, after) != ("", "")
