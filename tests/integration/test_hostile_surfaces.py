@@ -365,6 +365,23 @@ async def test_cancels_of_ids_that_never_existed_are_refused_with_a_sentence(
     assert (waiting, after) != ("", "")
 
 
+async def test_the_cli_refuses_keys_and_tenants_that_are_not_utf8_with_a_sentence(
+        app: App, declare: Declare) -> None:
+    # A --key of bytes that are not UTF-8 passed the check and ended in a traceback
+    # (UnicodeEncodeError) when the record was made.
+    job_type = "hostile.cli"
+    await declare(job_type, partitions=1)
+    cases = {"--key": "A --key must be valid UTF-8 text (it holds a lone surrogate).",
+             "--tenant": "A tenant must be valid UTF-8 text (it holds a lone surrogate).",
+             "--unique-key": "A unique_key must be valid UTF-8 text (it holds a lone "
+                             "surrogate)."}
+    results = await asyncio.gather(*(
+        _cli(app.settings, "enqueue", job_type, '{"n": 1}', f"{option}=\udcff\udcfe")
+        for option in cases))
+    for (code, out, err), said in zip(results, cases.values(), strict=True):
+        assert (code, out, err) == (1, "", f"error: {said}\n")
+
+
 # -- a result over the limit, in a chain ------------------------------------------------------
 
 
