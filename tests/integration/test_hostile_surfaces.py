@@ -237,6 +237,10 @@ async def test_cancels_of_ids_that_never_existed_are_refused_with_a_sentence(
         assert answer.status_code in (404, 422), (path, answer.text)
         assert said in answer.text, (path, answer.text)
         assert len(answer.text) < 400
+    # A batch no row can hold used to be a 503 "Postgres failed" (with Retry-After).
+    answer = await http.get("/batches/a%00b")
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["detail"].startswith("No batch or chain has the ID given")
     # The CLI: exit code 1 and one line, naming what is wrong without quoting the ID.
     results = await asyncio.gather(*(_cli(app.settings, "cancel", job_type, job_id)
                                      for job_id in IMPOSSIBLE_IDS))

@@ -29,7 +29,13 @@ from stream_jobs.cancels.rules import (
     released_key,
     released_text,
 )
-from stream_jobs.errors import BadRecord, ConfigError, ResultError, ResultTooLarge
+from stream_jobs.errors import (
+    BadRecord,
+    ConfigError,
+    ResultError,
+    ResultTooLarge,
+    UnknownWorkflow,
+)
 from stream_jobs.job_ids import control_character
 from stream_jobs.jobs import Job
 from stream_jobs.outbox.relay import _row
@@ -50,7 +56,8 @@ from stream_jobs.settings import Settings
 from stream_jobs.tenants import MAX_TENANT_BYTES, checked_tenant, tenant_from_header
 from stream_jobs.tools.cancel import cancel_job
 from stream_jobs.unique.rules import MAX_DEBOUNCE_S, MAX_KEY_CHARS, MAX_UNIQUE_FOR_S, key_claim
-from stream_jobs.workflows.members import Membership, parse_membership
+from stream_jobs.workflows.members import Membership, check_workflow_id, parse_membership
+from stream_jobs.workflows.progress import read_progress
 
 from .test_record import json_values
 
@@ -379,3 +386,23 @@ def test_a_lone_surrogate_in_a_job_id_or_key_is_refused_with_a_sentence(client: 
     with pytest.raises(ConfigError, match="lone surrogate") as refused:
         client.prepare(Job("email.send", {"n": 1}, **given))
     a_sentence(refused.value)
+
+
+@pytest.mark.parametrize("workflow_id", ["a\tb", "\x00", "b\ud800", "x\n"])
+def test_a_batch_id_its_members_header_cannot_carry_is_refused_when_it_is_made(
+        workflow_id: str) -> None:
+    # The decoder dead-letters an sj-workflow header with a control character: a batch
+    # made with one would have every member dead-lettered (a NUL failed at Postgres).
+    with pytest.raises(ConfigError) as refused:
+        check_workflow_id(workflow_id)
+    a_sentence(refused.value)
+    assert check_workflow_id("orders:2026-05/42") == "orders:2026-05/42"
+
+
+@pytest.mark.parametrize("workflow_id", ["\x00", "a\x00b", "\udcff"])
+async def test_progress_of_an_id_no_row_can_hold_is_unknown_without_asking(
+        workflow_id: str) -> None:
+    # It used to reach Postgres, which refused the text: a 503 "Postgres failed".
+    settings = Settings(database_url="postgresql://x@127.0.0.1:9/x")  # nothing listens
+    with pytest.raises(UnknownWorkflow, match=r"^No batch or chain has the ID given"):
+        await read_progress(settings, workflow_id)
