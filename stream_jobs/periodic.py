@@ -28,7 +28,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from stream_jobs.durations import format_duration, parse_duration
-from stream_jobs.errors import ConfigError
+from stream_jobs.errors import ConfigError, PayloadError
+from stream_jobs.payloads import encode_payload
 
 MissedPolicy = Literal["latest", "skip", "all"]
 MISSED_POLICIES: tuple[str, ...] = get_args(MissedPolicy)
@@ -74,6 +75,11 @@ class ScheduleSpec:
         if not isinstance(self.payload, Mapping):
             raise self._invalid("payload", f"must be a table such as {{scope = \"all\"}}, "
                                 f"not {self.payload!r}")
+        try:  # found now, not at every firing: an integer past 64 bits, nesting past 255
+            encode_payload(dict(self.payload))
+        except PayloadError as exc:
+            why = exc.__cause__ or exc  # orjson's words: "Integer exceeds 64-bit range"
+            raise self._invalid("payload", f"cannot be written as JSON ({why})") from None
         if self.every_s is not None:
             if self.timezone != "UTC":
                 raise self._invalid("timezone", "applies to cron only: 'every' counts "

@@ -168,3 +168,24 @@ def test_hostile_topics_files_name_the_file_and_the_key(tmp_path: Path, text: st
     with pytest.raises(ConfigError, match=said) as refused:
         load_job_types(tmp_path)
     assert str(refused.value).startswith(f"{path}: ")
+
+
+def _nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(("payload", "why"), [
+    ({"n": 2**70}, "Integer exceeds 64-bit range"),
+    ({"a": _nested(300)}, "Recursion limit reached"),
+])
+def test_a_payload_json_cannot_hold_is_refused_when_the_file_is_loaded(
+        payload: dict[str, object], why: str) -> None:
+    # For a type without a model it used to be found at every firing: a warning, a retry,
+    # and the firing counted missed, for ever.
+    with pytest.raises(ConfigError) as refused:
+        parse_schedules([{"name": "nightly", "every": "1h", "payload": payload}])
+    assert str(refused.value) == (f"'payload' of schedule 'nightly' cannot be written as "
+                                  f"JSON ({why}).")
