@@ -37,13 +37,7 @@ from stream_jobs.errors import BadRecord, DatabaseUnavailable, OutboxWriteError,
 from stream_jobs.kafka.clients import Producer
 from stream_jobs.kafka.producer import RECORD_OVERHEAD_BYTES, JobProducer
 from stream_jobs.outbox import rows as sql
-from stream_jobs.outbox.rows import (
-    OutboxRow,
-    decode_headers,
-    park_oversized,
-    retry_delay_s,
-    sendable,
-)
+from stream_jobs.outbox.rows import OutboxRow, decode_headers, retry_delay_s, sendable
 from stream_jobs.record import HEADER_TYPE, JobRecord, decode_record
 from stream_jobs.redaction import redact_text, redact_url
 from stream_jobs.settings import Settings
@@ -226,7 +220,7 @@ class OutboxRelay:
             earlier = {(r["topic"], r["key"]): r["first_id"] for r in await conn.fetch(
                 earlier_q, claimed[-1].id, [row.id for row in claimed])}
             now, held = sendable(claimed, earlier)
-            now, parked = park_oversized(now, self.max_record_bytes)
+            now, parked = sql.park_oversized(now, self.max_record_bytes)
             sent, failures = await self._send(now)
             if sent:
                 await conn.execute(delete, sent)
