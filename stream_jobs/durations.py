@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from stream_jobs.errors import ConfigError
@@ -19,15 +20,28 @@ def parse_duration(text: str | int | float) -> float:
     if isinstance(text, bool):
         raise ConfigError(f"{text!r} is not a duration; write e.g. '5s', '1m' or '7d'.")
     if isinstance(text, int | float):
-        seconds = float(text)
+        try:
+            seconds = float(text)
+        except OverflowError:  # an int past any float
+            seconds = math.inf
     else:
         match = _DURATION.match(text)
         if match is None:
-            raise ConfigError(f"{text!r} is not a duration; write e.g. '5s', '1m' or '7d'.")
+            raise ConfigError(f"{_shown(text)} is not a duration; write e.g. '5s', '1m' or "
+                              "'7d'.")
         seconds = float(match.group(1)) * _UNITS_S[match.group(2)]
+    if not math.isfinite(seconds):
+        # NaN or infinity (or digits past any float): every comparison and sum of it lies.
+        raise ConfigError(f"{_shown(text)} is not a finite duration; write e.g. '5s', '1m' "
+                          "or '7d'.")
     if seconds < 0:
-        raise ConfigError(f"{text!r} is negative; a duration is zero or more.")
+        raise ConfigError(f"{_shown(text)} is negative; a duration is zero or more.")
     return seconds
+
+
+def _shown(text: str | int | float) -> str:
+    shown = repr(text)  # quoted short: a megabyte of digits is no help in a message
+    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 def format_duration(seconds: float) -> str:

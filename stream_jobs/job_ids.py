@@ -143,6 +143,11 @@ def key_problem(value: str, field: str = "key") -> str | None:
 
 
 def _control_problem(value: str, field: str) -> str | None:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate: no record header, key or table row can hold it.
+        return f"A {field} must be valid UTF-8 text (it holds a lone surrogate)."
     char = control_character(value)
     if char is None:
         return None

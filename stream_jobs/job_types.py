@@ -282,6 +282,9 @@ def _load_file(path: Path) -> JobTypePolicy:
             table = tomllib.load(stream)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}.") from exc
+    except RecursionError:  # tomllib reads nested arrays and inline tables recursively
+        raise ConfigError(f"{path}: its arrays or inline tables are nested too deeply to "
+                          "read; flatten them.") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}.") from exc
     declared = table.pop("type", None)

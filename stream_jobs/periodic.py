@@ -28,13 +28,16 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from stream_jobs.durations import format_duration, parse_duration
-from stream_jobs.errors import ConfigError
+from stream_jobs.errors import ConfigError, PayloadError
+from stream_jobs.payloads import encode_payload
 
 MissedPolicy = Literal["latest", "skip", "all"]
 MISSED_POLICIES: tuple[str, ...] = get_args(MissedPolicy)
 SCHEDULE_KEYS = ("name", "cron", "every", "timezone", "payload", "missed")
 # Fire times are whole milliseconds; below a second a schedule is a busy loop, not a job.
 MIN_EVERY_S = 1.0
+# Past this the next fire time is a date no clock or page can show; a year is cron's.
+MAX_EVERY_S = 3650 * 86_400.0
 MAX_NAME_CHARS = 100
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -72,10 +75,18 @@ class ScheduleSpec:
         if not isinstance(self.payload, Mapping):
             raise self._invalid("payload", f"must be a table such as {{scope = \"all\"}}, "
                                 f"not {self.payload!r}")
+        try:  # found now, not at every firing: an integer past 64 bits, nesting past 255
+            encode_payload(dict(self.payload))
+        except PayloadError as exc:
+            why = exc.__cause__ or exc  # orjson's words: "Integer exceeds 64-bit range"
+            raise self._invalid("payload", f"cannot be written as JSON ({why})") from None
         if self.every_s is not None:
             if self.timezone != "UTC":
                 raise self._invalid("timezone", "applies to cron only: 'every' counts "
                                     "elapsed time from the Unix epoch, whatever the zone")
+            if self.every_s > MAX_EVERY_S:
+                raise self._invalid("every", f"is at most {format_duration(MAX_EVERY_S)}; a "
+                                    "rarer firing is a cron expression's (e.g. \"0 0 1 1 *\")")
             if not self.every_s >= MIN_EVERY_S or \
                     abs(round(self.every_s * 1000) - self.every_s * 1000) > 1e-6:
                 raise self._invalid("every", f"must be a whole number of ms, at least "
@@ -127,11 +138,13 @@ def parse_schedules(raw: object) -> tuple[ScheduleSpec, ...]:
         raise ConfigError("'schedules' must be tables written [[schedules]] with a name and "
                           "a cron or every key.")
     specs: list[ScheduleSpec] = []
+    names: set[str] = set()  # a set: a file of 10,000 schedules is read in linear time
     for index, table in enumerate(raw, start=1):
         spec = _one_schedule(index, table)
-        if any(other.name == spec.name for other in specs):
+        if spec.name in names:
             raise ConfigError(f"schedule {spec.name!r} is declared twice; give each "
                               "[[schedules]] its own name.")
+        names.add(spec.name)
         specs.append(spec)
     return tuple(specs)
 

@@ -66,6 +66,8 @@ _KNOWN_HEADERS = frozenset({
 # int64 and keeps int() away from pathological inputs.
 _INT_DIGITS_MAX = 19
 _INT64_MAX = 2**63 - 1
+# The longest unique or debounce key (a column of 255) or workflow header a job may carry.
+MAX_ROW_TEXT_CHARS = 255
 _ORIGIN_NUMBER = re.compile(r"[0-9]{1,19}")
 # A W3C trace context: version, trace ID, parent span ID, flags (a later version may add
 # fields after these four).
@@ -214,9 +216,8 @@ def decode_record(
     (the worker, whose handler's model does; it raises bad-json itself).
     """
     if value is None:
-        raise BadRecord(
-            Reason.MISSING_VALUE, "The record has no value; a job's value is its JSON payload."
-        )
+        raise BadRecord(Reason.MISSING_VALUE,
+                        "The record has no value; a job's value is its JSON payload.")
     payload = _as_bytes(value)
     if payload is None:
         raise BadRecord(Reason.MISSING_VALUE, "The record's value is not bytes.")
@@ -232,10 +233,8 @@ def decode_record(
     # aiokafka hands keys over as bytes or None; nothing else can be a partition key.
     job = _from_headers(found, payload, _as_bytes(key))
     if job.job_type != expected_type:
-        raise BadRecord(
-            Reason.WRONG_TYPE,
-            f"The record is a {job.job_type!r} job on a topic for {expected_type!r} jobs.",
-        )
+        raise BadRecord(Reason.WRONG_TYPE, f"The record is a {job.job_type!r} job on a topic "
+                                           f"for {expected_type!r} jobs.")
     if check_json:
         try:
             orjson.loads(payload)
@@ -270,9 +269,9 @@ def _from_headers(found: dict[str, bytes | None], payload: bytes, key: bytes | N
         failure=parse_failure(found.get(HEADER_ERROR)),
         traceparent=_traceparent(found.get(HEADER_TRACEPARENT)),
         attempt_trace=_traceparent(found.get(HEADER_ATTEMPT_TRACE)),
-        unique_key=_text(found, HEADER_UNIQUE) if HEADER_UNIQUE in found else None,
-        debounce_key=_text(found, HEADER_DEBOUNCE) if HEADER_DEBOUNCE in found else None,
-        workflow=_text(found, HEADER_WORKFLOW) if HEADER_WORKFLOW in found else None,
+        unique_key=_row_text(found, HEADER_UNIQUE) if HEADER_UNIQUE in found else None,
+        debounce_key=_row_text(found, HEADER_DEBOUNCE) if HEADER_DEBOUNCE in found else None,
+        workflow=_row_text(found, HEADER_WORKFLOW) if HEADER_WORKFLOW in found else None,
         tenant=_tenant(found.get(HEADER_TENANT)) if HEADER_TENANT in found else None,
     )
 
@@ -282,20 +281,26 @@ def _job_id(found: dict[str, bytes | None]) -> str:
     if raw_id is not None and len(raw_id) > MAX_JOB_ID_BYTES:
         raise BadRecord(Reason.BAD_HEADER, f"The {HEADER_JOB_ID!r} header is {len(raw_id)} "
                                            f"bytes, over the limit of {MAX_JOB_ID_BYTES}.")
-    job_id = _text(found, HEADER_JOB_ID)
+    # Longer, the dedup row could not hold it; a '/' only keeps the gateway's routes away.
+    job_id = _row_text(found, HEADER_JOB_ID, MAX_JOB_ID_CHARS)
     if not job_id:
         raise BadRecord(Reason.BAD_HEADER, f"The {HEADER_JOB_ID!r} header is empty.")
-    if len(job_id) > MAX_JOB_ID_CHARS:
-        # The dedup row could not hold it: every attempt's ctx.once() would fail.
-        raise BadRecord(Reason.BAD_HEADER, f"The {HEADER_JOB_ID!r} header is {len(job_id)} "
-                                           f"characters, over the limit of {MAX_JOB_ID_CHARS}.")
-    char = control_character(job_id)
-    if char is not None:
-        # It would forge or break the log lines, pages and commands that show the ID. A
-        # '/' is let through: only the gateway's routes cannot name such a job.
-        raise BadRecord(Reason.BAD_HEADER, f"The {HEADER_JOB_ID!r} header holds the control "
-                                           f"character U+{ord(char):04X}.")
     return job_id
+
+
+def _row_text(found: dict[str, bytes | None], name: str,
+              limit: int = MAX_ROW_TEXT_CHARS) -> str:
+    """A header written to a table row and shown: over `limit`, or with a control character
+    (which forges log lines; a NUL fails the row's write on every try), it is bad."""
+    text = _text(found, name)
+    if len(text) > limit:
+        raise BadRecord(Reason.BAD_HEADER, f"The {name!r} header is {len(text)} characters, "
+                                           f"over the limit of {limit}.")
+    char = control_character(text)
+    if char is not None:
+        raise BadRecord(Reason.BAD_HEADER, f"The {name!r} header holds the control "
+                                           f"character U+{ord(char):04X}.")
+    return text
 
 
 def _tenant(raw: bytes | None) -> str:

@@ -122,6 +122,15 @@ def _printable(value: object) -> str | int:
     return str(value).encode("utf-8", "backslashreplace").decode()
 
 
+def _message(error: Mapping[str, Any]) -> str | int:
+    """A validation error's sentence; for a body that is not JSON, with the parser's reason
+    (a lone surrogate, NaN, where it stopped), which names no input."""
+    why = (error.get("ctx") or {}).get("error") if error["type"] == "json_invalid" else None
+    if isinstance(why, str) and why:
+        return _printable(f"The body is not strict JSON: {why}.")
+    return _printable(error["msg"])
+
+
 def _problem(status: int, exc: StreamJobsError, headers: dict[str, str] | None = None
              ) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=status, headers=headers)
@@ -151,7 +160,7 @@ def _handlers(gateway: Gateway) -> dict[Any, Handler]:
         # FastAPI's shape, without echoing the input: it may hold a payload's secrets, or
         # text that is not valid UTF-8 (lone surrogates), which cannot be rendered.
         return JSONResponse({"detail": [
-            {"loc": [_printable(part) for part in error["loc"]], "msg": _printable(error["msg"]),
+            {"loc": [_printable(part) for part in error["loc"]], "msg": _message(error),
              "type": error["type"]} for error in exc.errors()]}, status_code=422)
 
     async def unavailable(_: Request, exc: StreamJobsError) -> Response:

@@ -43,7 +43,7 @@ OWN_BATCH_MIN = 32
 # How long a batch of our own may wait to be queued behind the partition's previous one.
 BATCH_QUEUE_WAIT_S = 0.1
 # Headers and batch framing on top of the payload limit.
-_RECORD_OVERHEAD_BYTES = 64 * 1024
+RECORD_OVERHEAD_BYTES = 64 * 1024
 
 
 _W = TypeVar("_W")
@@ -90,7 +90,7 @@ class JobProducer:
             enable_idempotence=True,
             linger_ms=settings.producer_linger_ms,
             max_batch_size=min(settings.producer_max_batch_bytes, 16 * 1024 * 1024),
-            max_request_size=settings.max_payload_bytes + _RECORD_OVERHEAD_BYTES,
+            max_request_size=settings.max_payload_bytes + RECORD_OVERHEAD_BYTES,
         )
 
     async def _renew(self, failed: AIOKafkaProducer) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from stream_jobs.errors import DatabaseUnavailable
+from stream_jobs.errors import BadRecord, DatabaseUnavailable
 from stream_jobs.outbox.rows import decode_headers, table
 from stream_jobs.postgres.questions import CONNECT_TIMEOUT_S, ask
 from stream_jobs.record import HEADER_JOB_ID
@@ -93,7 +93,11 @@ async def failing_rows(settings: Settings, limit: int = 20) -> list[FailingRow]:
 
 
 def _job_id(headers: str) -> str | None:
-    for name, value in decode_headers(headers):
+    try:
+        pairs = decode_headers(headers)
+    except BadRecord:  # a row another program wrote: it has no job ID to show
+        return None
+    for name, value in pairs:
         if name == HEADER_JOB_ID:
             return value.decode()
     return None

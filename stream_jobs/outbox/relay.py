@@ -8,7 +8,10 @@ sends them); produce the rest with the idempotent producer (acks=all), a `send_m
 per topic; delete the acknowledged rows; mark the rows of a topic whose write failed
 with a retry time; commit. A relay killed between the ack and the commit leaves its
 rows in place, and they are sent again: a duplicate with the same job ID, which the
-consumer's `ctx.once()` absorbs. Nothing committed is ever lost.
+consumer's `ctx.once()` absorbs. Nothing committed is ever lost. A row Kafka could never
+take (over the producer's size: another program wrote it into the table) is not sent: it
+waits with its reason, and its key's later rows with it (`rows.park_oversized`), so it
+holds up no other row.
 
 Between rounds the relay sleeps until a writer's NOTIFY (sent in the writer's
 transaction, so delivered at its commit) or a sweep every `outbox_sweep_interval_s`,
@@ -32,7 +35,7 @@ import asyncpg
 
 from stream_jobs.errors import BadRecord, DatabaseUnavailable, OutboxWriteError, StreamJobsError
 from stream_jobs.kafka.clients import Producer
-from stream_jobs.kafka.producer import JobProducer
+from stream_jobs.kafka.producer import RECORD_OVERHEAD_BYTES, JobProducer
 from stream_jobs.outbox import rows as sql
 from stream_jobs.outbox.rows import OutboxRow, decode_headers, retry_delay_s, sendable
 from stream_jobs.postgres.listening import ListenProbe
@@ -72,6 +75,8 @@ class OutboxRelay:
         self.schema = settings.database_schema
         self.batch_max = batch_max or settings.outbox_batch_max
         self.sweep_interval_s = sweep_interval_s or settings.outbox_sweep_interval_s
+        # What the producer takes (its max_request_size); a larger row is never sent.
+        self.max_record_bytes = settings.max_payload_bytes + RECORD_OVERHEAD_BYTES
         self._producer = producer
         self._owns_producer = producer is None
         self._pool: asyncpg.Pool | None = None
@@ -251,16 +256,21 @@ class OutboxRelay:
             earlier = {(r["topic"], r["key"]): r["first_id"] for r in await conn.fetch(
                 earlier_q, claimed[-1].id, [row.id for row in claimed])}
             now, held = sendable(claimed, earlier)
+            now, parked = sql.park_oversized(now, self.max_record_bytes)
             sent, failures = await self._send(now)
             if sent:
                 await conn.execute(delete, sent)
             failed = [row for row in now if row.topic in failures]
-            if failed:
-                await conn.execute(retry, [row.id for row in failed],
-                                   [retry_delay_s(row.attempts + 1) for row in failed],
-                                   [failures[row.topic] for row in failed])
+            waits = {row.id: (retry_delay_s(row.attempts + 1), failures[row.topic])
+                     for row in failed}
+            waits.update({i: (sql.PARKED_RETRY_S, why) for i, why in parked.items()})
+            if waits:
+                await conn.execute(retry, list(waits), [w for w, _ in waits.values()],
+                                   [why for _, why in waits.values()])
+        for row_id, why in parked.items():
+            log.warning("outbox relay: row %d not sent: %s", row_id, why)
         self.moved += len(sent)
-        return Round(len(claimed), len(sent), len(held), len(failed),
+        return Round(len(claimed), len(sent), len(held), len(waits),
                      full=len(claimed) >= self.batch_max)
 
     async def _send(self, rows: Sequence[OutboxRow]) -> tuple[list[int], dict[str, str]]:
@@ -339,8 +349,17 @@ def _ours(relay: OutboxRelay, exc: BaseException) -> StreamJobsError:
 
 
 def _row(record: Any) -> OutboxRow:
+    try:
+        headers = decode_headers(record["headers"])
+    except BadRecord as bad:
+        # Only another program writing into the table makes such a row. Kept, it would
+        # fail every round and hold up every row behind it; sent with the cause as its one
+        # header, it reaches its lane's DLQ, where an operator finds it and its bytes.
+        log.warning("outbox relay: row %d for %s: %s It is sent without its headers.",
+                    record["id"], record["topic"], bad)
+        headers = ((sql.HEADER_UNREADABLE, str(bad).encode()),)
     return OutboxRow(record["id"], record["topic"], record["key"], record["value"],
-                     decode_headers(record["headers"]), record["attempts"])
+                     headers, record["attempts"])
 
 
 async def _wait(stop: asyncio.Event, wake: asyncio.Event | None, timeout_s: float) -> None:

@@ -17,16 +17,23 @@ from typing import Any, Literal
 
 import orjson
 
+from stream_jobs.errors import BadRecord
 from stream_jobs.job_ids import job_id_time_ms
+from stream_jobs.outcomes import Reason
 from stream_jobs.postgres.names import OUTBOX_INSERT, named
 
 TABLE = "stream_jobs_outbox"
+# The one header of a row whose headers column cannot be read (`decode_headers`): the
+# relay sends the row with it alone, so its lane's worker dead-letters it with the cause.
+HEADER_UNREADABLE = "sj-outbox-error"
 # Postgres keeps 63 bytes of an identifier; a LISTEN channel is one.
 _CHANNEL_MAX = 63
 # A failed write of a row waits this long, doubling per attempt up to the cap: short
 # enough that rows go within seconds of a broker coming back.
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 5.0
+# A row Kafka cannot take (`park_oversized`) is looked at again this much later.
+PARKED_RETRY_S = 60.0
 
 Placeholders = Literal["asyncpg", "format", "named"]
 
@@ -56,10 +63,32 @@ def encode_headers(headers: Iterable[tuple[str, bytes]]) -> str:
     return orjson.dumps(pairs).decode()
 
 
-def decode_headers(stored: str | bytes | Sequence[Any]) -> tuple[tuple[str, bytes], ...]:
-    """The headers of a row as the driver returned them (JSON text, or parsed)."""
-    pairs: Sequence[Any] = orjson.loads(stored) if isinstance(stored, str | bytes) else stored
-    return tuple((str(name), str(value).encode()) for name, value in pairs)
+def decode_headers(stored: object) -> tuple[tuple[str, bytes], ...]:
+    """The headers of a row as the driver returned them (JSON text, or parsed): a list of
+    [name, value] pairs of text (a value may be an integer: its digits). Anything else,
+    which only another program writing into the table can make, is `BadRecord`
+    ("bad-header") with a sentence saying what the column holds."""
+    try:
+        pairs = orjson.loads(stored) if isinstance(stored, str | bytes) else stored
+    except orjson.JSONDecodeError as exc:
+        raise BadRecord(Reason.BAD_HEADER, f"The outbox row's headers are not JSON: {exc}.") \
+            from None
+    if not isinstance(pairs, list | tuple):
+        raise BadRecord(Reason.BAD_HEADER, "The outbox row's headers are a JSON "
+                        f"{type(pairs).__name__}, not a list of [name, value] pairs.")
+    decoded = []
+    for index, pair in enumerate(pairs):
+        if not (isinstance(pair, list | tuple) and len(pair) == 2 and isinstance(pair[0], str)
+                and (isinstance(pair[1], str) or type(pair[1]) is int)):
+            raise BadRecord(Reason.BAD_HEADER, f"The outbox row's header number {index + 1} "
+                            "is not a [name, value] pair of text.")
+        try:
+            decoded.append((pair[0], str(pair[1]).encode()))
+            pair[0].encode()
+        except UnicodeEncodeError:  # a lone surrogate, from a JSON escape
+            raise BadRecord(Reason.BAD_HEADER, f"The outbox row's header number {index + 1} "
+                            "is not valid UTF-8 text.") from None
+    return tuple(decoded)
 
 
 def channel(schema: str) -> str:
@@ -165,6 +194,41 @@ def sendable(claimed: Sequence[OutboxRow], earlier: Mapping[Slot, int]
         first = earlier.get((row.topic, row.key))
         (held if first is not None and first < row.id else now).append(row)
     return now, held
+
+
+def record_bytes(row: OutboxRow) -> int:
+    """The row's size as a Kafka record, its framing counted generously."""
+    return (len(row.payload) + len(row.key or b"") + 128
+            + sum(len(name.encode()) + len(value) + 16 for name, value in row.header_pairs))
+
+
+def park_oversized(rows: Sequence[OutboxRow], max_bytes: int
+                   ) -> tuple[list[OutboxRow], dict[int, str]]:
+    """(send now, why each of the others waits) of rows about to be sent.
+
+    A row over `max_bytes` as a record (only another program writing into the table makes
+    one: the client refuses such a payload) is one Kafka never takes; sent with the others,
+    it would fail their topic's write every round. It waits, with its reason, for an
+    operator to delete it; the rows of its topic and key after it wait with it, so their
+    order holds.
+    """
+    now: list[OutboxRow] = []
+    parked: dict[int, str] = {}
+    blocked: dict[Slot, int] = {}
+    for row in rows:
+        slot = (row.topic, row.key)
+        size = record_bytes(row)
+        if slot in blocked:
+            parked[row.id] = (f"It waits behind outbox row {blocked[slot]} of its topic and "
+                              "key, which Kafka cannot take.")
+        elif size > max_bytes:
+            blocked[slot] = row.id
+            parked[row.id] = (f"The row is {size:,} bytes as a record, over the {max_bytes:,} "
+                              "the producer sends (STREAM_JOBS_MAX_PAYLOAD_BYTES and headers): "
+                              "it is never sent; delete it, or raise the limit.")
+        else:
+            now.append(row)
+    return now, parked
 
 
 def retry_delay_s(attempts: int) -> float:

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 
 from stream_jobs.cancels.rules import Cancellation, verdict_of
 from stream_jobs.cancels.store import CancelStore
-from stream_jobs.errors import JobNotFound
+from stream_jobs.errors import ConfigError, JobNotFound
+from stream_jobs.job_ids import MAX_JOB_ID_CHARS, key_problem
 from stream_jobs.job_types import JobTypePolicy
 from stream_jobs.lookup import DEFAULT_MAX_RECORDS_PER_TOPIC, locate_job
 from stream_jobs.plurals import counted
@@ -25,7 +26,9 @@ async def cancel_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
                      job_type: str | None = None, reason: str | None = None,
                      max_records_per_topic: int = DEFAULT_MAX_RECORDS_PER_TOPIC
                      ) -> Cancellation:
-    """Cancel `job_id` unless it is unknown (`JobNotFound`) or finished (said so)."""
+    """Cancel `job_id` unless it is unknown (`JobNotFound`) or finished (said so); an ID no
+    job can have is refused first (`ConfigError`), without a scan or a query."""
+    _check_id(job_id)
     found = await locate_job(settings, types, job_id, job_type=job_type,
                              max_records_per_topic=max_records_per_topic)
     if found.status == "not_seen":
@@ -46,6 +49,19 @@ async def cancel_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
         return await store.cancel(job_id, job_type=found.job_type or job_type, reason=reason)
     finally:
         await store.close()
+
+
+def _check_id(job_id: str) -> None:
+    """Refuse an ID the decoder would dead-letter (so no job waits under it): empty, too
+    long, not UTF-8 (non-UTF-8 bytes on a command line), or with a control character. It
+    is not quoted back: it could forge a terminal's lines, or be a megabyte long. A '/' is
+    let through: another producer's job may have one."""
+    if not job_id or len(job_id) > MAX_JOB_ID_CHARS:
+        problem: str | None = f"A job ID is 1 to {MAX_JOB_ID_CHARS} characters."
+    else:
+        problem = key_problem(job_id, "job ID")
+    if problem is not None:
+        raise ConfigError(f"No job can have the ID given, so nothing was cancelled: {problem}")
 
 
 __all__ = ["cancel_job"]

@@ -31,6 +31,8 @@ from stream_jobs.job_ids import checked_key
 MAX_KEY_CHARS = 255
 # A debounce window runs the job late by up to its length: more than a day is a schedule.
 MAX_DEBOUNCE_S = 86_400.0
+# A key held longer is held for good in all but name; Postgres' intervals end, too.
+MAX_UNIQUE_FOR_S = 100 * 365 * 86_400.0
 
 Window = float | int | str | timedelta
 
@@ -128,6 +130,9 @@ def key_claim(*, unique_key: str | None, unique_for: Window | None, debounce: Wi
     if unique_key is None:
         raise ConfigError("unique_for needs a unique_key to hold.")
     window = None if unique_for is None else _seconds(unique_for, "unique_for")
+    if window is not None and window > MAX_UNIQUE_FOR_S:
+        raise ConfigError(f"unique_for is at most 100 years ({MAX_UNIQUE_FOR_S:.0f} s); "
+                          "leave it out to hold the key only while the job is pending.")
     return KeyClaim("unique", _checked_key(unique_key, "unique_key"), window)
 
 

@@ -22,7 +22,7 @@ import orjson
 from pydantic import BaseModel
 
 from stream_jobs.errors import ConfigError
-from stream_jobs.job_ids import MAX_JOB_ID_CHARS
+from stream_jobs.job_ids import MAX_JOB_ID_CHARS, key_problem
 from stream_jobs.outbox.rows import child_job_id, encode_headers
 from stream_jobs.record import HEADER_ENQUEUED_AT, HEADER_EXPIRES_AT, JobRecord
 
@@ -95,9 +95,13 @@ def workflow_id_for(parent_job_id: str, name: str) -> str:
 
 
 def check_workflow_id(workflow_id: str) -> str:
-    """`workflow_id` if it fits the workflow's row (1 to 64 characters)."""
+    """`workflow_id` if it fits the workflow's row (1 to 64 characters) and its members'
+    `sj-workflow` header, which the decoder refuses with a control character in it."""
     if not workflow_id or len(workflow_id) > MAX_JOB_ID_CHARS:
         raise ConfigError(f"A batch or chain ID must be 1 to {MAX_JOB_ID_CHARS} characters.")
+    problem = key_problem(workflow_id, "batch or chain ID")
+    if problem is not None:
+        raise ConfigError(problem)
     return workflow_id
 
 

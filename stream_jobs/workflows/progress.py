@@ -120,6 +120,11 @@ async def _with_callbacks(conn: Any, schema: str, rows: list[Any]) -> list[Progr
 async def read_progress(settings: Settings, workflow_id: str) -> Progress:
     """The batch or chain `workflow_id`; `UnknownWorkflow` if there is none."""
     schema = settings.database_schema
+    if "\x00" in workflow_id or _unencodable(workflow_id):
+        # No row can hold it (Postgres' text has no NUL): asked, Postgres would fail, and
+        # the answer would be "Postgres failed" (a 503), not "no such batch".
+        raise UnknownWorkflow("No batch or chain has the ID given: it holds a NUL or is not "
+                              "UTF-8 text, which no row can hold.")
 
     async def query(conn: Any) -> Progress | None:
         row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM {workflows_table(schema)} "
@@ -136,6 +141,14 @@ async def read_progress(settings: Settings, workflow_id: str) -> Progress:
         raise UnknownWorkflow(f"No batch or chain has the ID {workflow_id!r} in schema "
                               f"{schema!r} (or it was pruned).")
     return found
+
+
+def _unencodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate: from bytes that are not UTF-8
+        return True
+    return False
 
 
 async def open_workflows(settings: Settings, limit: int = 20) -> tuple[int, list[Progress]]:

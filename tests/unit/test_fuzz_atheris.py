@@ -15,13 +15,16 @@ import pytest
 
 pytest.importorskip("atheris")  # in the dev extra on x86_64 Linux, where it has wheels
 
-TARGET = Path(__file__).resolve().parents[1] / "fuzz" / "fuzz_record.py"
+FUZZ = Path(__file__).resolve().parents[1] / "fuzz"
 BUDGET_S = 2
 
 
-def test_the_decoder_survives_a_fixed_fuzzing_budget(tmp_path: Path) -> None:
+# fuzz_record: the record decoder; fuzz_surfaces: the outbox's headers column, workflow
+# headers, unique keys and cron (issue 28).
+@pytest.mark.parametrize("target", ["fuzz_record.py", "fuzz_surfaces.py"])
+def test_the_decoder_survives_a_fixed_fuzzing_budget(tmp_path: Path, target: str) -> None:
     result = subprocess.run(
-        [sys.executable, str(TARGET), f"-max_total_time={BUDGET_S}", "-runs=100000",
+        [sys.executable, str(FUZZ / target), f"-max_total_time={BUDGET_S}", "-runs=100000",
          "-timeout=10", "-rss_limit_mb=1024", f"-artifact_prefix={tmp_path}/"],
         capture_output=True, text=True, timeout=60 + BUDGET_S, cwd=tmp_path, check=False,
     )
