@@ -25,7 +25,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ops.chaos import batches, cancels, failover, fairness, outbox, report, results_trial
+from ops.chaos import (
+    batches,
+    cancels,
+    failover,
+    fairness,
+    outbox,
+    relay_trial,
+    report,
+    results_trial,
+)
 from ops.chaos.protocol import OwnTrial, TrialRow
 from ops.chaos.scenarios import SCENARIOS, Scenario
 from ops.chaos.trial import Stack, TrialResult, run_trial
@@ -38,7 +47,7 @@ CHAOS_DIR = Path(__file__).resolve().parent
 OUT_DIR = CHAOS_DIR / "out"
 TRIALS: dict[str, OwnTrial] = {t.name: t for t in (
     failover.TRIAL, batches.TRIAL, cancels.TRIAL, outbox.TRIAL, fairness.TRIAL,
-    results_trial.TRIAL)}
+    results_trial.TRIAL, relay_trial.TRIAL)}
 
 log = logging.getLogger("ops.chaos")
 
