@@ -1,7 +1,7 @@
 """Faults paced by a trial's progress, shared by the trials of issue 28's features
-(results, unique keys, history, the outbox relay): SIGKILL a random process each time
-another share of the jobs is done, and restart Postgres once on the way; and the one-off
-queries their runners make.
+(results, unique keys, history, the outbox relay) and the batches trial: SIGKILL a random
+process each time another share of the jobs is done, and restart Postgres once on the
+way; whether nothing is left to do; and the one-off queries their runners make.
 
 The progress is whatever count the trial gives (`done`): rows of an effects table, of
 kept results. A probe that fails while Postgres is down is a "not yet" (`faults.until`).
@@ -12,13 +12,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import asyncpg
 
 from ops.chaos import faults
 from ops.chaos.workers import WorkerGroup
+from stream_jobs.job_types import JobTypePolicy
+from stream_jobs.kafka import TopicPartition
+from stream_jobs.kafka.admin import open_admin
+from stream_jobs.kafka.consumer import open_reader
+from stream_jobs.naming import relay_group, worker_group
+from stream_jobs.outbox.depth import read_depth
 from stream_jobs.settings import Settings
 from stream_jobs.stack import PostgresServer
 
@@ -81,3 +87,23 @@ async def stop_all(group: WorkerGroup) -> None:
         group.terminate(worker)
     for worker in group.members:
         await asyncio.to_thread(group.stopped, worker)
+
+
+async def quiet(settings: Settings, policies: Iterable[JobTypePolicy]) -> bool:
+    """The outbox is empty and every lane and tier is read to its end by its group."""
+    if (await read_depth(settings)).depth:
+        return False
+    prefix = settings.topic_prefix
+    async with open_reader(settings) as reader, open_admin(settings) as admin:
+        for policy in policies:
+            for group, topics in ((worker_group(prefix, policy.job_type),
+                                   list(policy.lane_topics(prefix).values())),
+                                  (relay_group(prefix, policy.job_type),
+                                   list(policy.tier_topics(prefix).values()))):
+                tps = [TopicPartition(t, p) for t in topics
+                       for p in range(policy.partitions)]
+                ends = await reader.end_offsets(tps)
+                committed = await admin.committed_offsets(group, tps)
+                if any(end > (committed.get(tp) or 0) for tp, end in ends.items()):
+                    return False
+    return True

@@ -34,6 +34,7 @@ from ops.chaos import (
     relay_trial,
     report,
     results_trial,
+    unique_trial,
 )
 from ops.chaos.protocol import OwnTrial, TrialRow
 from ops.chaos.scenarios import SCENARIOS, Scenario
@@ -47,7 +48,7 @@ CHAOS_DIR = Path(__file__).resolve().parent
 OUT_DIR = CHAOS_DIR / "out"
 TRIALS: dict[str, OwnTrial] = {t.name: t for t in (
     failover.TRIAL, batches.TRIAL, cancels.TRIAL, outbox.TRIAL, fairness.TRIAL,
-    results_trial.TRIAL, relay_trial.TRIAL)}
+    results_trial.TRIAL, relay_trial.TRIAL, unique_trial.TRIAL)}
 
 log = logging.getLogger("ops.chaos")
 
