@@ -59,10 +59,12 @@ async def restart_postgres(server: PostgresServer, down_s: float = PG_DOWN_S) ->
 
 async def kill_per_share(group: WorkerGroup, done: Callable[[], Awaitable[int]], total: int,
                          kills: int, within_s: float, rng: random.Random, *,
-                         postgres: PostgresServer | None = None) -> int:
+                         postgres: PostgresServer | None = None,
+                         after: Callable[[int], Awaitable[None]] | None = None) -> int:
     """SIGKILL a random member of `group` each time another 1/(kills + 1) of `total` is
     `done`, starting another each time; after the middle kill, restart `postgres` (when
-    given). The number of Postgres restarts."""
+    given); after kill k (from 1), `after(k)` (when given). The number of Postgres
+    restarts."""
     restarts = 0
     for k in range(1, kills + 1):
         target = total * k // (kills + 1)
@@ -78,6 +80,8 @@ async def kill_per_share(group: WorkerGroup, done: Callable[[], Awaitable[int]],
         if postgres is not None and k == (kills + 1) // 2:
             await restart_postgres(postgres)
             restarts += 1
+        if after is not None:
+            await after(k)
     return restarts
 
 
