@@ -118,10 +118,14 @@ async def _drive(settings: Settings, group: WorkerGroup, planned: dict[str, int]
             await client.enqueue_many(jobs[first:first + SEND_BATCH])
         waiting = [asyncio.create_task(_wait_for(client, job_id, within_s))
                    for job_id in sample]
-        restarts = await paced.kill_per_share(group, partial(_kept_count, settings),
-                                              len(planned), kills, within_s, rng,
-                                              postgres=postgres)
-        waits = list(await asyncio.gather(*waiting))
+        try:
+            restarts = await paced.kill_per_share(group, partial(_kept_count, settings),
+                                                  len(planned), kills, within_s, rng,
+                                                  postgres=postgres)
+            waits = list(await asyncio.gather(*waiting))
+        finally:  # a fault that could not be made: no waiter outlives the client
+            for task in waiting:
+                task.cancel()
     return waits, restarts
 
 
