@@ -67,6 +67,8 @@ def secrets_of(settings: Settings | None, environ: Mapping[str, str] | None = No
     found = {env.get(PASSWORD_ENV, "")}
     if settings is not None:
         found |= url_passwords(settings.database_url)
+        if settings.database_listen_url is not None:
+            found |= url_passwords(settings.database_listen_url)
         for secret in (settings.gateway_token, settings.kafka_sasl_password,
                        settings.kafka_ssl_key_password):
             if secret is not None:

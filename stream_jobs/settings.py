@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     database_url: str = (
         f"postgresql://stream_jobs@127.0.0.1:{DEFAULT_POSTGRES_PORT}/stream_jobs"
     )
+    # Where the long-lived LISTEN connections go (the cancel watch, the outbox relay's
+    # wake-ups, result waits): the database_url when unset. Set it when database_url is a
+    # pooler in transaction mode (PgBouncer), which cannot hold a LISTEN.
+    database_listen_url: str | None = None
     database_schema: str = "public"
     topic_prefix: str = "jobs"
     topics_dir: Path = Path("topics")
@@ -159,10 +163,10 @@ class Settings(BaseSettings):
     def _level_in_capitals(cls, value: object) -> object:
         return value.strip().upper() if isinstance(value, str) else value
 
-    @field_validator("database_url")
+    @field_validator("database_url", "database_listen_url")
     @classmethod
-    def _dsn_is_postgres(cls, value: str) -> str:
-        if not value.startswith(("postgresql://", "postgres://")):
+    def _dsn_is_postgres(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("postgresql://", "postgres://")):
             raise ValueError("must start with postgresql://")
         return value
 
@@ -180,6 +184,11 @@ class Settings(BaseSettings):
         if not value or not value.replace("_", "").isalnum() or value[0].isdigit():
             raise ValueError("use letters, digits and '_' only, not starting with a digit")
         return value
+
+    @property
+    def listen_url(self) -> str:
+        """The DSN of the LISTEN connections: `database_listen_url`, else `database_url`."""
+        return self.database_listen_url or self.database_url
 
     @property
     def bootstrap_servers(self) -> list[str]:

@@ -15,6 +15,11 @@ One `CancelWatch` serves every worker of a process (`Storage.cancel_feed` hands 
 ten. The connection opens when the first type's worker starts and closes when the last
 one stops.
 
+The connection is asked `SELECT 1` every few seconds (`stream_jobs/postgres/listening.py`):
+one that stops answering (a Postgres that hangs, a dead route) is dropped and connected
+again, and the reload finds the cancels whose notices went into the dead link, so a cancel
+sent then interrupts its running job within about 10 s of the link's return.
+
 If Postgres does not answer, the worker starts anyway with what it has and the watch
 keeps trying in the background (backing off to 5 s), then reloads. Meanwhile a job
 cancelled in that gap may start; if it writes through `ctx.once()` its claim still
@@ -41,6 +46,7 @@ from stream_jobs.cancels.rules import (
 )
 from stream_jobs.cancels.store import CancelStore
 from stream_jobs.errors import StreamJobsError
+from stream_jobs.postgres.listening import ListenProbe
 from stream_jobs.postgres.pool import DRIVER_ERRORS
 from stream_jobs.settings import Settings
 
@@ -48,6 +54,7 @@ log = logging.getLogger("stream_jobs.cancels")
 
 APPLICATION_NAME = "stream-jobs cancel watch"
 FIRST_LOAD_TIMEOUT_S = 5.0
+RECONNECT_TIMEOUT_S = 15.0
 _BACKOFF_FIRST_S, _BACKOFF_MAX_S = 0.2, 5.0
 
 OnCancel = Callable[[str], None]
@@ -187,11 +194,13 @@ class CancelWatch:
         self.store = store or CancelStore(settings)
         self._owns_store = store is None
         self.loads = 0  # successful loads of the table: 0 until the first one
+        self.silent_links = 0  # connections the probe found silent and dropped
         self._feeds: dict[str, TypeCancels] = {}
         self._started: list[TypeCancels] = []
         self._guard = asyncio.Lock()  # attach and detach one at a time
         self._channel = channel(settings.database_schema)
         self._conn: Any = None
+        self._probe: ListenProbe | None = None  # asks the connection whether it is alive
         self._lost = asyncio.Event()
         self._keeper: asyncio.Task[None] | None = None
 
@@ -254,7 +263,7 @@ class CancelWatch:
     async def _connect(self) -> None:
         try:
             conn = await asyncpg.connect(
-                self.settings.database_url, timeout=10,
+                self.settings.listen_url, timeout=10,
                 server_settings={"search_path": self.settings.database_schema,
                                  "application_name": APPLICATION_NAME})
         except DRIVER_ERRORS as exc:
@@ -269,6 +278,7 @@ class CancelWatch:
                 await conn.close(timeout=2)
             raise
         self._conn = conn
+        self._probe = ListenProbe(conn, self._link_lost, what="cancel watch").start()
         self._lost.clear()
         self.loads += 1
         for feed, (ids, released) in zip(feeds, found, strict=True):
@@ -285,7 +295,8 @@ class CancelWatch:
             await self._lost.wait()
             await self._drop()
             try:
-                await self._connect()
+                # Bounded: a Postgres that hangs must not keep the watch from trying again.
+                await asyncio.wait_for(self._connect(), RECONNECT_TIMEOUT_S)
             except _ATTEMPT_ERRORS as exc:
                 log.warning("%s: cancel watch cannot reach Postgres (%s); trying again in "
                             "%.1f s", ", ".join(self._types()), _said(exc), backoff_s)
@@ -297,12 +308,20 @@ class CancelWatch:
                      ", ".join(self._types()), sum(len(f.ids) for f in self._feeds.values()))
 
     async def _drop(self) -> None:
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            await probe.stop()
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
             with contextlib.suppress(Exception):
                 await conn.close(timeout=2)
 
     def _terminated(self, *_: object) -> None:
+        self._lost.set()
+
+    def _link_lost(self) -> None:
+        """The probe found the connection silent (it terminated it)."""
+        self.silent_links += 1
         self._lost.set()
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:

@@ -35,6 +35,7 @@ from stream_jobs.kafka.clients import Producer
 from stream_jobs.kafka.producer import JobProducer
 from stream_jobs.outbox import rows as sql
 from stream_jobs.outbox.rows import OutboxRow, decode_headers, retry_delay_s, sendable
+from stream_jobs.postgres.listening import ListenProbe
 from stream_jobs.record import HEADER_TYPE, JobRecord, decode_record
 from stream_jobs.redaction import redact_text, redact_url
 from stream_jobs.settings import Settings
@@ -75,6 +76,8 @@ class OutboxRelay:
         self._owns_producer = producer is None
         self._pool: asyncpg.Pool | None = None
         self._listener: Any = None
+        self._probe: ListenProbe | None = None
+        self._relistening: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._sql = (sql.claim_sql(self.schema), sql.earlier_sql(self.schema),
                      sql.delete_sql(self.schema), sql.retry_sql(self.schema))
@@ -104,14 +107,39 @@ class OutboxRelay:
             self._pool = await self._db(asyncpg.create_pool(
                 self.settings.database_url, min_size=0, max_size=1, timeout=10,
                 server_settings={"application_name": APPLICATION_NAME}))
-        if self._listener is None or self._listener.is_closed():
-            listener = await self._db(asyncpg.connect(
-                self.settings.database_url, timeout=10,
-                server_settings={"application_name": f"{APPLICATION_NAME} (listen)"}))
-            await self._db(listener.add_listener(sql.channel(self.schema), self._notified))
-            listener.add_termination_listener(self._listener_lost)
-            self._listener = listener
-            self._wake.set()  # rows may have been committed while nobody listened
+        if self._listener is None:
+            await self._open_listener()  # the first time, its errors are the caller's
+        elif self._listener.is_closed() and (self._relistening is None
+                                             or self._relistening.done()):
+            # Lost (closed, or found silent by the probe): connected again beside the
+            # rounds, which go on at the sweep's pace meanwhile.
+            self._relistening = asyncio.create_task(self._relisten())
+
+    async def _open_listener(self) -> None:
+        if self._probe is not None:
+            await self._probe.stop()
+        listener = await self._db(asyncpg.connect(
+            self.settings.listen_url, timeout=10,
+            server_settings={"application_name": f"{APPLICATION_NAME} (listen)"}))
+        try:
+            await self._db(asyncio.wait_for(
+                listener.add_listener(sql.channel(self.schema), self._notified), 10))
+        except BaseException:
+            listener.terminate()
+            raise
+        listener.add_termination_listener(self._listener_lost)
+        self._listener = listener
+        # A link that goes silent is found within ~10 s and connected again.
+        self._probe = ListenProbe(listener, self._listener_lost, what="outbox relay").start()
+        self._wake.set()  # rows may have been committed while nobody listened
+
+    async def _relisten(self) -> None:
+        try:
+            await self._open_listener()
+        except Exception as exc:  # the next round tries again
+            log.debug("outbox relay: LISTEN connection not back yet: %s", exc)
+            return
+        log.info("outbox relay: LISTEN connection back")
 
     def _notified(self, *_: object) -> None:
         self._wake.set()
@@ -120,6 +148,14 @@ class OutboxRelay:
         self._wake.set()  # the next round finds the listener closed and reconnects
 
     async def close(self) -> None:
+        if self._relistening is not None:
+            self._relistening.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._relistening
+            self._relistening = None
+        if self._probe is not None:
+            await self._probe.stop()
+            self._probe = None
         if self._listener is not None:
             with contextlib.suppress(Exception):
                 await self._listener.close(timeout=5)

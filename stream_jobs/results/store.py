@@ -31,6 +31,7 @@ from stream_jobs.dedup.deferred import Statement
 from stream_jobs.dedup.held import DRIVER_ERRORS, HeldTransaction, ours
 from stream_jobs.dedup.store import DedupStore
 from stream_jobs.errors import ConfigError, DatabaseUnavailable
+from stream_jobs.postgres.listening import ListenProbe
 from stream_jobs.redaction import redact_text, redact_url
 from stream_jobs.results.rules import StoredResult
 from stream_jobs.settings import Settings
@@ -38,6 +39,7 @@ from stream_jobs.settings import Settings
 TABLE = "stream_jobs_results"
 _CHANNEL_MAX = 63  # Postgres keeps 63 bytes of an identifier; a channel is one
 CONNECT_TIMEOUT_S = 10.0
+UNHEARD_READ_EVERY_S = 1.0
 # InternalClientError: asyncpg's pool resetting a connection the server has just cut
 # (a Postgres restart) can find it mid-operation; to a caller, the database did not answer.
 _DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError,
@@ -90,8 +92,12 @@ class ResultReader:
         self._pool_size = pool_size
         self._pool: asyncpg.Pool | None = None
         self._listener: Any = None
+        self._probe: ListenProbe | None = None
         self._listening: set[str] = set()  # the channels (buckets) the listener has
-        self._opening = asyncio.Lock()
+        self._connecting: dict[str, asyncio.Task[None]] = {}  # channel -> its listen
+        self.silent_links = 0  # listeners the probe found silent and dropped
+        self._opening = asyncio.Lock()  # the pool's
+        self._listen_lock = asyncio.Lock()  # the listener's
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._waiting_on: dict[str, set[str]] = {}  # channel -> job IDs waited for
         self._select = select_result_sql(self._schema)
@@ -119,16 +125,17 @@ class ResultReader:
         self._waiting_on.setdefault(channel, set()).add(job_id)
         try:
             while True:
-                if timeout_s > 0:
-                    await self._listen(channel)
+                listening = timeout_s > 0 and self._heard(channel)
                 # Cleared before the read: a commit after the read's snapshot sets it again.
                 woken.clear()
                 found = await self.fetch(job_id)
                 remaining = deadline - loop.time()
                 if found is not None or remaining <= 0:
                     return found
+                # Without a LISTEN connection (its link is down), read again every second.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken.wait(), remaining)
+                    await asyncio.wait_for(woken.wait(), remaining if listening
+                                           else min(remaining, UNHEARD_READ_EVERY_S))
         finally:
             waiting = self._waiters.get(job_id)
             if waiting is not None:
@@ -141,6 +148,12 @@ class ResultReader:
                         self._waiting_on.pop(channel, None)
 
     async def close(self) -> None:
+        for task in list(self._connecting.values()):
+            task.cancel()
+        await asyncio.gather(*self._connecting.values(), return_exceptions=True)
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            await probe.stop()
         listener, self._listener = self._listener, None
         if listener is not None:
             with contextlib.suppress(Exception):
@@ -162,21 +175,48 @@ class ResultReader:
                         raise self._unavailable(exc) from exc
         return self._pool
 
+    def _heard(self, channel: str) -> bool:
+        """Whether the listener hears `channel` now; if not, it is connected in the
+        background (a link that is down must not hold up the reads), and the wait reads
+        every UNHEARD_READ_EVERY_S meanwhile."""
+        listener = self._listener
+        if listener is not None and not listener.is_closed() and channel in self._listening:
+            return True
+        task = self._connecting.get(channel)
+        if task is None or task.done():
+            self._connecting[channel] = asyncio.create_task(self._try_listen(channel))
+        return False
+
+    async def _try_listen(self, channel: str) -> None:
+        try:
+            await self._listen(channel)
+        except DatabaseUnavailable:
+            pass  # the next read's _heard tries again
+        finally:
+            self._connecting.pop(channel, None)
+
     async def _listen(self, channel: str) -> None:
         """Make sure the listener is connected and listens on `channel` (it stays
         listening: at most `CHANNEL_BUCKETS` channels)."""
         listener = self._listener
         if listener is not None and not listener.is_closed() and channel in self._listening:
             return
-        async with self._opening:
+        async with self._listen_lock:
             try:
                 if self._listener is None or self._listener.is_closed():
-                    listener = await asyncpg.connect(self._settings.database_url,
+                    if self._probe is not None:
+                        await self._probe.stop()
+                    listener = await asyncpg.connect(self._settings.listen_url,
                                                      timeout=CONNECT_TIMEOUT_S)
                     listener.add_termination_listener(self._lost)
                     self._listener, self._listening = listener, set()
+                    # A link that goes silent is found within ~10 s: the waits read again.
+                    self._probe = ListenProbe(listener, self._silent,
+                                              what="result waits").start()
                 if channel not in self._listening:
-                    await self._listener.add_listener(channel, self._notified)
+                    await asyncio.wait_for(
+                        self._listener.add_listener(channel, self._notified),
+                        CONNECT_TIMEOUT_S)
                     self._listening.add(channel)
             except _DRIVER_ERRORS as exc:
                 raise self._unavailable(exc) from exc
@@ -185,6 +225,11 @@ class ResultReader:
         for job_id in self._waiting_on.get(channel, ()):
             for woken in self._waiters.get(job_id, ()):
                 woken.set()
+
+    def _silent(self) -> None:
+        """The probe found the listener silent (it terminated it)."""
+        self.silent_links += 1
+        self._lost()
 
     def _lost(self, *_: object) -> None:
         # Whatever was sent meanwhile is unheard: every waiter looks again, and listens anew.

@@ -38,6 +38,11 @@ from stream_jobs.stack.secure import ScramTls, TlsFiles, listener_config, make_t
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 120.0
+# A plain node's FRONT listener is on its port + FRONT_OFFSET and advertises port +
+# FRONT_PROXY_OFFSET, where a fault proxy listens when a test puts one there (9095 and
+# 29095 for the single broker; 19095/39095, 19195/39195, 19295/39295 for the cluster).
+FRONT_OFFSET = 3
+FRONT_PROXY_OFFSET = 20_003
 
 
 def ops_dir() -> Path:
@@ -150,6 +155,18 @@ class KafkaNode:
     def address(self) -> str:
         return f"{HOST}:{self.port}"
 
+    @property
+    def front_port(self) -> int:
+        """The broker's FRONT listener: what a fault proxy in front of it forwards to."""
+        return self.port + FRONT_OFFSET
+
+    @property
+    def front_proxy_port(self) -> int:
+        """Where the FRONT listener says the broker is: the fault proxy's port for it.
+        A client that bootstraps there is told the proxy's ports for every broker, so
+        all its traffic passes the proxy; nothing listens there unless a proxy runs."""
+        return self.port + FRONT_PROXY_OFFSET
+
 
 class KafkaCluster:
     """One broker (`brokers=1`) or a three-node KRaft cluster (`brokers=3`) of the local stack."""
@@ -195,13 +212,18 @@ class KafkaCluster:
         replication = 1 if single else 3
         min_isr = 1 if single else 2
         if self.security is None or node.internal_port is None:
+            # FRONT: a second door for clients that reach the broker through a fault
+            # proxy (ops/chaos/netproxy.py): it tells them to come back through the proxy.
             listeners = [
                 f"listeners=PLAINTEXT://{HOST}:{node.port},"
-                f"CONTROLLER://{HOST}:{node.controller_port}",
-                f"advertised.listeners=PLAINTEXT://{HOST}:{node.port}",
+                f"CONTROLLER://{HOST}:{node.controller_port},"
+                f"FRONT://{HOST}:{node.front_port}",
+                f"advertised.listeners=PLAINTEXT://{HOST}:{node.port},"
+                f"FRONT://{HOST}:{node.front_proxy_port}",
                 "inter.broker.listener.name=PLAINTEXT",
                 "controller.listener.names=CONTROLLER",
-                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,"
+                "FRONT:PLAINTEXT",
             ]
         else:
             listeners = listener_config(self.security, self.tls, host=HOST, port=node.port,
