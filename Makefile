@@ -127,12 +127,14 @@ demo-serve:
 bench: stack $(VENV)/.bench-installed
 	$(BIN)/python -m ops.bench.run
 
-# Fault injection, every scenario and trial 3 times (~38 min): real worker processes under
+# Fault injection, every scenario and trial 3 times (~47 min): real worker processes under
 # kill -9, SIGSTOP, broker kills and pauses on a 3-node cluster, Postgres restarts and
 # outages, refused retry writes, rolling restarts and rebalance storms; then the scheduler
-# leader killed and frozen, a batch's callbacks through kill -9, cancels racing runs, and
-# the outbox through a Kafka outage. Writes ops/chaos/RESULTS.md. CHAOS_JOBS=N jobs per
-# run, CHAOS_RUNS=R runs each, CHAOS_ONLY=kill9,cancels,... a subset (docs/faults/index.md).
+# leader killed and frozen, a batch's callbacks through kill -9, cancels racing runs, the
+# outbox through a Kafka outage and its relays killed, fair queues, kept results, unique
+# keys raced and the history's counts through kill -9. Writes ops/chaos/RESULTS.md.
+# CHAOS_JOBS=N jobs per run, CHAOS_RUNS=R runs each, CHAOS_ONLY=kill9,cancels,... a subset
+# (docs/faults/index.md).
 chaos: stack
 	$(BIN)/python -m ops.chaos.run
 

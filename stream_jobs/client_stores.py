@@ -66,7 +66,8 @@ async def await_result(source: ResultSource, job_id: str, timeout_s: float, *,
 
     The first look comes after `LOOK_AFTER_S` of waiting for the row (at once with
     `timeout_s=0`); a job whose row will come is looked at again only at the deadline,
-    and one that may end without one at doubling intervals (`LOOK_EVERY_MAX_S` at most).
+    and one that may end without one, or whose rows Postgres did not let the lookup read,
+    at doubling intervals (`LOOK_EVERY_MAX_S` at most).
     """
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -95,7 +96,7 @@ async def await_result(source: ResultSource, job_id: str, timeout_s: float, *,
         now = loop.time()
         if now >= deadline or source.idle():
             raise not_in_time(job_id, now - started, location, problem)
-        if location is not None and keeps_result(location, kept):
+        if location is not None and location.rows_read and keeps_result(location, kept):
             look_at = deadline  # its row wakes the wait; a last look says where it is
         else:
             gap = min(2 * gap, LOOK_EVERY_MAX_S)

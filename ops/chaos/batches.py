@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import asyncpg
 import orjson
 
+from ops.chaos import paced
 from ops.chaos.batch_app import ALBUM, FAIL_EVERY_ENV, HOLD_MS_ENV, MEMBER, TABLES
 from ops.chaos.batch_verdict import BatchEvidence, BatchVerdict, CallbackRow, judge
 from ops.chaos.faults import until
@@ -39,12 +39,6 @@ from ops.chaos.workers import STREAM_JOBS, WorkerGroup
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.job_ids import new_job_id
-from stream_jobs.job_types import JobTypePolicy
-from stream_jobs.kafka import TopicPartition
-from stream_jobs.kafka.admin import open_admin
-from stream_jobs.kafka.consumer import open_reader
-from stream_jobs.naming import relay_group, worker_group
-from stream_jobs.outbox.depth import read_depth
 from stream_jobs.postgres.migrate import prepare_schema
 from stream_jobs.settings import Settings
 from stream_jobs.testing.stack import declare_type
@@ -104,7 +98,7 @@ async def batch_trial(base: Settings, out_dir: Path, *, members: int = MEMBERS, 
         await _kill_as_it_goes(settings, group, batch_id, members, kills, within_s)
         await until(lambda: _pending_is(settings, batch_id, 0), within_s, "every member done")
         await until(lambda: _callbacks(settings, 2), within_s, "both callbacks")
-        await until(lambda: _quiet(settings, types), within_s, "nothing left to do")
+        await until(lambda: paced.quiet(settings, types), within_s, "nothing left to do")
         for worker in group.live():
             group.terminate(worker)
         for worker in group.members:
@@ -159,26 +153,6 @@ async def _fetch(settings: Settings, sql: str) -> list[Any]:
 async def _callbacks(settings: Settings, at_least: int) -> bool:
     rows = await _fetch(settings, "SELECT count(*) AS n FROM batch_callback_effects")
     return int(rows[0]["n"]) >= at_least
-
-
-async def _quiet(settings: Settings, policies: Iterable[JobTypePolicy]) -> bool:
-    """The outbox is empty and every lane and tier is read to its end by its group."""
-    if (await read_depth(settings)).depth:
-        return False
-    prefix = settings.topic_prefix
-    async with open_reader(settings) as reader, open_admin(settings) as admin:
-        for policy in policies:
-            for group, topics in ((worker_group(prefix, policy.job_type),
-                                   list(policy.lane_topics(prefix).values())),
-                                  (relay_group(prefix, policy.job_type),
-                                   list(policy.tier_topics(prefix).values()))):
-                tps = [TopicPartition(t, p) for t in topics
-                       for p in range(policy.partitions)]
-                ends = await reader.end_offsets(tps)
-                committed = await admin.committed_offsets(group, tps)
-                if any(end > (committed.get(tp) or 0) for tp, end in ends.items()):
-                    return False
-    return True
 
 
 async def _evidence(settings: Settings, batch_id: str, member_ids: tuple[str, ...]

@@ -4,14 +4,16 @@ then `ops/chaos/RESULTS.md`.
 In this order: the process-fault scenarios on the stack's single broker (`scenarios.py`,
 one trial procedure for all: `trial.py`), the trials with procedures of their own
 (`TRIALS`: scheduler failover, batch callbacks, cancels racing runs, the outbox through a
-Kafka outage, tenants to and from the overflow lane; `protocol.py`), then the broker
+Kafka outage, tenants to and from the overflow lane, kept results, the outbox's relays
+killed, unique keys raced, the history's counts; `protocol.py`), then the broker
 scenarios on a 3-node cluster started here and stopped afterwards. RESULTS.md is written
 after every run.
 
 Environment knobs: CHAOS_RUNS (runs of each, default 3), CHAOS_ONLY (comma-separated
 names of scenarios and trials, default all), CHAOS_JOBS (jobs per run: DEFAULT_JOBS for
-the scenarios, the trials' own sizes for batches, cancels and fairness; the failover and
-outbox trials last a set time whatever it says). The stack is the one the project's settings
+the scenarios, the trials' own sizes for the others; the failover and outbox trials last
+a set time whatever it says). The results and unique trials restart the stack's Postgres
+once a run, as the pg-restart scenario does. The stack is the one the project's settings
 name (`stream-jobs dev up` on its ports).
 """
 
@@ -25,7 +27,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ops.chaos import batches, cancels, failover, fairness, outbox, report
+from ops.chaos import (
+    batches,
+    cancels,
+    failover,
+    fairness,
+    history_trial,
+    outbox,
+    relay_trial,
+    report,
+    results_trial,
+    unique_trial,
+)
 from ops.chaos.protocol import OwnTrial, TrialRow
 from ops.chaos.scenarios import SCENARIOS, Scenario
 from ops.chaos.trial import Stack, TrialResult, run_trial
@@ -37,7 +50,8 @@ DEFAULT_JOBS = 10_000
 CHAOS_DIR = Path(__file__).resolve().parent
 OUT_DIR = CHAOS_DIR / "out"
 TRIALS: dict[str, OwnTrial] = {t.name: t for t in (
-    failover.TRIAL, batches.TRIAL, cancels.TRIAL, outbox.TRIAL, fairness.TRIAL)}
+    failover.TRIAL, batches.TRIAL, cancels.TRIAL, outbox.TRIAL, fairness.TRIAL,
+    results_trial.TRIAL, relay_trial.TRIAL, unique_trial.TRIAL, history_trial.TRIAL)}
 
 log = logging.getLogger("ops.chaos")
 

@@ -37,7 +37,8 @@ def result_error(location: JobLocation, kept: Mapping[str, float | None]
     the job is: how it ended (dead-lettered, cancelled, superseded); that it finished and
     no result of it is kept; or, not finished, that none will be (its type's handler in
     this app keeps none, and it is in no batch or chain). None while a result may still
-    come, or while the job is not seen."""
+    come, while the job is not seen, or while Postgres did not answer for its rows (a job
+    that looks finished without them may have both)."""
     job_id, status, last = location.job_id, location.status, location.last
     job = f"Job {job_id}" + (f" ({location.job_type})" if location.job_type else "")
     if status == "dead_lettered":
@@ -52,6 +53,8 @@ def result_error(location: JobLocation, kept: Mapping[str, float | None]
         return JobCancelled(location.summary(), job_id=job_id, state=status,
                             reason=location.detail or None)
     if status in ("done", "finished"):
+        if not location.rows_read:
+            return None
         return ResultNotKept(f"{location.summary()} No result of it is kept: "
                              f"{_why_none(keeps_result(location, kept))}.")
     if status == "not_seen" or keeps_result(location, kept) is not False:
@@ -76,4 +79,7 @@ def not_in_time(job_id: str, waited_s: float, location: JobLocation | None,
                              f"`stream-jobs job {job_id}` tells.")
     if location.status == "not_seen":
         return ResultTimeout(f"{head}, and no record of it was found. {location.summary()}")
+    if not location.rows_read:
+        return ResultTimeout(f"{head}, and Postgres did not answer for its dedup row and "
+                             f"result ({' '.join(location.notes)}). {location.summary()}")
     return ResultTimeout(f"{head}: it has not finished yet. {location.summary()}")

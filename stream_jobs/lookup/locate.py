@@ -58,8 +58,9 @@ async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
     stopped = await _stopped(settings, job_id, notes)
     if stopped is not None:
         return stopped
-    row = await _dedup_row(settings, job_id, notes)
-    result = await _result_row(settings, job_id, notes)
+    unread: set[str] = set()  # the tables Postgres did not let us read
+    row = await _dedup_row(settings, job_id, notes, unread)
+    result = await _result_row(settings, job_id, notes, unread)
     if row is not None:
         row_type, attempt, finished_at = row
         if records_of_done and row_type in types:
@@ -67,9 +68,9 @@ async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
                 settings, [types[row_type]], job_id, _since_ms(job_id), max_records_per_topic)
             return JobLocation(job_id, "done", row_type, attempt, finished_at, None,
                                tuple(sightings), scanned, complete, tuple(notes),
-                               result=result)
+                               result=result, rows_read=not unread)
         return JobLocation(job_id, "done", row_type, attempt, finished_at, notes=tuple(notes),
-                           result=result)
+                           result=result, rows_read=not unread)
 
     since_ms = _since_ms(job_id)
     if since_ms is None:
@@ -82,15 +83,16 @@ async def locate_job(settings: Settings, types: Mapping[str, JobTypePolicy], job
         # The rows were read before the scan, and a job whose worker committed since then
         # has left its lane with them. A worker commits a job's rows before its offset,
         # so rows read after the offsets show every job they count as finished.
-        row = await _dedup_row(settings, job_id, notes)
-        result = await _result_row(settings, job_id, notes)
+        unread.clear()
+        row = await _dedup_row(settings, job_id, notes, unread)
+        result = await _result_row(settings, job_id, notes, unread)
         if row is not None:
             row_type, attempt, finished_at = row
             return JobLocation(job_id, "done", row_type, attempt, finished_at,
-                               notes=tuple(notes), result=result)
+                               notes=tuple(notes), result=result, rows_read=not unread)
     return JobLocation(job_id, status, type_of[last.topic] if last else None,
                        last.attempt if last else None, None, last, tuple(sightings), scanned,
-                       complete, tuple(notes), result=result)
+                       complete, tuple(notes), result=result, rows_read=not unread)
 
 
 def _since_ms(job_id: str) -> int | None:
@@ -148,7 +150,7 @@ def topics_of(prefix: str, policy: JobTypePolicy
             (policy.dlq_topic(prefix), "dlq", "dlq", None)]
 
 
-async def _result_row(settings: Settings, job_id: str, notes: list[str]
+async def _result_row(settings: Settings, job_id: str, notes: list[str], unread: set[str]
                       ) -> StoredResult | None:
     reader = ResultReader(settings, pool_size=1)
     try:
@@ -157,6 +159,7 @@ async def _result_row(settings: Settings, job_id: str, notes: list[str]
         return None  # not migrated for results: the dedup row's note says what to do
     except (DatabaseUnavailable, TimeoutError) as exc:
         notes.append(f"The results table was not checked ({exc}).")
+        unread.add("results")
     finally:
         await reader.close()
     return None
@@ -185,7 +188,7 @@ _NOT_CHECKED: tuple[type[BaseException], ...] = (DatabaseUnavailable, TimeoutErr
                                                  *DRIVER_ERRORS)
 
 
-async def _dedup_row(settings: Settings, job_id: str, notes: list[str]
+async def _dedup_row(settings: Settings, job_id: str, notes: list[str], unread: set[str]
                      ) -> tuple[str, int, datetime] | None:
     store = DedupStore(settings)
     try:
@@ -196,6 +199,7 @@ async def _dedup_row(settings: Settings, job_id: str, notes: list[str]
     except _NOT_CHECKED as exc:
         notes.append(f"The dedup table was not checked ({exc}); a done job shows as "
                      "finished or not seen.")
+        unread.add("dedup")
     finally:
         await store.close()
     return None

@@ -91,6 +91,9 @@ class JobLocation:
     # Its row of stream_jobs_results: a kept result, or how a job that keeps one ended.
     result: StoredResult | None = None
     running_on: RunningOn | None = None  # status "running": where and since when
+    # False when Postgres did not answer for the dedup row or the kept result: a job that
+    # shows as finished (or done without a result) may have both, unread.
+    rows_read: bool = True
 
     @property
     def trace_id(self) -> str | None:

@@ -89,9 +89,10 @@ def database_error(exc: BaseException, pool: LazyPool, what: str) -> StreamJobsE
     return DatabaseUnavailable(f"Postgres failed to {what}: {_first_line(exc, pool.settings)}.")
 
 
-# The driver's errors, for `except` clauses at this boundary.
+# The driver's errors, for `except` clauses at this boundary. InternalClientError is what
+# the pool's reset of a connection the server has just cut (a Postgres restart) can raise.
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (
-    OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+    OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
 # The schema or a table of ours is not there: `stream-jobs db migrate` has not run on it.
 MISSING_TABLE: tuple[type[BaseException], ...] = (
     asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError)

@@ -40,7 +40,10 @@ TABLE = "stream_jobs_results"
 _CHANNEL_MAX = 63  # Postgres keeps 63 bytes of an identifier; a channel is one
 CONNECT_TIMEOUT_S = 10.0
 UNHEARD_READ_EVERY_S = 1.0
-_DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
+# InternalClientError: asyncpg's pool resetting a connection the server has just cut
+# (a Postgres restart) can find it mid-operation; to a caller, the database did not answer.
+_DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError,
+                  asyncpg.InternalClientError, TimeoutError)
 
 
 def results_table(schema: str) -> str:

@@ -32,7 +32,8 @@ def test_chaos_only_names_scenarios_and_trials() -> None:
     scenarios, trials = chosen("")
     assert [s.name for s in scenarios] == list(SCENARIOS)
     assert [t.name for t in trials] == ["failover", "batches", "cancels", "outbox",
-                                          "fairness"]
+                                          "fairness", "results", "outbox-relay", "unique",
+                                          "history"]
     scenarios, trials = chosen("outbox, kill9,batches")
     assert [s.name for s in scenarios] == ["kill9"]
     assert [t.name for t in trials] == ["batches", "outbox"]

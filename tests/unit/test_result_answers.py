@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -175,3 +176,25 @@ async def test_a_lookup_that_fails_leaves_the_wait_for_the_row(
     with pytest.raises(ResultTimeout, match=r"could not be looked up \(Kafka did not answer"):
         await answer(store, 10, monkeypatch)
     assert [at for at, _ in store.looks] == [1.0, 3.0, 7.0, 10.0]
+
+
+def test_a_finished_job_whose_rows_postgres_did_not_let_us_read_is_no_answer() -> None:
+    # Found by the results chaos trial: during a Postgres restart the lookup read no dedup
+    # row and no result (the reads failed), the scan saw the job's offset committed, and
+    # `client.result` said "no result is kept: it was pruned" of a job whose result was
+    # committed all along.
+    unread = replace(where("finished", "report.build"), rows_read=False,
+                     notes=("The dedup table was not checked (connection refused).",))
+    assert result_error(unread, KEPT) is None
+    assert result_error(replace(unread, status="done"), KEPT) is None
+    timeout = not_in_time("j1", 30, unread)
+    assert "Postgres did not answer for its dedup row and result" in str(timeout)
+    assert "connection refused" in str(timeout)
+
+
+async def test_a_result_committed_while_postgres_was_away_is_returned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    unread = replace(where("finished", "report.build"), rows_read=False)
+    store = Store(lambda _: unread, row_at=2.5)
+    assert await answer(store, 30, monkeypatch) == {"n": 1}
+    assert store.looks == [(1.0, None)]  # looked again soon, not only at the deadline

@@ -1,15 +1,17 @@
-"""Results as they are kept: encoding, the size limit, and the error of a job that did
-not succeed (pure)."""
+"""Results as they are kept: encoding, the size limit, the error of a job that did not
+succeed, and what a reader says when Postgres cuts its connection (no services)."""
 
 from __future__ import annotations
 
 import pickle
 from datetime import UTC, datetime
 
+import asyncpg
 import pytest
 from pydantic import BaseModel
 
 from stream_jobs.errors import (
+    DatabaseUnavailable,
     JobCancelled,
     JobExpired,
     JobFailed,
@@ -20,6 +22,8 @@ from stream_jobs.failures import FailureInfo
 from stream_jobs.outcomes import Outcome
 from stream_jobs.results.finish import ending_row
 from stream_jobs.results.rules import StoredResult, encode_result
+from stream_jobs.results.store import ResultReader
+from stream_jobs.settings import Settings
 
 WHEN = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -96,3 +100,19 @@ def test_the_row_of_a_job_that_did_not_succeed_records_its_outcome_and_why() -> 
         "superseded", "superseded by a newer job of its debounce key")
     for recorded_elsewhere in (Outcome.SUCCEEDED, Outcome.RETRIED, Outcome.DUPLICATE):
         assert ending_row(recorded_elsewhere, None) is None
+
+
+async def test_a_connection_cut_by_a_postgres_restart_is_database_unavailable() -> None:
+    # Found by the results chaos trial: asyncpg's pool resetting a connection the server
+    # had just cut raised InternalClientError ("cannot switch to state 15") out of
+    # `client.result`, instead of the DatabaseUnavailable a caller retries on.
+    class CutPool:
+        async def fetchrow(self, *_: object) -> None:
+            raise asyncpg.InternalClientError(
+                "cannot switch to state 15; another operation (2) is in progress")
+
+    reader = ResultReader(Settings(database_url="postgresql://u:secret@127.0.0.1:1/db"))
+    reader._pool = CutPool()  # type: ignore[assignment]
+    with pytest.raises(DatabaseUnavailable, match="did not answer") as raised:
+        await reader.fetch("j1")
+    assert "secret" not in str(raised.value)
