@@ -46,12 +46,17 @@ class Verdict:
     drain_s: float | None
     rate_per_s: float | None = None
     problems: list[str] = field(default_factory=list)
+    rss_peak_mb: float | None = None
+    # Set by the runner for a scenario with a memory goal (net-bandwidth): its peak over
+    # the network baseline's, and whether that is over the goal.
+    rss_ratio: float | None = None
+    memory_over_goal: bool = False
 
     @property
     def ok(self) -> bool:
         return (self.lost == 0 and self.unlogged == 0 and self.duplicate_effects == 0
                 and self.commits_past_unfinished == 0 and self.unfinished_at_end == 0
-                and self.not_redelivered == 0)
+                and self.not_redelivered == 0 and not self.memory_over_goal)
 
     @property
     def recovery_max_s(self) -> float | None:
@@ -106,7 +111,8 @@ def judge(ev: Evidence) -> Verdict:
         dead_lettered=len(dead & enqueued), commits_past_unfinished=len(past),
         unfinished_at_end=len(unfinished), not_redelivered=len(not_again),
         in_flight_at_faults=in_flight, faults=len(ev.faults), recovery_s=recovery,
-        drain_s=drain, rate_per_s=overall_rate(ev.throughput), problems=problems)
+        drain_s=drain, rate_per_s=overall_rate(ev.throughput), problems=problems,
+        rss_peak_mb=ev.rss_peak_mb)
 
 
 def commits_past_unfinished(ev: Evidence) -> list[tuple[int, int, str]]:

@@ -91,3 +91,4 @@ class Evidence:
     throughput: list[tuple[float, int]]  # (epoch s, effect rows so far)
     faults: list[Fault]
     expected_failures: set[str] = field(default_factory=set)  # fail_first job IDs
+    rss_peak_mb: float | None = None  # the highest resident memory of any worker

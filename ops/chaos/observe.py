@@ -1,5 +1,6 @@
-"""Samplers that run beside the workers: effect rows over time (throughput) and the
-worker group's committed offsets over time (for the commit check). Both keep going
+"""Samplers that run beside the workers: effect rows over time (throughput), the
+worker group's committed offsets over time (for the commit check), and the workers' peak
+resident memory. Both keep going
 through faults: a sample that cannot be taken (Postgres or a broker down) is skipped."""
 
 from __future__ import annotations
@@ -8,12 +9,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from pathlib import Path
 
 import asyncpg
 
 from ops.chaos.app import EFFECTS_TABLE
 from ops.chaos.evidence import CommitSample
 from ops.chaos.faults import until
+from ops.chaos.workers import WorkerGroup
 from stream_jobs.kafka.admin import admin_client, group_state
 from stream_jobs.naming import worker_group
 from stream_jobs.settings import Settings
@@ -54,6 +57,36 @@ class Throughput:
             if conn is not None:
                 with contextlib.suppress(Exception):
                     await conn.close(timeout=2)
+
+
+class Memory:
+    """The highest resident set size (MB) any live worker of `group` reached, sampled
+    every `interval_s` from /proc."""
+
+    def __init__(self, group: WorkerGroup, interval_s: float = 0.5) -> None:
+        self.group = group
+        self.interval_s = interval_s
+        self.peak_mb: float | None = None
+
+    async def run(self) -> None:
+        while True:
+            for worker in self.group.live():
+                mb = rss_mb(worker.pid)
+                if mb is not None and (self.peak_mb is None or mb > self.peak_mb):
+                    self.peak_mb = mb
+            await asyncio.sleep(self.interval_s)  # a sampling period, not a wait
+
+
+def rss_mb(pid: int) -> float | None:
+    """A process's resident set (VmRSS) in MB; None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return None
 
 
 class Commits:

@@ -98,6 +98,15 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _rss(v: dict[str, Any]) -> str:
+    """The peak, and its ratio to the network baseline's where the scenario has a goal."""
+    peak = v.get("rss_peak_mb")
+    if peak is None:
+        return "-"
+    ratio = v.get("rss_ratio")
+    return f"{peak:.0f}" + (f" ({ratio:.2f}x baseline)" if ratio is not None else "")
+
+
 def row(result: TrialResult) -> RunJSON:
     """A run as JSON (what results.json keeps and RESULTS.md is rendered from)."""
     return {"scenario": result.scenario, "run": result.run, "seconds": result.seconds,
@@ -110,8 +119,9 @@ def _process_table(rows: list[RunJSON]) -> list[str]:
     lines = [
         "| scenario | run | when (UTC) | N | lost | dup effects | dup deliveries | "
         "dead-lettered | commits past unfinished | in flight at faults / not redelivered | "
-        "faults | recovery s (median / max) | drain s | jobs/s | run s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "faults | recovery s (median / max) | drain s | jobs/s | worker RSS MB (peak) | "
+        "run s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         v = r["verdict"]
@@ -125,7 +135,7 @@ def _process_table(rows: list[RunJSON]) -> list[str]:
             f"{v['dead_lettered']} | {v['commits_past_unfinished']} | "
             f"{v['in_flight_at_faults']} / {v['not_redelivered']} | {v['faults']} | "
             f"{_fmt(median)} / {_fmt(worst)} | {_fmt(v['drain_s'])} | "
-            f"{_fmt(v.get('rate_per_s'))} | {r['seconds']:.0f} |")
+            f"{_fmt(v.get('rate_per_s'))} | {_rss(v)} | {r['seconds']:.0f} |")
     problems = [(r, p) for r in rows for p in [*r["verdict"]["problems"], *r["notes"]]]
     if problems:
         lines += ["", "## Problems and notes", ""]

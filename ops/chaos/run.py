@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ops.chaos import (
@@ -39,6 +39,7 @@ from ops.chaos import (
     results_trial,
     unique_trial,
 )
+from ops.chaos.netproxy import NetProxy, front
 from ops.chaos.protocol import OwnTrial, TrialRow
 from ops.chaos.scenarios import SCENARIOS, Scenario
 from ops.chaos.trial import Stack, TrialResult, run_trial
@@ -158,6 +159,42 @@ async def _on_the_cluster(done: Invocation, base: Settings, single: Stack,
         await asyncio.to_thread(cluster.down)
 
 
+async def _on_the_network(done: Invocation, single: Stack, scenarios: list[Scenario],
+                          runs: int, jobs: int) -> None:
+    """The network scenarios: Toxiproxy in front of the stack's broker and Postgres."""
+    proxy = await NetProxy(single.settings.stack_dir, OUT_DIR / "toxiproxy").start()
+    try:
+        net = await front(proxy, single.settings, KafkaCluster(single.settings, 1))
+        stack = replace(single, net=net)
+        for scenario in scenarios:
+            for run in range(1, runs + 1):
+                await proxy.heal()
+                result = await run_scenario(stack, scenario, run, jobs)
+                done.results.append(result)
+                _judge_memory(done.results, scenario, result)
+                done.write()
+    finally:
+        proxy.stop()
+
+
+def _judge_memory(results: list[TrialResult], scenario: Scenario, result: TrialResult) -> None:
+    """A scenario with a memory goal: its workers' peak RSS over the net-baseline's (the
+    highest of this invocation's baseline runs)."""
+    if scenario.rss_goal is None:
+        return
+    v = result.verdict
+    baseline = [r.verdict.rss_peak_mb for r in results
+                if r.scenario == "net-baseline" and r.verdict.rss_peak_mb]
+    if v.rss_peak_mb is None or not baseline:
+        result.notes.append("no net-baseline run in this invocation: RSS not compared")
+        return
+    v.rss_ratio = v.rss_peak_mb / max(baseline)
+    if v.rss_ratio > scenario.rss_goal:
+        v.memory_over_goal = True
+        v.problems.append(f"workers' peak RSS {v.rss_peak_mb:.0f} MB is {v.rss_ratio:.2f}x "
+                          f"the net-baseline's, over the {scenario.rss_goal}x goal")
+
+
 async def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
@@ -170,7 +207,7 @@ async def main() -> int:
     base = Settings()
     single = await _single_stack(base)
     try:
-        for scenario in [s for s in scenarios if not s.cluster]:
+        for scenario in [s for s in scenarios if not s.cluster and not s.network]:
             for run in range(1, runs + 1):
                 done.results.append(await run_scenario(single, scenario, run, n))
                 done.write()
@@ -179,6 +216,9 @@ async def main() -> int:
                 done.trials.setdefault(trial.name, []).append(
                     await run_own(trial, single, run, jobs))
                 done.write()
+        networked = [s for s in scenarios if s.network]
+        if networked:
+            await _on_the_network(done, single, networked, runs, n)
         clustered = [s for s in scenarios if s.cluster]
         if clustered:
             await _on_the_cluster(done, base, single, clustered, runs, n)

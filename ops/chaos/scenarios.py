@@ -7,38 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ops.chaos import faults
 from ops.chaos.faults import FaultError, until
+from ops.chaos.net_scenarios import NET_SCENARIOS
 from ops.chaos.observe import group_stable
+from ops.chaos.scenario import Scenario
 from ops.chaos.trial import Inject, Trial
 
 SESSION_TIMEOUT_S = 10.0  # the worker consumer's session_timeout_ms (stream_jobs.runtime.member)
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    title: str
-    method: str
-    inject: Inject
-    cluster: bool = False
-    workers: int = 3
-    fail_fraction: float = 0.0
-    handler_timeout_s: float = 30.0
-    # Spread the enqueue over this many seconds (the faults then hit producing as well).
-    enqueue_over_s: float | None = None
-    # The goal beyond "0 lost, 0 duplicate effects": also 0 duplicate deliveries.
-    no_redelivery: bool = False
-
-    @property
-    def description(self) -> str:
-        """The method, and how the jobs arrive when they are spread out."""
-        if self.enqueue_over_s is None:
-            return self.method
-        return (f"{self.method} Jobs are enqueued throughout (spread over "
-                f"{self.enqueue_over_s:.0f} s).")
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -293,7 +271,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("storm", "rebalance storm",
              "12 membership changes 1-4 s apart: a worker joins or one leaves (SIGTERM), "
              "between 1 and 5 members.", rebalance_storm(), enqueue_over_s=45.0),
-)}
+)} | NET_SCENARIOS
 
 
 def with_inject(scenario: Scenario, inject: Inject) -> Scenario:

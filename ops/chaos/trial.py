@@ -20,7 +20,8 @@ from ops.chaos.app import EFFECTS_TABLE, JOB_TYPE
 from ops.chaos.checks import Verdict, judge
 from ops.chaos.evidence import Evidence, Fault
 from ops.chaos.fresh import fresh_settings, settle
-from ops.chaos.observe import Commits, Throughput, group_stable
+from ops.chaos.netproxy import Fronted
+from ops.chaos.observe import Commits, Memory, Throughput, group_stable
 from ops.chaos.workers import WorkerGroup
 from stream_jobs.client import Job, JobClient
 from stream_jobs.errors import StreamJobsError
@@ -50,6 +51,18 @@ class Stack:
     settings: Settings  # bootstrap and database of the stack under test
     postgres: PostgresServer
     cluster: KafkaCluster | None = None
+    # Toxiproxy's links in front of the broker and Postgres: the workers go through them
+    # (the runner's own clients and checks do not).
+    net: Fronted | None = None
+
+    def worker_env(self) -> dict[str, str]:
+        """What the workers' environment says differently from the run's settings."""
+        if self.net is None:
+            return {}
+        via = self.net.settings
+        return {"STREAM_JOBS_KAFKA_BOOTSTRAP": via.kafka_bootstrap,
+                "STREAM_JOBS_DATABASE_URL": via.database_url,
+                "STREAM_JOBS_DATABASE_LISTEN_URL": via.listen_url}
 
 
 class TrialError(Exception):
@@ -132,14 +145,16 @@ async def run_trial(stack: Stack, *, scenario: str, run: int, jobs: int, inject:
     policy = await declare_type(settings, JOB_TYPE, partitions=PARTITIONS,
                                 replication_factor=replication, retry_tiers=RETRY_TIERS,
                                 max_attempts=MAX_ATTEMPTS)
-    group = WorkerGroup(settings, folder, hold_ms=hold_ms, handler_timeout_s=handler_timeout_s)
+    group = WorkerGroup(settings, folder, hold_ms=hold_ms, handler_timeout_s=handler_timeout_s,
+                        env=stack.worker_env())
+    memory = Memory(group)
     trial = Trial(scenario, run, jobs, stack, settings, policy, folder, group,
                   Throughput(settings), Commits(settings, worker_group(prefix, JOB_TYPE),
                                                 lane_topic(prefix, JOB_TYPE)),
                   worker_count=workers, fail_fraction=fail_fraction,
                   enqueue_over_s=enqueue_over_s)
     samplers = [asyncio.create_task(trial.throughput.run()),
-                asyncio.create_task(trial.commits.run())]
+                asyncio.create_task(trial.commits.run()), asyncio.create_task(memory.run())]
     try:
         for _ in range(workers):
             group.start()
@@ -163,7 +178,7 @@ async def run_trial(stack: Stack, *, scenario: str, run: int, jobs: int, inject:
         # Drained means committed to the end: the verdict's evidence is final, so the
         # workers can go without a drain of their own.
         group.close()
-        evidence = await _collect(trial)
+        evidence = await _collect(trial, memory.peak_mb)
     finally:
         for task in samplers:
             task.cancel()
@@ -258,7 +273,7 @@ async def _distinct_effects(settings: Settings) -> int:
         await conn.close()
 
 
-async def _collect(trial: Trial) -> Evidence:
+async def _collect(trial: Trial, rss_peak_mb: float | None) -> Evidence:
     s = trial.settings
     prefix = s.topic_prefix
     tiers = list(trial.policy.tier_topics(prefix).values())
@@ -279,4 +294,4 @@ async def _collect(trial: Trial) -> Evidence:
         lane_ends={p: o for (_, p), o in ends.items()},
         relay_committed=relayed, tier_ends=tier_ends,
         throughput=list(trial.throughput.series), faults=list(trial.faults),
-        expected_failures=set(trial.failing))
+        expected_failures=set(trial.failing), rss_peak_mb=rss_peak_mb)
