@@ -33,6 +33,7 @@ from ops.chaos import (
     failover,
     fairness,
     history_trial,
+    listen_trial,
     outbox,
     relay_trial,
     report,
@@ -52,7 +53,8 @@ CHAOS_DIR = Path(__file__).resolve().parent
 OUT_DIR = CHAOS_DIR / "out"
 TRIALS: dict[str, OwnTrial] = {t.name: t for t in (
     failover.TRIAL, batches.TRIAL, cancels.TRIAL, outbox.TRIAL, fairness.TRIAL,
-    results_trial.TRIAL, relay_trial.TRIAL, unique_trial.TRIAL, history_trial.TRIAL)}
+    results_trial.TRIAL, relay_trial.TRIAL, unique_trial.TRIAL, history_trial.TRIAL,
+    listen_trial.TRIAL)}
 
 log = logging.getLogger("ops.chaos")
 

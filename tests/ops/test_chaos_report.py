@@ -33,7 +33,7 @@ def test_chaos_only_names_scenarios_and_trials() -> None:
     assert [s.name for s in scenarios] == list(SCENARIOS)
     assert [t.name for t in trials] == ["failover", "batches", "cancels", "outbox",
                                           "fairness", "results", "outbox-relay", "unique",
-                                          "history"]
+                                          "history", "listen"]
     scenarios, trials = chosen("outbox, kill9,batches")
     assert [s.name for s in scenarios] == ["kill9"]
     assert [t.name for t in trials] == ["batches", "outbox"]
