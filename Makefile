@@ -8,7 +8,7 @@ SJ     := $(BIN)/stream-jobs
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
 .PHONY: setup system venv stack down status lint docs manual unit integration test demo demo-serve screenshots \
-	bench clean chaos \
+	bench clean chaos toxiproxy \
 	docker-images docker-test docker-check compose-check
 
 setup: system venv
@@ -66,7 +66,7 @@ manual: stack
 # service (marked `exclusive`) run afterwards, alone.
 INTEGRATION_PROCESSES ?= 2
 
-integration: stack
+integration: stack toxiproxy
 	$(BIN)/pytest -q -n $(INTEGRATION_PROCESSES) --dist loadfile -m "not exclusive" \
 	  tests/integration README.md docs
 	$(BIN)/pytest -q -m exclusive tests/integration
@@ -127,15 +127,22 @@ demo-serve:
 bench: stack $(VENV)/.bench-installed
 	$(BIN)/python -m ops.bench.run
 
-# Fault injection, every scenario and trial 3 times (~47 min): real worker processes under
+# Toxiproxy, the TCP fault proxy of the network fault tests and of make chaos, built at a
+# pinned version into .stack/toxiproxy/ (ops/toxiproxy/build.sh; once per machine, ~30 s).
+toxiproxy:
+	@bash ops/toxiproxy/build.sh >/dev/null
+
+# Fault injection, every scenario and trial 3 times (~75 min): real worker processes under
 # kill -9, SIGSTOP, broker kills and pauses on a 3-node cluster, Postgres restarts and
-# outages, refused retry writes, rolling restarts and rebalance storms; then the scheduler
+# outages, refused retry writes, rolling restarts and rebalance storms; the network
+# between the workers and Kafka or Postgres slowed, blackholed, reset and squeezed through
+# Toxiproxy, and the LISTEN connections silenced; then the scheduler
 # leader killed and frozen, a batch's callbacks through kill -9, cancels racing runs, the
 # outbox through a Kafka outage and its relays killed, fair queues, kept results, unique
 # keys raced and the history's counts through kill -9. Writes ops/chaos/RESULTS.md.
 # CHAOS_JOBS=N jobs per run, CHAOS_RUNS=R runs each, CHAOS_ONLY=kill9,cancels,... a subset
 # (docs/faults/index.md).
-chaos: stack
+chaos: stack toxiproxy
 	$(BIN)/python -m ops.chaos.run
 
 $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed

@@ -18,6 +18,8 @@ ls /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf >/dev/null 2>&1 || missing+=(
 command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
 command -v jq >/dev/null 2>&1 || missing+=(jq)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+# Toxiproxy, the network fault tests' TCP proxy, is built with Go (ops/toxiproxy/build.sh).
+command -v go >/dev/null 2>&1 || missing+=(golang-go)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

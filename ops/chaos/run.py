@@ -5,9 +5,10 @@ In this order: the process-fault scenarios on the stack's single broker (`scenar
 one trial procedure for all: `trial.py`), the trials with procedures of their own
 (`TRIALS`: scheduler failover, batch callbacks, cancels racing runs, the outbox through a
 Kafka outage, tenants to and from the overflow lane, kept results, the outbox's relays
-killed, unique keys raced, the history's counts; `protocol.py`), then the broker
-scenarios on a 3-node cluster started here and stopped afterwards. RESULTS.md is written
-after every run.
+killed, unique keys raced, the history's counts, the LISTEN connections silenced;
+`protocol.py`), then the network scenarios with Toxiproxy in front of the stack's broker
+and Postgres (`net_scenarios.py`, `netproxy.py`), then the broker scenarios on a 3-node
+cluster started here and stopped afterwards. RESULTS.md is written after every run.
 
 Environment knobs: CHAOS_RUNS (runs of each, default 3), CHAOS_ONLY (comma-separated
 names of scenarios and trials, default all), CHAOS_JOBS (jobs per run: DEFAULT_JOBS for
