@@ -11,11 +11,11 @@ import os
 import platform
 import statistics
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from ops.chaos.protocol import OwnTrial, TrialRow, section
 from ops.chaos.scenarios import SCENARIOS
@@ -92,6 +92,7 @@ class RunJSON(TypedDict):
     # dataclasses.asdict of the Verdict and of each Fault (asdict's type is dict[str, Any]).
     verdict: dict[str, Any]
     faults: list[dict[str, Any]]
+    commit: NotRequired[str]  # the commit the run measured (absent in older files)
 
 
 def _fmt(value: float | None) -> str:
@@ -111,7 +112,23 @@ def row(result: TrialResult) -> RunJSON:
     """A run as JSON (what results.json keeps and RESULTS.md is rendered from)."""
     return {"scenario": result.scenario, "run": result.run, "seconds": result.seconds,
             "started": result.started, "notes": result.notes, "ok": result.verdict.ok,
-            "verdict": asdict(result.verdict), "faults": [asdict(f) for f in result.faults]}
+            "verdict": asdict(result.verdict), "faults": [asdict(f) for f in result.faults],
+            "commit": commit()}
+
+
+def _commits(rows: Sequence[Mapping[str, Any]],
+             trials: Sequence[tuple[OwnTrial, list[TrialRow]]]) -> str:
+    """Which commit each scenario's and trial's runs measured (a CHAOS_ONLY invocation
+    keeps the other rows of the one before)."""
+    by: dict[str, list[str]] = {}
+    named: list[tuple[str, Mapping[str, Any]]] = [(r["scenario"], r) for r in rows]
+    named += [(t.name, r) for t, runs in trials for r in runs]
+    for name, r in named:
+        names = by.setdefault(r.get("commit") or "unknown", [])
+        if name not in names:
+            names.append(name)
+    return "The runs' commits: " + "; ".join(
+        f"{c}: {', '.join(names)}" for c, names in by.items()) + "."
 
 
 def _process_table(rows: list[RunJSON]) -> list[str]:
@@ -167,6 +184,7 @@ def render(rows: list[RunJSON], meta: MetaJSON,
     ]
     if meta.get("n_note"):
         lines += [meta["n_note"], ""]
+    lines += [_commits(rows, trials), ""]
     ok = all(r["ok"] for r in rows) and all(r["ok"] for _, runs in trials for r in runs)
     lines.append(
         f"**Verdict: {'0 lost and 0 duplicate effects in every run' if ok else 'PROBLEMS FOUND'}"

@@ -117,6 +117,7 @@ async def run_scenario(stack: Stack, scenario: Scenario, run: int, jobs: int) ->
 
 async def run_own(trial: OwnTrial, stack: Stack, run: int, jobs: int | None) -> TrialRow:
     found = await trial.run(stack, OUT_DIR, run, jobs)
+    found["commit"] = report.commit()
     log.info("%s run %d: %s, %.0f s%s", trial.name, run, trial.summary(found),
              found["seconds"], "" if found["ok"] else f" PROBLEMS: {found['problems']}")
     return found

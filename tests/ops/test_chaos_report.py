@@ -73,3 +73,14 @@ def test_a_partial_run_keeps_the_other_trials_last_runs(tmp_path: Path) -> None:
     assert merged["failover"] == [{"run": 1}]
     assert [r["run"] for r in merged["cancels"]] == [1]
     assert merged["outbox"] == []
+
+
+def test_the_header_names_the_commit_each_runs_measured() -> None:
+    process = report.row(TrialResult("baseline", 1, judge(evidence()), 8.0, [], [],
+                                     time.time()))
+    process["commit"] = "abc1234"
+    older = {**process, "scenario": "kill9"}
+    del older["commit"]  # a run kept from a file written before runs named their commit
+    trial = {**_cancel_row(1, []), "commit": "abc1234"}
+    text = report.render([process, older], META, [(cancels.TRIAL, [trial])])
+    assert "The runs' commits: abc1234: baseline, cancels; unknown: kill9." in text
