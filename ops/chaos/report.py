@@ -253,12 +253,24 @@ def merged_trials(previous: Path, fresh: dict[str, list[TrialRow]],
     return [(t, fresh.get(t.name) or kept.get(t.name, [])) for t in trials]
 
 
+FULL_N = 100_000  # the issue's jobs per run: such an invocation has files of its own
+
+
+def files(jobs: int) -> tuple[str, str]:
+    """(the page, the runs kept under out/) of an invocation with `jobs` per run: the
+    runs at the full N are kept apart from the usual ones."""
+    if jobs >= FULL_N:
+        return "RESULTS-100k.md", "results-100k.json"
+    return "RESULTS.md", "results.json"
+
+
 def write(path: Path, rows: list[RunJSON], meta: MetaJSON,
-          trials: Sequence[tuple[OwnTrial, list[TrialRow]]] = ()) -> None:
+          trials: Sequence[tuple[OwnTrial, list[TrialRow]]] = (), *,
+          kept: str = "results.json") -> None:
     path.write_text(render(rows, meta, trials))
     out = path.parent / "out"
     out.mkdir(exist_ok=True)
-    (out / "results.json").write_text(json.dumps(
+    (out / kept).write_text(json.dumps(
         {"meta": meta, "runs": rows, "trials": {t.name: runs for t, runs in trials}},
         indent=2) + "\n")
 

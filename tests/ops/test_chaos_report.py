@@ -84,3 +84,8 @@ def test_the_header_names_the_commit_each_runs_measured() -> None:
     trial = {**_cancel_row(1, []), "commit": "abc1234"}
     text = report.render([process, older], META, [(cancels.TRIAL, [trial])])
     assert "The runs' commits: abc1234: baseline, cancels; unknown: kill9." in text
+
+
+def test_runs_at_the_full_n_are_kept_apart_from_the_usual_ones() -> None:
+    assert report.files(10_000) == ("RESULTS.md", "results.json")
+    assert report.files(100_000) == ("RESULTS-100k.md", "results-100k.json")
