@@ -65,6 +65,7 @@ METHOD = ("3 `stream-jobs worker ops.chaos.app:app` processes drain 20,000 jobs 
 CANCEL_SHARE = 3  # one job in three is cancelled
 CANCELLERS = 4
 RETRIES = 300  # of a cancel that fails (0.2 s apart: a minute)
+PG_OUT_S = 5.0  # about how long a Postgres restart keeps the cancels from answering
 
 
 @dataclass
@@ -162,7 +163,8 @@ async def _race(client: JobClient, group: WorkerGroup, result: CancelTrialResult
         chosen = rng.sample(ids, len(ids) // CANCEL_SHARE)
         killing = asyncio.create_task(_kill_now_and_then(group, kills, rng, postgres, extra))
         # Cancels spread over the kills' time, so that they meet dead workers' jobs.
-        over_s = 1.25 * kills + 1.0
+        # With a Postgres restart and a link cut on the way, longer: they meet them too.
+        over_s = 1.25 * kills + 1.0 + (PG_OUT_S if postgres else 0.0) + extra.link.lasts_s
         paced = time.monotonic()
 
         async def canceller(share: list[str]) -> None:

@@ -40,6 +40,11 @@ class PgLinkCut:
     cuts: int = 0
 
     @property
+    def lasts_s(self) -> float:
+        """How long a cut lasts (0 off the network stage)."""
+        return 0.0 if self.net is None else BLACKHOLE_S + SETTLE_S + RESET_S
+
+    @property
     def links(self) -> list[Link]:
         return [] if self.net is None else [self.net.postgres, self.net.listen]
 
