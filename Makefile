@@ -132,7 +132,7 @@ bench: stack $(VENV)/.bench-installed
 toxiproxy:
 	@bash ops/toxiproxy/build.sh >/dev/null
 
-# Fault injection, every scenario and trial 3 times (~75 min): real worker processes under
+# Fault injection, every scenario and trial 3 times (~2 h): real worker processes under
 # kill -9, SIGSTOP, broker kills and pauses on a 3-node cluster, Postgres restarts and
 # outages, refused retry writes, rolling restarts and rebalance storms; the network
 # between the workers and Kafka or Postgres slowed, blackholed, reset and squeezed through

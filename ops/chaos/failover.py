@@ -1,6 +1,7 @@
 """The scheduler failover scenario: two `stream-jobs scheduler` processes on a 1 s
-schedule, the leader SIGKILLed (and restarted) several times, then frozen with SIGSTOP
-past its lease once; every firing of the window must run exactly once.
+schedule, the leader SIGKILLed (and restarted) several times, Postgres restarted once
+(every session cut: the leader's advisory lock is gone with it), then the leader frozen
+with SIGSTOP past its lease once; every firing of the window must run exactly once.
 
 A run gets a fresh prefix and schema. The firings are run by a worker in this process
 (it takes no part in scheduling), whose handler writes one row per firing through
@@ -19,14 +20,17 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import asyncpg
 
+from ops.chaos import paced
 from ops.chaos.app import TICK_EFFECTS_TABLE, TICK_TYPE
 from ops.chaos.app import app as chaos_app
 from ops.chaos.collect import read_topic
 from ops.chaos.failover_verdict import FailoverEvidence, FailoverVerdict, LeaderFault, judge
+from ops.chaos.faults import until
 from ops.chaos.fresh import fresh_settings, settle
 from ops.chaos.protocol import OwnTrial, TrialRow, row
 from ops.chaos.trial import Stack
@@ -39,16 +43,20 @@ from stream_jobs.record import HEADER_JOB_ID
 from stream_jobs.runtime.worker import Worker
 from stream_jobs.schedules.leader import leaders
 from stream_jobs.settings import Settings
+from stream_jobs.stack import PostgresServer
 
 log = logging.getLogger("ops.chaos")
 
-TITLE = "kill -9 the scheduler leader 3 times in 60 s, then SIGSTOP it past its lease"
+TITLE = ("kill -9 the scheduler leader 3 times in 60 s, restart Postgres, then SIGSTOP "
+         "the leader past its lease")
 METHOD = (
     "Two `stream-jobs scheduler ops.chaos.app:app --type chaos.tick` processes share a "
     "1 s schedule (`every = \"1s\"`, missed = latest). Over a 60 s window the leader "
     "(the process holding the type's advisory lock, read from `pg_locks`) is SIGKILLed "
-    "3 times, a replacement starting at once, and then SIGSTOPped for its lease + 5 s "
-    "(lease 10 s) and resumed. A worker in the runner runs the firings, each writing one "
+    "3 times, a replacement starting at once; then the stack's Postgres is restarted "
+    "(2 s down: every session is cut, the leader's lock with it, and a scheduler must "
+    "take it again); then the leader is SIGSTOPped for its lease + 5 s (lease 10 s) and "
+    "resumed. A worker in the runner runs the firings, each writing one "
     "row through `ctx.once()` into a table without a unique key. Goal: every fire time "
     "from the first firing to the last has exactly one effect; a firing enqueued twice "
     "(a leader that froze after its enqueue) is a `duplicate` outcome. The failover gap "
@@ -80,9 +88,11 @@ class FailoverError(Exception):
 
 async def run_failover(base: Settings, out_dir: Path, *, run: int = 1, window_s: float = 60.0,
                        kills: int = 3, pause: bool = True,
-                       lease_s: float = 10.0) -> FailoverResult:
-    """One run: `kills` SIGKILLs of the leader and (with `pause`) one SIGSTOP of lease + 5 s,
-    spread over `window_s` seconds of a 1 s schedule."""
+                       lease_s: float = 10.0,
+                       postgres: PostgresServer | None = None) -> FailoverResult:
+    """One run: `kills` SIGKILLs of the leader, (with `postgres`) a restart of it, and
+    (with `pause`) one SIGSTOP of lease + 5 s, spread over `window_s` seconds of a 1 s
+    schedule."""
     began = time.time()
     settings, folder = fresh_settings(base, out_dir, f"failover-{run}",
                                       scheduler_lease_s=lease_s)
@@ -100,7 +110,8 @@ async def run_failover(base: Settings, out_dir: Path, *, run: int = 1, window_s:
         group.start()
         group.start()
         await _until(lambda: _effects(settings, at_least=1), 120, "a first firing ran", group)
-        faults = await _fault_window(settings, group, window_s, kills, pause, lease_s)
+        faults = await _fault_window(settings, group, window_s, kills, pause, lease_s,
+                                     postgres)
         notes = await _stop_schedulers(group)
         worker.request_stop()
         await asyncio.wait_for(working, 60)
@@ -121,19 +132,21 @@ async def run_failover(base: Settings, out_dir: Path, *, run: int = 1, window_s:
 
 
 async def _fault_window(settings: Settings, group: WorkerGroup, window_s: float, kills: int,
-                        pause: bool, lease_s: float) -> list[LeaderFault]:
-    """`kills` kills of the leader, then (with `pause`) a freeze of lease + 5 s, spread
-    evenly over `window_s` seconds; returns at the window's end."""
+                        pause: bool, lease_s: float,
+                        postgres: PostgresServer | None) -> list[LeaderFault]:
+    """`kills` kills of the leader, then (with `postgres`) a restart of it, then (with
+    `pause`) a freeze of lease + 5 s, spread evenly over `window_s` seconds; returns at the
+    window's end."""
     faults: list[LeaderFault] = []
     window_began = time.time()
-    steps = kills + (1 if pause else 0)
-    for i in range(steps):
-        due = window_began + window_s * (i + 1) / (steps + 1)
+    steps: list[Callable[[], Awaitable[LeaderFault]]] = [
+        *[partial(_kill_leader, settings, group)] * kills,
+        *([partial(_restart_postgres, settings, postgres)] if postgres is not None else []),
+        *([partial(_freeze_leader, settings, group, lease_s + 5.0)] if pause else [])]
+    for i, step in enumerate(steps):
+        due = window_began + window_s * (i + 1) / (len(steps) + 1)
         await asyncio.sleep(max(0.0, due - time.time()))  # the fault's moment
-        if i < kills:
-            faults.append(await _kill_leader(settings, group))
-        else:
-            faults.append(await _freeze_leader(settings, group, lease_s + 5.0))
+        faults.append(await step())
     await asyncio.sleep(max(0.0, window_began + window_s - time.time()))  # window's end
     return faults
 
@@ -194,6 +207,21 @@ async def _freeze_leader(settings: Settings, group: WorkerGroup,
     return LeaderFault("SIGSTOP", at, time.time(), takeover)
 
 
+async def _restart_postgres(settings: Settings, postgres: PostgresServer) -> LeaderFault:
+    """Restart Postgres: every session is cut, the leader's advisory lock with it. The
+    takeover is the time until a scheduler holds the lock again."""
+    at = time.time()
+    log.info("failover: restart Postgres under the schedulers")
+    await paced.restart_postgres(postgres)
+    healed = time.time()
+
+    async def held() -> bool:
+        return (await leaders(settings, [TICK_TYPE])).get(TICK_TYPE) is not None
+
+    await until(held, 60, "a scheduler holding the lock after the Postgres restart")
+    return LeaderFault("pg restart", at, healed, time.time() - at)
+
+
 async def _effects(settings: Settings, at_least: int) -> bool:
     conn = await asyncpg.connect(settings.database_url, timeout=5,
                                  server_settings={"search_path": settings.database_schema})
@@ -242,7 +270,7 @@ def _each(values: list[float | None], kinds: list[str], kind: str) -> str:
 
 async def _run(stack: Stack, out_dir: Path, run: int, jobs: int | None) -> TrialRow:
     """One run at `make chaos`'s size (the window is a time: CHAOS_JOBS does not apply)."""
-    result = await run_failover(stack.settings, out_dir, run=run)
+    result = await run_failover(stack.settings, out_dir, run=run, postgres=stack.postgres)
     v = result.verdict
     return row(run, result.started, v.problems, result.notes, window_s=result.window_s,
                lease_s=result.lease_s, firings=v.firings, missed=len(v.missed),
@@ -260,6 +288,7 @@ def _cells(r: TrialRow) -> list[str]:
             _each(takeovers, kinds, "kill -9"),
             f"{_each(takeovers, kinds, 'SIGSTOP')} ({r['lease_s']:.0f})",
             _each(gaps, kinds, "kill -9"), _each(gaps, kinds, "SIGSTOP"),
+            f"{_each(takeovers, kinds, 'pg restart')} / {_each(gaps, kinds, 'pg restart')}",
             " / ".join(_late(v) for v in r["late_ms"]), f"{r['seconds']:.0f}"]
 
 
@@ -274,11 +303,14 @@ NOTES = ("The failover gap is the time from a fault to the next firing any sched
          "the waiting scheduler, blocked in `pg_advisory_lock`, has it at once; after "
          "SIGSTOP the frozen leader's socket stays open, so the lock is released when its "
          "session has been idle for the lease (`idle_session_timeout`), and the firings due "
-         "meanwhile run late, not missed (a firing up to 30 s overdue always runs).")
+         "meanwhile run late, not missed (a firing up to 30 s overdue always runs). A Postgres "
+         "restart cuts every session: no one holds the lock until the schedulers connect "
+         "again, and the firings due meanwhile run late.")
 TRIAL = OwnTrial(
     "failover", "Scheduler failover", TITLE, METHOD, _run,
     ("when (UTC)", "window s", "firings", "missed", "dup effects",
      "enqueued twice / duplicate outcomes", "takeover s after kill -9",
      "takeover s after SIGSTOP (lease)", "failover gap s after kill -9",
-     "failover gap s after SIGSTOP", "firing late ms p50 / p99 / max", "run s"),
+     "failover gap s after SIGSTOP", "takeover / gap s after Postgres restart",
+     "firing late ms p50 / p99 / max", "run s"),
     _cells, _summary, NOTES)

@@ -22,7 +22,7 @@ FAIR_TYPE = "chaos.fair"
 HOLD_MS_ENV = "FAIR_HOLD_MS"
 TABLES = (
     "CREATE TABLE fair_effects (job_id text NOT NULL, tenant text NOT NULL, "
-    "key text NOT NULL, seq int NOT NULL, pid int NOT NULL, "
+    "key text NOT NULL, seq int NOT NULL, pid int NOT NULL, attempt int NOT NULL, "
     "at timestamptz NOT NULL DEFAULT clock_timestamp())",
 )
 
@@ -34,8 +34,8 @@ _HOLD_S = int(os.environ.get(HOLD_MS_ENV, "2")) / 1000
 @app.job(FAIR_TYPE, timeout=30, concurrency=32, ordering="key")
 async def fair(job: dict[str, object], ctx: JobContext) -> None:
     async with ctx.once() as tx:
-        await tx.execute("INSERT INTO fair_effects (job_id, tenant, key, seq, pid) "
-                         "VALUES ($1, $2, $3, $4, $5)", ctx.job_id, job["tenant"], job["key"],
-                         job["seq"], os.getpid())
+        await tx.execute("INSERT INTO fair_effects (job_id, tenant, key, seq, pid, attempt) "
+                         "VALUES ($1, $2, $3, $4, $5, $6)", ctx.job_id, job["tenant"],
+                         job["key"], job["seq"], os.getpid(), ctx.attempt)
         if _HOLD_S:
             await asyncio.sleep(_HOLD_S)

@@ -11,7 +11,8 @@ between waves; the noisy tenant changes from wave to wave (n0, n1, n0, ...), so 
 move to the overflow lane and back out of it. Keys are shared across tenants: half of the
 jobs take a key from a pool every tenant uses, the others one of their tenant's own; each
 job carries its key's sequence number. Meanwhile, each time another ninth of the jobs has
-its effect, a random worker gets SIGKILL and another starts. Once every job has its effect
+its effect, a random worker gets SIGKILL and another starts, and after the middle kill
+the stack's Postgres is restarted (`paced.kill_per_share`). Once every job has its effect
 and the lanes (the overflow lane too) and tiers are read to their ends, the workers stop and
 `fair_verdict.judge` decides: none lost, no effect twice, each key's effects in its
 sequence order, and some jobs through the overflow lane. `make chaos` runs it (`TRIAL`);
@@ -32,12 +33,13 @@ from pathlib import Path
 
 import asyncpg
 
-from ops.chaos import collect
+from ops.chaos import collect, paced
 from ops.chaos.fair_app import FAIR_TYPE, HOLD_MS_ENV, TABLES
 from ops.chaos.fair_verdict import EffectRow, FairEvidence, FairVerdict, Planned, judge
 from ops.chaos.faults import until
 from ops.chaos.fresh import fresh_settings, settle
-from ops.chaos.protocol import OwnTrial, TrialRow, row
+from ops.chaos.protocol import CLUSTER, OwnTrial, TrialRow, row
+from ops.chaos.staged import LEADER_KILLS, replication, stage_faults, worker_env
 from ops.chaos.trial import Stack
 from ops.chaos.workers import STREAM_JOBS, WorkerGroup
 from stream_jobs.app import App
@@ -61,18 +63,21 @@ OWN_KEYS = 8
 SEND_BATCH = 200
 APP_SPEC = "ops.chaos.fair_app:app"
 # The type's TOML: a short noisy window, so a tenant is quiet again soon after its flood.
-TOML = ('partitions = 6\nretry_tiers = ["1s"]\nmax_attempts = 3\n\n'
-        '[fairness]\nnoisy_window = "2s"\n')
-TITLE = "tenants to and from the overflow lane through kill -9"
+TOML = ('partitions = 6\nreplication_factor = {replication}\nretry_tiers = ["1s"]\n'
+        'max_attempts = 3\n\n[fairness]\nnoisy_window = "2s"\n')
+TITLE = "tenants to and from the overflow lane through kill -9 and a Postgres restart"
 METHOD = ("a type with `[fairness]` and `ordering = \"key\"` on 3 `stream-jobs worker` "
           "processes; 6,000 jobs in 6 waves, each a noisy tenant's burst (4/5 of the wave) "
           "then 4 quiet tenants' jobs, 2 s apart, the noisy tenant alternating (n0, n1), so "
           "tenants move to the overflow lane and back; half the keys shared across tenants, "
           "each job carrying its key's sequence number; a random worker gets SIGKILL each "
-          "time another ninth of the jobs is done (8 kills, another starting each time). "
+          "time another ninth of the jobs is done (8 kills, another starting each time), and "
+          "the stack's Postgres is restarted (2 s down) after the fourth. "
           "Judged once drained: no job lost, no effect twice (through `ctx.once()`), each "
-          "key's first effects in its sequence order, and jobs through the overflow lane "
-          "(else the run proved nothing).")
+          "key's first effects in its sequence order (those of first attempts: a job "
+          "failing while Postgres restarts leaves for a delay tier, and a retried job may "
+          "run after later jobs of its key, as docs/design says), and jobs through the "
+          "overflow lane (else the run proved nothing).")
 
 
 def plan(jobs: int, waves: int, rng: random.Random) -> list[list[Planned]]:
@@ -104,14 +109,16 @@ class FairTrialResult:
     seconds: float
     verdict: FairVerdict
     notes: list[str] = field(default_factory=list)
+    pg_restarts: int = 0
+    staged: dict[str, int] = field(default_factory=dict)  # StageFaults.counts
 
     @property
     def ok(self) -> bool:
         return self.verdict.ok and not self.notes
 
 
-async def _declare(settings: Settings) -> JobTypePolicy:
-    (settings.topics_dir / f"{FAIR_TYPE}.toml").write_text(TOML)
+async def _declare(settings: Settings, replication: int) -> JobTypePolicy:
+    (settings.topics_dir / f"{FAIR_TYPE}.toml").write_text(TOML.format(replication=replication))
     types = load_job_types(settings.topics_dir)
     await apply(settings, types)
     return types[FAIR_TYPE]
@@ -142,22 +149,12 @@ async def _fetch(settings: Settings, sql: str) -> list[asyncpg.Record]:
 
 
 async def _done_at_least(settings: Settings, target: int) -> bool:
+    return await _done(settings) >= target
+
+
+async def _done(settings: Settings) -> int:
     rows = await _fetch(settings, "SELECT count(DISTINCT job_id) AS n FROM fair_effects")
-    return int(rows[0]["n"]) >= target
-
-
-async def _kill_as_it_goes(settings: Settings, group: WorkerGroup, jobs: int, kills: int,
-                           within_s: float, rng: random.Random) -> None:
-    """SIGKILL a random worker each time another 1/(kills + 1) of the jobs is done, and
-    start another in its place."""
-    for k in range(1, kills + 1):
-        target = jobs * k // (kills + 1)
-        await until(partial(_done_at_least, settings, target), within_s,
-                    f"{target} jobs done")
-        victim = rng.choice(group.live())
-        log.info("kill -9 %s (pid %d) at %d jobs done", victim.name, victim.pid, target)
-        group.kill(victim)
-        group.start()
+    return int(rows[0]["n"])
 
 
 async def _read_to_the_end(settings: Settings, policy: JobTypePolicy) -> bool:
@@ -179,35 +176,41 @@ async def _read_to_the_end(settings: Settings, policy: JobTypePolicy) -> bool:
 
 async def _evidence(settings: Settings, enqueued: dict[str, Planned]) -> FairEvidence:
     rows = await _fetch(settings, "SELECT job_id, key, seq, extract(epoch FROM at)::float8 "
-                                  "AS at FROM fair_effects")
+                                  "AS at, attempt FROM fair_effects")
     _, ends = await collect.offsets(settings, None, [overflow_topic(settings.topic_prefix,
                                                                     FAIR_TYPE)])
     return FairEvidence(dict(enqueued),
-                        tuple(EffectRow(r["job_id"], r["key"], r["seq"], r["at"])
-                              for r in rows), sum(ends.values()))
+                        tuple(EffectRow(r["job_id"], r["key"], r["seq"], r["at"],
+                                        r["attempt"]) for r in rows), sum(ends.values()))
 
 
 async def fair_trial(base: Settings, out_dir: Path, *, jobs: int = JOBS, workers: int = 3,
                      kills: int = KILLS, waves: int = WAVES, pause_s: float = 2.0,
                      hold_ms: int = 2, within_s: float = 600.0,
-                     seed: int | None = None) -> FairTrialResult:
-    """One trial against the services `base` names (see the module's docstring)."""
+                     seed: int | None = None, stack: Stack | None = None) -> FairTrialResult:
+    """One trial against the services `base` names (see the module's docstring); with
+    `stack`, restarts its Postgres once on the way, and meets its stage's faults."""
     settings, folder = fresh_settings(base, out_dir, "fairness")
     rng = random.Random(seed)
     await prepare_schema(settings, TABLES)
-    policy = await _declare(settings)
+    policy = await _declare(settings, replication(stack))
     group = WorkerGroup(settings, folder, argv=(str(STREAM_JOBS), "worker", APP_SPEC,
                                                 "--type", FAIR_TYPE),
-                        env={HOLD_MS_ENV: str(hold_ms)})
+                        env={HOLD_MS_ENV: str(hold_ms), **worker_env(stack)})
+    extra = stage_faults(stack, settings, [policy], kills)
     began = time.monotonic()
     notes: list[str] = []
     enqueued: dict[str, Planned] = {}
+    restarts = 0
     try:
         for _ in range(workers):
             group.start()
         async with asyncio.TaskGroup() as both:  # one failing stops the other
             both.create_task(_enqueue(settings, plan(jobs, waves, rng), pause_s, enqueued))
-            both.create_task(_kill_as_it_goes(settings, group, jobs, kills, within_s, rng))
+            killing = both.create_task(paced.kill_per_share(
+                group, partial(_done, settings), jobs, kills, within_s, rng,
+                postgres=stack.postgres if stack else None, after=extra.after))
+        restarts = killing.result()
         await until(partial(_done_at_least, settings, jobs), within_s, "every job done")
         await until(partial(_read_to_the_end, settings, policy), within_s,
                     "the lanes and tiers read to their ends")
@@ -223,7 +226,7 @@ async def fair_trial(base: Settings, out_dir: Path, *, jobs: int = JOBS, workers
         group.close()
     verdict = judge(await _evidence(settings, enqueued))
     result = FairTrialResult(workers, len(group.killed), round(time.monotonic() - began, 1),
-                             verdict, notes)
+                             verdict, notes, restarts, extra.counts())
     await settle(settings, folder, [*verdict.problems, *notes])
     if not result.ok:
         log.error("fairness trial %s kept its topics and schema for a look: %s",
@@ -235,30 +238,36 @@ def fair_row(result: FairTrialResult, run: int, started: float) -> TrialRow:
     """One run as results.json keeps it (what stopped it is a problem too)."""
     v = result.verdict
     return row(run, started, [*v.problems, *result.notes], jobs=v.jobs,
-               workers=result.workers, kills=result.kills, lost=v.lost,
+               workers=result.workers, kills=result.kills, pg_restarts=result.pg_restarts,
+               **result.staged, lost=v.lost,
                duplicate_effects=v.duplicate_effects, keys_out_of_order=v.keys_out_of_order,
+               retried=v.retried,
                overflowed=v.overflowed)
 
 
 async def _run(stack: Stack, out_dir: Path, run: int, jobs: int | None) -> TrialRow:
     started = time.time()
-    result = await fair_trial(stack.settings, out_dir, jobs=jobs or JOBS)
+    result = await fair_trial(stack.settings, out_dir, jobs=jobs or JOBS,
+                              stack=stack)
     return fair_row(result, run, started)
 
 
 def _cells(r: TrialRow) -> list[str]:
-    return [f"{r['jobs']:,}", str(r["workers"]), str(r["kills"]), str(r["lost"]),
+    return [f"{r['jobs']:,}", str(r["workers"]), str(r["kills"]),
+            str(r.get("pg_restarts", 0)), str(r["lost"]),
             str(r["duplicate_effects"]), str(r["keys_out_of_order"]),
+            f"{r.get('retried', 0):,}",
             f"{r['overflowed']:,}", f"{r['seconds']:.0f}", "yes" if r["ok"] else "NO"]
 
 
 def _summary(r: TrialRow) -> str:
     return (f"{r['jobs']:,} jobs, lost {r['lost']}, dup effects {r['duplicate_effects']}, "
             f"keys out of order {r['keys_out_of_order']}, {r['overflowed']:,} through the "
-            f"overflow, {r['kills']} kills")
+            f"overflow, {r['kills']} kills, {r.get('pg_restarts', 0)} Postgres restarts")
 
 
 TRIAL = OwnTrial(
     "fairness", "Fair queues", TITLE, METHOD, _run,
-    ("jobs", "workers", "kill -9", "lost", "dup effects", "keys out of order",
-     "through the overflow", "run s", "ok"), _cells, _summary)
+    ("jobs", "workers", "kill -9", "Postgres restarts", "lost", "dup effects",
+     "keys out of order", "retried (order not promised)", "through the overflow", "run s",
+     "ok"), _cells, _summary, elsewhere={CLUSTER: LEADER_KILLS})

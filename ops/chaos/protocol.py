@@ -12,8 +12,8 @@ else is worth a look, no verdict), beside the trial's own counts.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,42 @@ class OwnTrial:
     cells: Callable[[TrialRow], list[str]]
     summary: Callable[[TrialRow], str]  # a run in one line of the runner's log
     notes: str = ""  # how to read the table, after it
+    # What its runs in the other stages add, by stage (CLUSTER: leader kills on the 3-node
+    # cluster, `leaders.py`; NETWORK: the workers' Postgres link cut, `pg_link.py`): the
+    # runner runs `elsewhere(trial, stage)` in each of those stages too.
+    elsewhere: Mapping[str, str] = field(default_factory=dict)
+    stage: str = "single"  # the runner's stage this one runs in
 
 
-def row(run: int, started: float, problems: list[str], notes: Sequence[str] = (),
+CLUSTER, NETWORK = "cluster", "network"
+# Per stage: the suffix of a trial's name there, and the column (and row key) its extra
+# faults are counted in.
+_STAGED = {CLUSTER: ("@cluster", "leader kill -9", "leader_kills", "on the 3-node cluster"),
+           NETWORK: ("@net", "Postgres link cut", "link_faults",
+                     "through Toxiproxy")}
+
+
+def elsewhere(trial: OwnTrial, stage: str) -> OwnTrial:
+    """`trial` as the runner's `stage` runs it (`<name>@cluster`, `<name>@net`: a section
+    of RESULTS.md of its own), its extra faults counted in a column of their own."""
+    if stage not in trial.elsewhere or stage not in _STAGED:
+        raise ValueError(f"the {trial.name} trial has no run in the {stage} stage")
+    suffix, column, key, where = _STAGED[stage]
+
+    def cells(r: TrialRow) -> list[str]:
+        return [str(r.get(key, 0)), *trial.cells(r)]
+
+    def summary(r: TrialRow) -> str:
+        return f"{trial.summary(r)}, {r.get(key, 0)} {column}"
+
+    return replace(trial, name=trial.name + suffix, heading=f"{trial.heading}, {where}",
+                   title=f"{trial.title}, {where}",
+                   method=f"{trial.method} {where.capitalize()}: {trial.elsewhere[stage]}",
+                   columns=(column, *trial.columns), cells=cells, summary=summary,
+                   elsewhere={}, stage=stage)
+
+
+def row(run: int, started: float, problems: list[str], notes: Sequence[str] = (), /,
         **counts: Any) -> TrialRow:
     """A run's row: `seconds` is from `started` until now."""
     return {"run": run, "started": started, "seconds": round(time.time() - started, 1),

@@ -32,9 +32,10 @@ import asyncpg
 from ops.chaos import paced
 from ops.chaos.faults import until
 from ops.chaos.fresh import fresh_settings, settle
-from ops.chaos.protocol import OwnTrial, TrialRow, row
+from ops.chaos.protocol import CLUSTER, OwnTrial, TrialRow, row
 from ops.chaos.relay_app import HOLD_MS_ENV, RELAYED_TYPE, TABLES
 from ops.chaos.relay_verdict import RelayEvidence, RelayVerdict, judge
+from ops.chaos.staged import LEADER_KILLS, replication, stage_faults, worker_env
 from ops.chaos.trial import Stack
 from ops.chaos.workers import STREAM_JOBS, WorkerGroup
 from stream_jobs.app import App
@@ -90,6 +91,7 @@ class RelayTrialResult:
     verdict: RelayVerdict
     rolled_back: int
     notes: list[str] = field(default_factory=list)
+    staged: dict[str, int] = field(default_factory=dict)  # StageFaults.counts
 
     @property
     def ok(self) -> bool:
@@ -157,19 +159,24 @@ async def _evidence(settings: Settings, written: Written) -> RelayEvidence:
 
 async def relay_trial(base: Settings, out_dir: Path, *, jobs: int = JOBS, relays: int = 2,
                       workers: int = 2, kills: int = KILLS, within_s: float = 300.0,
-                      seed: int | None = None) -> RelayTrialResult:
-    """One trial against the services `base` names (see the module's docstring)."""
+                      seed: int | None = None, stack: Stack | None = None
+                      ) -> RelayTrialResult:
+    """One trial against the services `base` names (see the module's docstring); with
+    `stack`, meets its stage's faults too."""
     settings, folder = fresh_settings(base, out_dir, "outbox-relay",
                                       outbox_sweep_interval_s=1.0)
     rng = random.Random(seed)
     await prepare_schema(settings, TABLES)
-    await declare_type(settings, RELAYED_TYPE, partitions=3, retry_tiers=["1s"])
+    policy = await declare_type(settings, RELAYED_TYPE, partitions=3, retry_tiers=["1s"],
+                                replication_factor=replication(stack))
     relay_group = WorkerGroup(settings, folder / "relays", argv=(
         str(STREAM_JOBS), "outbox", "relay", "--batch", str(RELAY_BATCH)),
-        env={"STREAM_JOBS_OUTBOX_SWEEP_INTERVAL_S": "1"})
+        env={"STREAM_JOBS_OUTBOX_SWEEP_INTERVAL_S": "1", **worker_env(stack)})
     worker_group = WorkerGroup(settings, folder / "workers",
                                argv=(str(STREAM_JOBS), "worker", APP_SPEC),
-                               env={"STREAM_JOBS_OUTBOX_RELAY": "false", HOLD_MS_ENV: "2"})
+                               env={"STREAM_JOBS_OUTBOX_RELAY": "false", HOLD_MS_ENV: "2",
+                                    **worker_env(stack)})
+    extra = stage_faults(stack, settings, [policy], kills)
     written = Written()
     began = time.monotonic()
     notes: list[str] = []
@@ -184,7 +191,7 @@ async def relay_trial(base: Settings, out_dir: Path, *, jobs: int = JOBS, relays
         async with asyncio.TaskGroup() as both:  # one failing stops the other
             both.create_task(_write(settings, jobs, written))
             both.create_task(paced.kill_per_share(relay_group, committed, jobs, kills,
-                                                  within_s, rng))
+                                                  within_s, rng, after=extra.after))
         await until(lambda: _drained(settings, written), within_s,
                     "every committed job run and the outbox empty")
         await paced.stop_all(relay_group)
@@ -200,7 +207,7 @@ async def relay_trial(base: Settings, out_dir: Path, *, jobs: int = JOBS, relays
     verdict = judge(await _evidence(settings, written))
     result = RelayTrialResult(relays, len(relay_group.killed),
                               round(time.monotonic() - began, 1), verdict,
-                              len(written.rolled_back), notes)
+                              len(written.rolled_back), notes, extra.counts())
     await settle(settings, folder, [*verdict.problems, *notes])
     if not result.ok:
         log.error("outbox-relay trial %s kept its topics and schema for a look: %s",
@@ -210,10 +217,11 @@ async def relay_trial(base: Settings, out_dir: Path, *, jobs: int = JOBS, relays
 
 async def _run(stack: Stack, out_dir: Path, run: int, jobs: int | None) -> TrialRow:
     started = time.time()
-    result = await relay_trial(stack.settings, out_dir, jobs=jobs or JOBS)
+    result = await relay_trial(stack.settings, out_dir, jobs=jobs or JOBS, stack=stack)
     v = result.verdict
     return row(run, started, [*v.problems, *result.notes], committed=v.committed,
                rolled_back=result.rolled_back, relays=result.relays, kills=result.kills,
+               **result.staged,
                lost=v.lost, copies_in_kafka=v.copies_in_kafka,
                missing_effects=v.missing_effects, duplicate_effects=v.duplicate_effects)
 
@@ -234,4 +242,5 @@ def _summary(r: TrialRow) -> str:
 TRIAL = OwnTrial(
     "outbox-relay", "The outbox's relays through kill -9", TITLE, METHOD, _run,
     ("committed", "rolled back", "relay kill -9", "lost", "copies in Kafka",
-     "missing effects", "dup effects", "run s", "ok"), _cells, _summary)
+     "missing effects", "dup effects", "run s", "ok"), _cells, _summary,
+    elsewhere={CLUSTER: LEADER_KILLS})

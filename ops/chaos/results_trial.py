@@ -31,9 +31,16 @@ import orjson
 from ops.chaos import paced
 from ops.chaos.faults import until
 from ops.chaos.fresh import fresh_settings, settle
-from ops.chaos.protocol import OwnTrial, TrialRow, row
+from ops.chaos.protocol import CLUSTER, NETWORK, OwnTrial, TrialRow, row
 from ops.chaos.results_app import HOLD_MS_ENV, RESULT_TYPE, TABLES, form_of, make_app, result_for
 from ops.chaos.results_verdict import KeptRow, ResultsEvidence, ResultsVerdict, WaitRow, judge
+from ops.chaos.staged import (
+    LEADER_KILLS,
+    PG_LINK_CUT,
+    StageFaults,
+    replication,
+    stage_faults,
+)
 from ops.chaos.trial import Stack
 from ops.chaos.workers import STREAM_JOBS, WorkerGroup
 from stream_jobs.client import Job, JobClient
@@ -73,6 +80,7 @@ class ResultsTrialResult:
     seconds: float
     verdict: ResultsVerdict
     notes: list[str] = field(default_factory=list)
+    staged: dict[str, int] = field(default_factory=dict)  # StageFaults.counts
 
     @property
     def ok(self) -> bool:
@@ -108,7 +116,7 @@ async def _kept_count(settings: Settings) -> int:
 
 async def _drive(settings: Settings, group: WorkerGroup, planned: dict[str, int],
                  postgres: PostgresServer, kills: int, rng: random.Random,
-                 within_s: float) -> tuple[list[WaitRow], int]:
+                 within_s: float, extra: StageFaults) -> tuple[list[WaitRow], int]:
     """Enqueue, wait for a sample, kill and restart along the way: the waits, and the
     number of Postgres restarts."""
     jobs = [Job(RESULT_TYPE, {"n": n}, job_id=job_id) for job_id, n in planned.items()]
@@ -121,7 +129,7 @@ async def _drive(settings: Settings, group: WorkerGroup, planned: dict[str, int]
         try:
             restarts = await paced.kill_per_share(group, partial(_kept_count, settings),
                                                   len(planned), kills, within_s, rng,
-                                                  postgres=postgres)
+                                                  postgres=postgres, after=extra.after)
             waits = list(await asyncio.gather(*waiting))
         finally:  # a fault that could not be made: no waiter outlives the client
             for task in waiting:
@@ -150,10 +158,11 @@ async def results_trial(stack: Stack, out_dir: Path, *, jobs: int = JOBS, worker
     settings, folder = fresh_settings(stack.settings, out_dir, "results")
     rng = random.Random(seed)
     await prepare_schema(settings, TABLES)
-    await declare_type(settings, RESULT_TYPE, partitions=6, retry_tiers=["1s"],
-                       max_attempts=5)
+    policy = await declare_type(settings, RESULT_TYPE, partitions=6, retry_tiers=["1s"],
+                                max_attempts=5, replication_factor=replication(stack))
     group = WorkerGroup(settings, folder, argv=(str(STREAM_JOBS), "worker", APP_SPEC),
-                        env={HOLD_MS_ENV: str(hold_ms)})
+                        env={HOLD_MS_ENV: str(hold_ms), **stack.worker_env()})
+    extra = stage_faults(stack, settings, [policy], kills)
     planned = {new_job_id(): n for n in range(jobs)}
     began = time.monotonic()
     notes: list[str] = []
@@ -163,7 +172,7 @@ async def results_trial(stack: Stack, out_dir: Path, *, jobs: int = JOBS, worker
         for _ in range(workers):
             group.start()
         waits, restarts = await _drive(settings, group, planned, stack.postgres, kills, rng,
-                                       within_s)
+                                       within_s, extra)
         await until(lambda: _all_kept(settings, jobs), within_s, "every job's result")
         await paced.stop_all(group)
     except Exception as exc:  # a wait that timed out: judge what there is
@@ -173,7 +182,8 @@ async def results_trial(stack: Stack, out_dir: Path, *, jobs: int = JOBS, worker
         group.close()
     verdict = judge(await _evidence(settings, planned, waits))
     result = ResultsTrialResult(workers, len(group.killed), restarts,
-                                round(time.monotonic() - began, 1), verdict, notes)
+                                round(time.monotonic() - began, 1), verdict, notes,
+                                extra.counts())
     await settle(settings, folder, [*verdict.problems, *notes])
     if not result.ok:
         log.error("results trial %s kept its topics and schema for a look: %s",
@@ -191,7 +201,7 @@ async def _run(stack: Stack, out_dir: Path, run: int, jobs: int | None) -> Trial
     v = result.verdict
     return row(run, started, [*v.problems, *result.notes], jobs=v.jobs,
                workers=result.workers, kills=result.kills, pg_restarts=result.pg_restarts,
-               lost=v.lost, wrong=v.wrong, duplicate_effects=v.duplicate_effects,
+               **result.staged, lost=v.lost, wrong=v.wrong, duplicate_effects=v.duplicate_effects,
                waited=v.waited, answered=v.waits_answered, timeouts=v.timeouts_retried,
                unavailable=v.unavailable_retried)
 
@@ -214,4 +224,4 @@ TRIAL = OwnTrial(
     "results", "Kept results", TITLE, METHOD, _run,
     ("jobs", "kill -9", "Postgres restarts", "lost", "wrong results", "dup effects",
      "waiters answered", "timeouts retried", "unavailable retried", "run s", "ok"),
-    _cells, _summary)
+    _cells, _summary, elsewhere={CLUSTER: LEADER_KILLS, NETWORK: PG_LINK_CUT})

@@ -8,14 +8,18 @@ Kafka outage, tenants to and from the overflow lane, kept results, the outbox's 
 killed, unique keys raced, the history's counts, the LISTEN connections silenced;
 `protocol.py`), then the network scenarios with Toxiproxy in front of the stack's broker
 and Postgres (`net_scenarios.py`, `netproxy.py`), then the broker scenarios on a 3-node
-cluster started here and stopped afterwards. RESULTS.md is written after every run.
+cluster started here and stopped afterwards, with the runs there of the trials whose
+features write to Kafka (`<name>@cluster`: their own worker kills, plus leader kills,
+`leaders.py`); the network stage runs some trials too (`<name>@net`: their workers'
+Postgres link blackholed and its connections reset, `pg_link.py`). `stages` decides what
+runs where. RESULTS.md is written after every run.
 
 Environment knobs: CHAOS_RUNS (runs of each, default 3), CHAOS_ONLY (comma-separated
 names of scenarios and trials, default all), CHAOS_JOBS (jobs per run: DEFAULT_JOBS for
 the scenarios, the trials' own sizes for the others; the failover and outbox trials last
-a set time whatever it says). The results and unique trials restart the stack's Postgres
-once a run, as the pg-restart scenario does. The stack is the one the project's settings
-name (`stream-jobs dev up` on its ports).
+a set time whatever it says). The batches, cancels, fairness, failover, results and unique
+trials restart the stack's Postgres once a run, as the pg-restart scenario does. The
+stack is the one the project's settings name (`stream-jobs dev up` on its ports).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from ops.chaos import (
     unique_trial,
 )
 from ops.chaos.netproxy import NetProxy, front
-from ops.chaos.protocol import OwnTrial, TrialRow
+from ops.chaos.protocol import CLUSTER, NETWORK, OwnTrial, TrialRow, elsewhere
 from ops.chaos.scenarios import SCENARIOS, Scenario
 from ops.chaos.trial import Stack, TrialResult, run_trial
 from stream_jobs.settings import Settings
@@ -52,10 +56,13 @@ from stream_jobs.stack import KafkaCluster, PostgresServer
 DEFAULT_JOBS = 10_000
 CHAOS_DIR = Path(__file__).resolve().parent
 OUT_DIR = CHAOS_DIR / "out"
+OWN_TRIALS = (failover.TRIAL, batches.TRIAL, cancels.TRIAL, outbox.TRIAL, fairness.TRIAL,
+              results_trial.TRIAL, relay_trial.TRIAL, unique_trial.TRIAL, history_trial.TRIAL,
+              listen_trial.TRIAL)
+# Each trial, then its runs in the other stages (`<name>@net`, `<name>@cluster`).
 TRIALS: dict[str, OwnTrial] = {t.name: t for t in (
-    failover.TRIAL, batches.TRIAL, cancels.TRIAL, outbox.TRIAL, fairness.TRIAL,
-    results_trial.TRIAL, relay_trial.TRIAL, unique_trial.TRIAL, history_trial.TRIAL,
-    listen_trial.TRIAL)}
+    *OWN_TRIALS, *(elsewhere(t, stage) for stage in (NETWORK, CLUSTER)
+                   for t in OWN_TRIALS if stage in t.elsewhere))}
 
 log = logging.getLogger("ops.chaos")
 
@@ -71,6 +78,28 @@ def chosen(only: str) -> tuple[list[Scenario], list[OwnTrial]]:
                          f"choose from {', '.join([*SCENARIOS, *TRIALS])}.")
     return ([SCENARIOS[n] for n in names if n in SCENARIOS],
             [t for name, t in TRIALS.items() if name in names])
+
+
+@dataclass(frozen=True)
+class Stages:
+    """What runs in each stage of an invocation, in the order the stages run."""
+
+    single: list[Scenario]  # process faults on the stack's single broker
+    own: list[OwnTrial]  # the trials, on the single broker
+    network: list[Scenario]  # with Toxiproxy in front of the broker and Postgres
+    network_trials: list[OwnTrial]  # the trials' runs there
+    cluster: list[Scenario]  # on the 3-node cluster
+    cluster_trials: list[OwnTrial]  # the trials' runs there
+
+
+def stages(scenarios: list[Scenario], trials: list[OwnTrial]) -> Stages:
+    """The one place that decides which scenario or trial runs in which stage."""
+    return Stages(single=[s for s in scenarios if not s.cluster and not s.network],
+                  own=[t for t in trials if t.stage not in (NETWORK, CLUSTER)],
+                  network=[s for s in scenarios if s.network],
+                  network_trials=[t for t in trials if t.stage == NETWORK],
+                  cluster=[s for s in scenarios if s.cluster],
+                  cluster_trials=[t for t in trials if t.stage == CLUSTER])
 
 
 @dataclass
@@ -148,36 +177,51 @@ async def _single_stack(base: Settings) -> Stack:
                                          "database_url": postgres.dsn}), postgres)
 
 
-async def _on_the_cluster(done: Invocation, base: Settings, single: Stack,
-                          scenarios: list[Scenario], runs: int, jobs: int) -> None:
+async def _on_the_cluster(done: Invocation, base: Settings, single: Stack, plan: Stages,
+                          runs: int, jobs: int | None) -> None:
+    """The broker scenarios and the trials' runs on a 3-node cluster started here."""
     cluster = KafkaCluster(base, 3)
     log.info("starting the 3-node cluster on %s", cluster.bootstrap)
     await asyncio.to_thread(cluster.up)
     stack = Stack(single.settings.model_copy(update={"kafka_bootstrap": cluster.bootstrap}),
                   single.postgres, cluster)
     try:
-        for scenario in scenarios:
+        for scenario in plan.cluster:
             for run in range(1, runs + 1):
-                done.results.append(await run_scenario(stack, scenario, run, jobs))
+                done.results.append(await run_scenario(stack, scenario, run,
+                                                       jobs or DEFAULT_JOBS))
                 done.write()
+        await _own_trials(done, stack, plan.cluster_trials, runs, jobs)
     finally:
         await asyncio.to_thread(cluster.down)
 
 
-async def _on_the_network(done: Invocation, single: Stack, scenarios: list[Scenario],
-                          runs: int, jobs: int) -> None:
-    """The network scenarios: Toxiproxy in front of the stack's broker and Postgres."""
+async def _own_trials(done: Invocation, stack: Stack, trials: list[OwnTrial], runs: int,
+                      jobs: int | None) -> None:
+    for trial in trials:
+        for run in range(1, runs + 1):
+            done.trials.setdefault(trial.name, []).append(
+                await run_own(trial, stack, run, jobs))
+            done.write()
+
+
+async def _on_the_network(done: Invocation, single: Stack, plan: Stages, runs: int,
+                          jobs: int | None) -> None:
+    """The network scenarios and the trials' runs there: Toxiproxy in front of the stack's
+    broker and Postgres."""
     proxy = await NetProxy(single.settings.stack_dir, OUT_DIR / "toxiproxy").start()
     try:
         net = await front(proxy, single.settings, KafkaCluster(single.settings, 1))
         stack = replace(single, net=net)
-        for scenario in scenarios:
+        for scenario in plan.network:
             for run in range(1, runs + 1):
                 await proxy.heal()
-                result = await run_scenario(stack, scenario, run, jobs)
+                result = await run_scenario(stack, scenario, run, jobs or DEFAULT_JOBS)
                 done.results.append(result)
                 _judge_memory(done.results, scenario, result)
                 done.write()
+        await proxy.heal()
+        await _own_trials(done, stack, plan.network_trials, runs, jobs)
     finally:
         proxy.stop()
 
@@ -206,27 +250,21 @@ async def main() -> int:
     asked = os.environ.get("CHAOS_JOBS", "").strip()
     jobs = int(asked) if asked else None
     runs = int(os.environ.get("CHAOS_RUNS", "3"))
-    scenarios, trials = chosen(os.environ.get("CHAOS_ONLY", ""))
+    plan = stages(*chosen(os.environ.get("CHAOS_ONLY", "")))
     n = jobs or DEFAULT_JOBS
     done = Invocation(_meta(n, runs))
     base = Settings()
     single = await _single_stack(base)
     try:
-        for scenario in [s for s in scenarios if not s.cluster and not s.network]:
+        for scenario in plan.single:
             for run in range(1, runs + 1):
                 done.results.append(await run_scenario(single, scenario, run, n))
                 done.write()
-        for trial in trials:
-            for run in range(1, runs + 1):
-                done.trials.setdefault(trial.name, []).append(
-                    await run_own(trial, single, run, jobs))
-                done.write()
-        networked = [s for s in scenarios if s.network]
-        if networked:
-            await _on_the_network(done, single, networked, runs, n)
-        clustered = [s for s in scenarios if s.cluster]
-        if clustered:
-            await _on_the_cluster(done, base, single, clustered, runs, n)
+        await _own_trials(done, single, plan.own, runs, jobs)
+        if plan.network or plan.network_trials:
+            await _on_the_network(done, single, plan, runs, jobs)
+        if plan.cluster or plan.cluster_trials:
+            await _on_the_cluster(done, base, single, plan, runs, jobs)
     finally:
         done.write()
     print(f"{done.runs()} runs, {done.with_problems()} with problems; "

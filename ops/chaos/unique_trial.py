@@ -30,7 +30,8 @@ from pathlib import Path
 from ops.chaos import paced
 from ops.chaos.faults import until
 from ops.chaos.fresh import fresh_settings, settle
-from ops.chaos.protocol import OwnTrial, TrialRow, row
+from ops.chaos.protocol import CLUSTER, OwnTrial, TrialRow, row
+from ops.chaos.staged import LEADER_KILLS, StageFaults, replication, stage_faults
 from ops.chaos.trial import Stack
 from ops.chaos.unique_app import HOLD_MS_ENV, TABLES, UNIQUE_TYPE
 from ops.chaos.unique_verdict import Call, EffectRow, UniqueEvidence, UniqueVerdict, judge
@@ -73,6 +74,7 @@ class UniqueTrialResult:
     seconds: float
     verdict: UniqueVerdict
     notes: list[str] = field(default_factory=list)
+    staged: dict[str, int] = field(default_factory=dict)  # StageFaults.counts
 
     @property
     def ok(self) -> bool:
@@ -127,7 +129,7 @@ async def _evidence(settings: Settings, race: Race) -> UniqueEvidence:
 
 
 async def _race(stack: Stack, settings: Settings, group: WorkerGroup, jobs: int, kills: int,
-                rng: random.Random, within_s: float) -> tuple[Race, int]:
+                rng: random.Random, within_s: float, extra: StageFaults) -> tuple[Race, int]:
     """The producers racing while workers are killed and Postgres restarts, until `jobs`
     were sent and ran: the race, and the number of Postgres restarts."""
     race = Race()
@@ -136,7 +138,8 @@ async def _race(stack: Stack, settings: Settings, group: WorkerGroup, jobs: int,
                                                race)) for p in range(PRODUCERS)]
     try:
         restarts = await paced.kill_per_share(group, lambda: _ran(settings), jobs, kills,
-                                              within_s, rng, postgres=stack.postgres)
+                                              within_s, rng, postgres=stack.postgres,
+                                              after=extra.after)
 
         async def enough() -> bool:
             return race.sent() >= jobs
@@ -156,16 +159,18 @@ async def unique_trial(stack: Stack, out_dir: Path, *, jobs: int = JOBS, workers
     rng = random.Random(seed)
     await prepare_schema(settings, TABLES)
     policy = await declare_type(settings, UNIQUE_TYPE, partitions=6, retry_tiers=["1s"],
-                                max_attempts=5)
+                                max_attempts=5, replication_factor=replication(stack))
     group = WorkerGroup(settings, folder, argv=(str(STREAM_JOBS), "worker", APP_SPEC),
-                        env={HOLD_MS_ENV: str(hold_ms)})
+                        env={HOLD_MS_ENV: str(hold_ms), **stack.worker_env()})
+    extra = stage_faults(stack, settings, [policy], kills)
     began = time.monotonic()
     notes: list[str] = []
     race, restarts = Race(), 0
     try:
         for _ in range(workers):
             group.start()
-        race, restarts = await _race(stack, settings, group, jobs, kills, rng, within_s)
+        race, restarts = await _race(stack, settings, group, jobs, kills, rng, within_s,
+                                     extra)
         await until(lambda: paced.quiet(settings, [policy]), within_s, "nothing left to do")
         await paced.stop_all(group)
     except Exception as exc:  # a wait that timed out: judge what there is
@@ -178,7 +183,8 @@ async def unique_trial(stack: Stack, out_dir: Path, *, jobs: int = JOBS, workers
                      f"StreamJobsError (e.g. {race.unclear[0]})")
     verdict = judge(await _evidence(settings, race))
     result = UniqueTrialResult(workers, len(group.killed), restarts,
-                               round(time.monotonic() - began, 1), verdict, notes)
+                               round(time.monotonic() - began, 1), verdict, notes,
+                               extra.counts())
     await settle(settings, folder, [*verdict.problems, *notes])
     if not result.ok:
         log.error("unique trial %s kept its topics and schema for a look: %s",
@@ -193,7 +199,8 @@ async def _run(stack: Stack, out_dir: Path, run: int, jobs: int | None) -> Trial
     return row(run, started, [*v.problems, *result.notes], calls=v.calls, sent=v.sent,
                refused=v.refused, failed=v.failed, sent_unanswered=v.sent_unanswered,
                workers=result.workers, kills=result.kills, pg_restarts=result.pg_restarts,
-               lost=v.lost, duplicate_effects=v.duplicate_effects, overlaps=v.overlaps)
+               **result.staged, lost=v.lost, duplicate_effects=v.duplicate_effects,
+               overlaps=v.overlaps)
 
 
 def _cells(r: TrialRow) -> list[str]:
@@ -213,4 +220,5 @@ def _summary(r: TrialRow) -> str:
 TRIAL = OwnTrial(
     "unique", "Unique keys", TITLE, METHOD, _run,
     ("calls", "sent", "refused", "failed (ran anyway)", "kill -9", "Postgres restarts",
-     "two pending at once", "lost", "dup effects", "run s", "ok"), _cells, _summary)
+     "two pending at once", "lost", "dup effects", "run s", "ok"), _cells, _summary,
+    elsewhere={CLUSTER: LEADER_KILLS})

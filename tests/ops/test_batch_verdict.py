@@ -70,7 +70,7 @@ def test_the_chaos_report_has_a_line_per_batch_run() -> None:
     lines = section(TRIAL, [batch_row(result, 1, started)])
     assert lines[0] == "## Batch callbacks"
     assert "**Verdict: every run passed its checks (1 of 1).**" in lines
-    assert "| 1 | 5,000 | 3 | 6 | 0 | 0 | 1 | 1 | 2 | 52 | yes |" in lines
+    assert "| 1 | 5,000 | 3 | 6 | 0 | 0 | 0 | 1 | 1 | 2 | 52 | yes |" in lines
     failed = BatchTrialResult(5_000, 3, 6, 52.0, judge(replace(_clean(), callbacks=())),
                               ["FaultError: timed out"])
     text = "\n".join(section(TRIAL, [batch_row(failed, 2, started)]))

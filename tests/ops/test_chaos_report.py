@@ -33,7 +33,10 @@ def test_chaos_only_names_scenarios_and_trials() -> None:
     assert [s.name for s in scenarios] == list(SCENARIOS)
     assert [t.name for t in trials] == ["failover", "batches", "cancels", "outbox",
                                           "fairness", "results", "outbox-relay", "unique",
-                                          "history", "listen"]
+                                          "history", "listen", "batches@net",
+                                          "cancels@net", "results@net", "batches@cluster",
+                                          "fairness@cluster", "results@cluster",
+                                          "outbox-relay@cluster", "unique@cluster"]
     scenarios, trials = chosen("outbox, kill9,batches")
     assert [s.name for s in scenarios] == ["kill9"]
     assert [t.name for t in trials] == ["batches", "outbox"]
@@ -49,7 +52,7 @@ def test_every_trial_has_a_section_with_its_verdict() -> None:
     assert "| baseline | 1 |" in text
     assert "## Cancels racing runs" in text
     assert "**Verdict: PROBLEMS in run 2 (see below).**" in text
-    assert "| 1 | 20,000 | 5 | 4,369 | 2,297 | 15,631 | 0 | 0 | 30 | yes |" in text
+    assert "| 1 | 20,000 | 5 | 0 | 0 | 4,369 | 2,297 | 15,631 | 0 | 0 | 30 | yes |" in text
     assert "- cancels run 2: 1 lost" in text
     assert "## Scheduler failover" not in text  # no runs, no section
     assert "**Verdict: PROBLEMS FOUND** (see the problems below)." in text
