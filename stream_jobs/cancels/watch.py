@@ -296,7 +296,8 @@ class CancelWatch:
             await self._drop()
             try:
                 # Bounded: a Postgres that hangs must not keep the watch from trying again.
-                await asyncio.wait_for(self._connect(), RECONNECT_TIMEOUT_S)
+                async with asyncio.timeout(RECONNECT_TIMEOUT_S):
+                    await self._connect()
             except _ATTEMPT_ERRORS as exc:
                 log.warning("%s: cancel watch cannot reach Postgres (%s); trying again in "
                             "%.1f s", ", ".join(self._types()), _said(exc), backoff_s)

@@ -98,7 +98,8 @@ class CommitBatch:
             # Bounded: on a Postgres that hangs the batch fails (and its jobs are retried,
             # the dedup rows absorbing a COMMIT that did land) rather than holding its
             # connection and its jobs' slots for as long as the link is dead.
-            await asyncio.wait_for(self._commit(), END_TIMEOUT_S)
+            async with asyncio.timeout(END_TIMEOUT_S):
+                await self._commit()
         except BaseException as exc:  # every waiting job must hear about it
             if not self.committed.done():
                 self.committed.set_exception(exc)
@@ -226,8 +227,10 @@ async def _undo(batch: CommitBatch, savepoint: str) -> None:
     try:
         # Bounded: after a handler's timeout cancelled a statement that Postgres never
         # answered, the rollback would wait as long; the batch is given up instead.
-        await asyncio.wait_for(asyncio.shield(batch.conn.execute(
-            f"ROLLBACK TO SAVEPOINT {savepoint}")), UNDO_TIMEOUT_S)
+        # (asyncio.timeout, not wait_for: wait_for can swallow a cancellation that
+        # arrives as the statement ends.)
+        async with asyncio.timeout(UNDO_TIMEOUT_S):
+            await asyncio.shield(batch.conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}"))
     except BaseException as exc:
         batch.poisoned = exc
 

@@ -107,7 +107,8 @@ class HeldTransaction:
             if not self.conn.is_closed() and self.conn.is_in_transaction():
                 # Bounded: after a handler's timeout cancelled a statement Postgres never
                 # answered, the rollback would wait as long.
-                await asyncio.wait_for(self._tx.rollback(), ROLLBACK_TIMEOUT_S)
+                async with asyncio.timeout(ROLLBACK_TIMEOUT_S):
+                    await self._tx.rollback()
         except Exception:
             # Ended without a goodbye; Postgres rolls back when it sees the socket close.
             self.conn.terminate()

@@ -127,8 +127,7 @@ class OutboxRelay:
             self.settings.listen_url, timeout=10,
             server_settings={"application_name": f"{APPLICATION_NAME} (listen)"}))
         try:
-            await self._db(asyncio.wait_for(
-                listener.add_listener(sql.channel(self.schema), self._notified), 10))
+            await self._db(self._listen_on(listener))
         except BaseException:
             listener.terminate()
             raise
@@ -137,6 +136,10 @@ class OutboxRelay:
         # A link that goes silent is found within ~10 s and connected again.
         self._probe = ListenProbe(listener, self._listener_lost, what="outbox relay").start()
         self._wake.set()  # rows may have been committed while nobody listened
+
+    async def _listen_on(self, listener: Any) -> None:
+        async with asyncio.timeout(10):  # a TimeoutError, which _db makes ours
+            await listener.add_listener(sql.channel(self.schema), self._notified)
 
     async def _relisten(self) -> None:
         try:

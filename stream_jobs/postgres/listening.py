@@ -66,7 +66,10 @@ class ListenProbe:
             if self.conn.is_closed():
                 return  # the owner heard of it through its termination listener
             try:
-                await asyncio.wait_for(self.conn.fetchval("SELECT 1"), self.timeout_s)
+                # asyncio.timeout, not wait_for: wait_for can swallow the cancellation
+                # of `stop` when it arrives as the answer does, and never end.
+                async with asyncio.timeout(self.timeout_s):
+                    await self.conn.fetchval("SELECT 1")
             except asyncpg.InterfaceError:
                 if self.conn.is_closed():
                     return

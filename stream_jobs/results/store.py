@@ -214,9 +214,8 @@ class ResultReader:
                     self._probe = ListenProbe(listener, self._silent,
                                               what="result waits").start()
                 if channel not in self._listening:
-                    await asyncio.wait_for(
-                        self._listener.add_listener(channel, self._notified),
-                        CONNECT_TIMEOUT_S)
+                    async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                        await self._listener.add_listener(channel, self._notified)
                     self._listening.add(channel)
             except _DRIVER_ERRORS as exc:
                 raise self._unavailable(exc) from exc
