@@ -36,6 +36,8 @@ GENERATORS: dict[str, Callable[[], str]] = {
 COPIED = {
     "performance/results.md": ("ops/bench/RESULTS.md", "as `make bench` last wrote it"),
     "faults/results.md": ("ops/chaos/RESULTS.md", "as `make chaos` last wrote it"),
+    "faults/results-100k.md": ("ops/chaos/RESULTS-100k.md",
+                               "as `CHAOS_JOBS=100000 make chaos` last wrote it"),
 }
 
 

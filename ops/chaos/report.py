@@ -173,7 +173,8 @@ def render(rows: list[RunJSON], meta: MetaJSON,
         "",
         f"`make chaos` ({meta['date']}, commit {meta.get('commit') or 'unknown'}): "
         f"N = {meta['jobs']:,} jobs per run, "
-        f"{meta['runs']} runs per scenario, {meta['minutes']:.0f} min for the invocation "
+        f"{meta['runs']} run{'' if meta['runs'] == 1 else 's'} per scenario, "
+        f"{meta['minutes']:.0f} min for the invocation "
         "that wrote this file.",
         "",
         f"**Machine caveat.** {meta['machine']}. Kafka, Postgres, the workers and the "

@@ -160,11 +160,12 @@ def _meta(jobs: int, runs: int) -> report.MetaJSON:
         "minutes": 0.0, "machine": report.machine(),
         "n_note": (f"N is {jobs:,} here; the issue's 100,000 is run with "
                    "CHAOS_JOBS=100000 (every scenario once, an hour or more on this "
-                   "machine), which writes [RESULTS-100k.md](RESULTS-100k.md) beside this "
-                   "file."
+                   "machine), which writes RESULTS-100k.md beside this file (in the manual: "
+                   "Fault injection, Results at 100,000 jobs)."
                    if jobs < report.FULL_N else
                    f"N is {jobs:,}, the issue's figure; the usual runs of 10,000 jobs, "
-                   "three of each scenario and trial, are in [RESULTS.md](RESULTS.md).")}
+                   "three of each scenario and trial, are in RESULTS.md beside this file (in "
+                   "the manual: Fault injection, Results).")}
 
 
 async def _single_stack(base: Settings) -> Stack:
