@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import os
 
-import asyncpg
 import orjson
 
+from ops.chaos.side_rows import SideRows
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
 
@@ -60,23 +60,7 @@ async def member(job: dict[str, int], ctx: JobContext) -> None:
             await asyncio.sleep(_HOLD_S)  # kills land while the transaction is open
 
 
-class _Runs:
-    """Rows written outside the exactly-once transaction, on a pool of their own."""
-
-    def __init__(self) -> None:
-        self._pool: asyncpg.Pool | None = None
-
-    async def record(self, job_id: str) -> None:
-        if self._pool is None:
-            settings = app.settings
-            self._pool = await asyncpg.create_pool(
-                settings.database_url, min_size=0, max_size=2,
-                server_settings={"search_path": settings.database_schema})
-        await self._pool.execute("INSERT INTO batch_callback_runs (job_id, pid) VALUES ($1, $2)",
-                                 job_id, os.getpid())
-
-
-_runs = _Runs()
+_runs = SideRows(app, "batch_callback_runs")
 
 
 @app.job(ALBUM, timeout=30, concurrency=4)

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import os
 
-import asyncpg
-
+from ops.chaos.side_rows import SideRows
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
 from stream_jobs.errors import PermanentError
@@ -31,23 +30,7 @@ TABLES = (
 app = App()
 
 
-class _Failures:
-    """Rows written outside the exactly-once transaction, on a pool of their own."""
-
-    def __init__(self) -> None:
-        self._pool: asyncpg.Pool | None = None
-
-    async def record(self, job_id: str) -> None:
-        if self._pool is None:
-            settings = app.settings
-            self._pool = await asyncpg.create_pool(
-                settings.database_url, min_size=0, max_size=2,
-                server_settings={"search_path": settings.database_schema})
-        await self._pool.execute("INSERT INTO history_failures (job_id, pid) VALUES ($1, $2)",
-                                 job_id, os.getpid())
-
-
-_failures = _Failures()
+_failures = SideRows(app, "history_failures")
 
 
 @app.job(COUNTED_TYPE, timeout=30, concurrency=32, ordering="unordered")
