@@ -7,7 +7,10 @@ effect in the order they were enqueued, whatever tenants share the key and which
 lane each went through. Order kept: for each key, its jobs' first effects, in the order
 they were inserted, carry increasing sequence numbers; the effects of retries are left
 out (a failing job leaves for a delay tier, so ordering is promised for jobs that succeed
-first time: a Postgres restart makes jobs fail and retry). A run in which no job went through
+first time: a Postgres restart makes jobs fail and retry). A job that left for a delay
+tier failed its first attempt even when the effect row says attempt 1: a worker killed
+after sending it there, before its commit, leaves the first-attempt record to be read
+again, and that copy may be the one that takes effect. A run in which no job went through
 the overflow lane proved nothing about it, and says so.
 """
 
@@ -43,6 +46,8 @@ class FairEvidence:
     enqueued: dict[str, Planned]  # job ID -> what it was
     effects: tuple[EffectRow, ...]
     overflowed: int  # records written to the type's overflow lane
+    # Job IDs with a record in a delay tier or the DLQ: their first attempt failed.
+    delayed: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -60,13 +65,15 @@ class FairVerdict:
         return not self.problems
 
 
-def out_of_order(effects: tuple[EffectRow, ...]) -> dict[str, list[int]]:
+def out_of_order(effects: tuple[EffectRow, ...], delayed: frozenset[str] = frozenset()
+                 ) -> dict[str, list[int]]:
     """Keys whose jobs' first effects, by insert time, do not carry increasing sequence
-    numbers: each with its sequence numbers in that order. Only the effects of first
-    attempts count: a failing job leaves for a delay tier, so its retry may run after
-    later jobs of its key (the ordering promise is for jobs that succeed first time)."""
+    numbers: each with its sequence numbers in that order. Only jobs that succeeded first
+    time count: a failing job leaves for a delay tier, so its retry may run after later
+    jobs of its key (the ordering promise is for jobs that succeed first time); those are
+    the effects of later attempts and the jobs in `delayed`."""
     first: dict[str, EffectRow] = {}
-    for row in (r for r in effects if r.attempt == 1):
+    for row in (r for r in effects if r.attempt == 1 and r.job_id not in delayed):
         if row.job_id not in first or row.at < first[row.job_id].at:
             first[row.job_id] = row
     by_key: dict[str, list[EffectRow]] = defaultdict(list)
@@ -87,7 +94,7 @@ def judge(evidence: FairEvidence) -> FairVerdict:
     lost = sorted(j for j in enqueued if counts[j] == 0)
     doubled = {j: n for j, n in counts.items() if n > 1}
     strangers = sorted(set(counts) - set(enqueued))
-    disordered = out_of_order(evidence.effects)
+    disordered = out_of_order(evidence.effects, evidence.delayed)
     problems: list[str] = []
     if lost:
         problems.append(f"{len(lost)} jobs have no effect, e.g. {lost[:3]}")
@@ -103,7 +110,7 @@ def judge(evidence: FairEvidence) -> FairVerdict:
     if evidence.overflowed == 0:
         problems.append("no job went through the overflow lane: the run proved nothing "
                         "about it")
-    retried = len({r.job_id for r in evidence.effects if r.attempt > 1})
+    retried = len({r.job_id for r in evidence.effects if r.attempt > 1} | evidence.delayed)
     return FairVerdict(len(enqueued), len(lost), sum(n - 1 for n in doubled.values()),
                        len(disordered), evidence.overflowed, problems, retried)
 

@@ -74,9 +74,11 @@ METHOD = ("a type with `[fairness]` and `ordering = \"key\"` on 3 `stream-jobs w
           "time another ninth of the jobs is done (8 kills, another starting each time), and "
           "the stack's Postgres is restarted (2 s down) after the fourth. "
           "Judged once drained: no job lost, no effect twice (through `ctx.once()`), each "
-          "key's first effects in its sequence order (those of first attempts: a job "
-          "failing while Postgres restarts leaves for a delay tier, and a retried job may "
-          "run after later jobs of its key, as docs/design says), and jobs through the "
+          "key's first effects in its sequence order (those of jobs that succeeded first "
+          "time: a job failing while Postgres restarts leaves for a delay tier, and a "
+          "retried job may run after later jobs of its key, as docs/design says; a job "
+          "with a record in a delay tier counts as retried even when a copy of its first "
+          "attempt, read again after a kill, wrote its effect), and jobs through the "
           "overflow lane (else the run proved nothing).")
 
 
@@ -174,14 +176,20 @@ async def _read_to_the_end(settings: Settings, policy: JobTypePolicy) -> bool:
     return True
 
 
-async def _evidence(settings: Settings, enqueued: dict[str, Planned]) -> FairEvidence:
+async def _evidence(settings: Settings, policy: JobTypePolicy,
+                    enqueued: dict[str, Planned]) -> FairEvidence:
+    prefix = settings.topic_prefix
     rows = await _fetch(settings, "SELECT job_id, key, seq, extract(epoch FROM at)::float8 "
                                   "AS at, attempt FROM fair_effects")
-    _, ends = await collect.offsets(settings, None, [overflow_topic(settings.topic_prefix,
-                                                                    FAIR_TYPE)])
+    _, ends = await collect.offsets(settings, None, [overflow_topic(prefix, FAIR_TYPE)])
+    delayed: set[str] = set()
+    for topic in (*policy.tier_topics(prefix).values(), policy.dlq_topic(prefix)):
+        delayed.update(f.job_id for f in await collect.forwarded(settings, topic,
+                                                                 dead_letter=False))
     return FairEvidence(dict(enqueued),
                         tuple(EffectRow(r["job_id"], r["key"], r["seq"], r["at"],
-                                        r["attempt"]) for r in rows), sum(ends.values()))
+                                        r["attempt"]) for r in rows), sum(ends.values()),
+                        frozenset(delayed))
 
 
 async def fair_trial(base: Settings, out_dir: Path, *, jobs: int = JOBS, workers: int = 3,
@@ -224,7 +232,7 @@ async def fair_trial(base: Settings, out_dir: Path, *, jobs: int = JOBS, workers
         log.error("fairness trial %s: %s\n%s", settings.topic_prefix, exc, group.tails())
     finally:
         group.close()
-    verdict = judge(await _evidence(settings, enqueued))
+    verdict = judge(await _evidence(settings, policy, enqueued))
     result = FairTrialResult(workers, len(group.killed), round(time.monotonic() - began, 1),
                              verdict, notes, restarts, extra.counts())
     await settle(settings, folder, [*verdict.problems, *notes])

@@ -104,3 +104,15 @@ def test_first_attempts_out_of_order_are_still_found_beside_retries() -> None:
                EffectRow("a", "k", 1, 3.0, attempt=2))
     assert out_of_order(effects) == {"k": [3, 2]}
     assert not judge(FairEvidence(planned, effects, 1)).ok
+
+
+def test_a_job_sent_to_a_delay_tier_is_out_of_the_order_check_whatever_its_row_says() -> None:
+    # Seen in a fairness run with a Postgres restart: seq 1's first attempt failed and
+    # went to the delay tier, the worker was killed before its commit, and the first-
+    # attempt record, read again, took effect after seq 2: its row says attempt 1.
+    planned = {"a": Planned("t", "k", 1), "b": Planned("t", "k", 2)}
+    effects = (EffectRow("b", "k", 2, 1.0), EffectRow("a", "k", 1, 2.0))
+    assert not judge(FairEvidence(planned, effects, 1)).ok
+    verdict = judge(FairEvidence(planned, effects, 1, delayed=frozenset({"a"})))
+    assert verdict.ok, verdict.problems
+    assert verdict.retried == 1
