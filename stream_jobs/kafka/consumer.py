@@ -16,6 +16,7 @@ refused authorisation `AccessDenied`, a refused commit `CommitRefused`, anything
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, NoReturn, Protocol
@@ -166,7 +167,25 @@ class _KafkaConsumer:
             raise await connect_error(self._settings, exc) from exc
 
     async def stop(self) -> None:
-        await self._consumer.stop()
+        """Leave the group and close every connection. aiokafka's fetcher re-raises the
+        cancellation of a fetch it cancels itself while closing (one waiting out its
+        backoff after a broker connection broke): that is no cancellation of ours, so the
+        close is finished here instead of ending the caller with a bare CancelledError."""
+        try:
+            await self._consumer.stop()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller is being cancelled: that one goes on
+            await self._finish_close()
+
+    async def _finish_close(self) -> None:
+        fetcher = self._consumer._fetcher
+        left = [t for t in (fetcher._pending_tasks if fetcher is not None else ()) if not t.done()]
+        for t in left:
+            t.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
+        await self._consumer._client.close()
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
         self._topics = topics
