@@ -38,8 +38,14 @@ from ops.chaos.fair_app import FAIR_TYPE, HOLD_MS_ENV, TABLES
 from ops.chaos.fair_verdict import EffectRow, FairEvidence, FairVerdict, Planned, judge
 from ops.chaos.faults import until
 from ops.chaos.fresh import fresh_settings, settle
-from ops.chaos.protocol import CLUSTER, OwnTrial, TrialRow, row
-from ops.chaos.staged import LEADER_KILLS, replication, stage_faults, worker_env
+from ops.chaos.protocol import CLUSTER, NETWORK, OwnTrial, TrialRow, row
+from ops.chaos.staged import (
+    LEADER_KILLS,
+    PG_LINK_CUT,
+    replication,
+    stage_faults,
+    worker_env,
+)
 from ops.chaos.trial import Stack
 from ops.chaos.workers import STREAM_JOBS, WorkerGroup
 from stream_jobs.app import App
@@ -278,4 +284,4 @@ TRIAL = OwnTrial(
     "fairness", "Fair queues", TITLE, METHOD, _run,
     ("jobs", "workers", "kill -9", "Postgres restarts", "lost", "dup effects",
      "keys out of order", "retried (order not promised)", "through the overflow", "run s",
-     "ok"), _cells, _summary, elsewhere={CLUSTER: LEADER_KILLS})
+     "ok"), _cells, _summary, elsewhere={CLUSTER: LEADER_KILLS, NETWORK: PG_LINK_CUT})

@@ -2,7 +2,8 @@
 ops.chaos.history_app:app`.
 
 `chaos.counted`: a fifth of the jobs fail for good (`PermanentError`: dead-lettered at
-once, the type has `max_attempts = 1`), each such run first writing a row of
+once; the type's other failures, while Postgres restarts, retry), each such run first
+writing a row of
 `history_failures` outside any transaction; the others write their effect, a row of
 `history_effects`, through `ctx.once()`. Both rows carry the worker's pid and their
 insert time, so the runner can tell which outcomes a killed worker had not reported yet.

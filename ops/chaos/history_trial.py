@@ -4,26 +4,31 @@
     CHAOS_ONLY=history make chaos                 # 4,000 jobs, 3 workers, 4 + 2 kills
     CHAOS_ONLY=history CHAOS_JOBS=10000 make chaos
 
-A run gets a fresh prefix and schema, and windows of 2 s (`STREAM_JOBS_HISTORY_WINDOW_S`,
-workers and history alike) so that many pass. One `stream-jobs history` process and three
-`stream-jobs worker ops.chaos.history_app:app` processes run; `chaos.counted` has
-`heartbeat_interval = "1s"`, so each worker reports every 0.25 s. A fifth of the jobs fail
-for good (dead-lettered), the others write their effect through `ctx.once()`. Each time
-another fifth of the jobs has ended a random worker gets SIGKILL and another starts;
-after the second and the fourth, the history process too gets SIGKILL (once it counts
-more than at its previous kill: while it folds reports) and another starts on the same
-folder. Once every job has ended, the workers stop, the history catches up (it has read
-every report, and its running total, minute and hour windows agree and stay put for
-4 s), and `history_verdict.judge` decides: the history says exactly what the workers'
-reports say (added up here from `P._stats`), and those fall short of what happened (the
-effect rows, the DLQ topic) only by what the killed workers ended in their last moments,
-as docs/history.md says a worker's kill -9 loses. `make chaos` runs it (`TRIAL`).
+A run gets a fresh prefix and schema, and windows of 2 s
+(`STREAM_JOBS_HISTORY_WINDOW_S`, workers and history alike) so that many pass. One
+`stream-jobs history` process and three `stream-jobs worker ops.chaos.history_app:app`
+processes run; `chaos.counted` has `heartbeat_interval = "1s"`, so each worker reports
+every 0.25 s. The jobs are enqueued over 20 s; a fifth fail for good (dead-lettered),
+the others write their effect through `ctx.once()`. Each time another fifth of the jobs
+has ended a random worker gets SIGKILL and another starts; after the first and the
+third, the history process too gets SIGKILL (once it counts more than at its previous
+kill: while it folds reports, with jobs still to come) and another starts on the same
+folder; after the second, the stack's Postgres restarts (the workers' effects and the
+history's windows both live there; a job failing meanwhile is retried through delay
+tiers of 1 s and 5 s). Once every job has ended, the workers stop, the history catches
+up (its running total, minute and hour windows say what the workers reported and stay
+put for 4 s), and `history_verdict.judge` decides: the history says exactly what the
+workers' reports say (added up here from `P._stats`), and those fall short of what
+happened (the effect rows, the DLQ topic) only by what the killed workers ended in their
+last moments, as docs/history.md says a worker's kill -9 loses. `make chaos` runs it
+(`TRIAL`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -54,23 +59,32 @@ from stream_jobs.testing.stack import declare_type
 log = logging.getLogger("ops.chaos.history")
 JOBS = 4_000
 KILLS = 4
-HISTORY_KILLS_AFTER = (2, 4)  # the worker kills after which the history process dies too
+# The worker kills after which the history process dies too: early enough that jobs are
+# still to come, so the kill lands while it counts (after the last, it had often counted
+# everything already and the kill tested nothing).
+HISTORY_KILLS_AFTER = (1, 3)
 WINDOW_S = 2
 REPORT_S = 0.25  # heartbeat_interval 1 s / 4 reports per interval
 # A report sent but not in Kafka yet when its worker died, and an outcome recorded a
 # little after its effect row: one more interval, and a margin.
 IN_FLIGHT_S = 0.5
 STABLE_S = 4.0
+ENQUEUE_S = 20.0  # the jobs are enqueued over this long
 APP_SPEC = "ops.chaos.history_app:app"
-TITLE = "the history's counts through kill -9 of workers and of the history process"
+TITLE = ("the history's counts through kill -9 of workers and of the history process, and "
+         "a Postgres restart")
 METHOD = ("one `stream-jobs history` process and 3 `stream-jobs worker` processes, windows "
           "of 2 s, workers reporting every 0.25 s (`heartbeat_interval = \"1s\"`); 4,000 "
-          "jobs, a fifth failing for good (dead-lettered), the others writing their effect "
+          "jobs enqueued over 20 s, a fifth failing for good (dead-lettered), the others "
+          "writing their effect "
           "through `ctx.once()`; a random worker gets SIGKILL each time another fifth of "
-          "the jobs has ended (4 kills, another starting each time), and after the second "
-          "and the fourth the history process too (while it folds reports; another starts "
-          "on its folder). Judged once caught up (every report read; running total, minute "
-          "and hour windows agreeing and still for 4 s): the three views agree and say "
+          "the jobs has ended (4 kills, another starting each time), after the first and the "
+          "third the history process too (while it folds reports; another starts on its "
+          "folder), and after the second the stack's Postgres restarts (2 s down; a job "
+          "failing meanwhile is retried through delay tiers of 1 s and 5 s). Judged once "
+          "caught up "
+          "(running total, minute and hour windows saying what the workers reported, "
+          "still for 4 s): the three views agree and say "
           "exactly what the workers' reports on `P._stats` say (added up by the runner, "
           "each worker's slot as its latest report has it), whatever the history's kills; "
           "and the reports fall short of what happened (effect rows, DLQ records) only by "
@@ -87,6 +101,8 @@ class HistoryTrialResult:
     caught_up_s: float
     verdict: HistoryVerdict
     notes: list[str] = field(default_factory=list)
+    pg_restarts: int = 0
+    reports_behind: int = 0  # past the history's committed offsets once caught up
 
     @property
     def ok(self) -> bool:
@@ -116,30 +132,37 @@ async def _ended(settings: Settings) -> int:
                              "history_failures)")
 
 
-async def _reports_read(settings: Settings) -> bool:
-    """The history process has committed every report of `P._stats` (after the workers
-    stopped, so no more come)."""
+async def _reports_behind(settings: Settings) -> int:
+    """Reports of `P._stats` past the history process's committed offsets."""
     prefix = settings.topic_prefix
     committed, ends = await collect.offsets(settings, history_app_id(prefix),
                                             [stats_topic(prefix)])
-    return all(committed.get(tp, 0) >= end for tp, end in ends.items())
+    return sum(max(0, end - committed.get(tp, 0)) for tp, end in ends.items())
 
 
 async def _caught_up(settings: Settings, store: HistoryStore, within_s: float) -> float:
-    """Seconds until the history has read every report, and its three views agree and
-    have stayed put `STABLE_S`."""
+    """Seconds until the history's three views say what the workers reported (read
+    from `P._stats` once they stopped), agree, and have stayed put `STABLE_S`. Not its
+    committed offsets: after a kill -9, the history's exactly-once commits of its input
+    offsets were seen to lag its folding by minutes (the counts right all along), which
+    only means a later restart reads more reports again, and folds them to nothing."""
     began = time.monotonic()
-    await until(lambda: _reports_read(settings), within_s, "the history to read every report")
+    reported = _only(await _reported(settings))
     last: tuple[dict[str, int], ...] = ()
     still_since = time.monotonic()
     while time.monotonic() - began < within_s:
         seen = await _views(store)
-        if seen != last or seen[0] != seen[1] or seen[0] != seen[2]:
+        if seen != last or any(_only(view) != reported for view in seen):
             last, still_since = seen, time.monotonic()
         elif time.monotonic() - still_since >= STABLE_S:
             return round(still_since - began, 1)
-        await asyncio.sleep(0.5)
-    raise TimeoutError(f"the history's views did not settle within {within_s:.0f} s: {last}")
+        await asyncio.sleep(0.5)  # a poll of Postgres, bounded by `within_s`
+    raise TimeoutError(f"the history's views did not reach what the workers reported "
+                       f"({reported}) within {within_s:.0f} s: {last}")
+
+
+def _only(outcomes: dict[str, int]) -> dict[str, int]:
+    return {k: v for k, v in outcomes.items() if v}
 
 
 def _history_killer(history: WorkerGroup, workers: WorkerGroup, store: HistoryStore,
@@ -147,7 +170,10 @@ def _history_killer(history: WorkerGroup, workers: WorkerGroup, store: HistorySt
     """What comes after worker kill k: note the victim; after some, kill the history."""
 
     async def after(k: int) -> None:
-        deaths.workers.append((workers.killed[-1].pid, time.time()))
+        # Its own kill time: a Postgres restart may have come between the kill and this.
+        dead = workers.killed[-1]
+        assert dead.killed_at is not None
+        deaths.workers.append((dead.pid, dead.killed_at))
         if k not in HISTORY_KILLS_AFTER:
             return
 
@@ -221,21 +247,30 @@ async def _evidence(settings: Settings, store: HistoryStore, deaths: Deaths
 
 
 async def _enqueue(settings: Settings, jobs: int) -> None:
+    """The jobs over `ENQUEUE_S`, a slice a second: the workers keep pace, so a kill after
+    a share of them is done comes with others still to be enqueued, and the history's
+    kills land while reports still come (all enqueued at once, 4,000 jobs were done in a
+    few seconds and a history kill often found everything counted already)."""
+    each = max(1, math.ceil(jobs / ENQUEUE_S))
     async with App(settings).client() as client:
-        for first in range(0, jobs, 500):
+        for first in range(0, jobs, each):
             await client.enqueue_many(Job(COUNTED_TYPE, {"n": n})
-                                      for n in range(first, min(jobs, first + 500)))
+                                      for n in range(first, min(jobs, first + each)))
+            await asyncio.sleep(1.0)  # the pace of the enqueueing, not a wait for a state
 
 
 async def history_trial(base: Settings, out_dir: Path, *, jobs: int = JOBS, workers: int = 3,
                         kills: int = KILLS, within_s: float = 300.0,
-                        seed: int | None = None) -> HistoryTrialResult:
-    """One trial against the services `base` names (see the module's docstring)."""
+                        seed: int | None = None, stack: Stack | None = None
+                        ) -> HistoryTrialResult:
+    """One trial against the services `base` names (see the module's docstring); with
+    `stack`, restarts its Postgres once on the way."""
     settings, folder = fresh_settings(base, out_dir, "history", history_window_s=WINDOW_S)
     settings = settings.model_copy(update={"history_data_dir": folder / "faust"})
     rng = random.Random(seed)
     await prepare_schema(settings, TABLES)
-    policy = await declare_type(settings, COUNTED_TYPE, partitions=3, max_attempts=1,
+    policy = await declare_type(settings, COUNTED_TYPE, partitions=3, max_attempts=5,
+                                retry_tiers=["1s", "5s"],
                                 heartbeat_interval="1s")
     env = {"STREAM_JOBS_HISTORY_WINDOW_S": str(WINDOW_S),
            "STREAM_JOBS_HISTORY_DATA_DIR": str(settings.history_data_dir)}
@@ -247,20 +282,27 @@ async def history_trial(base: Settings, out_dir: Path, *, jobs: int = JOBS, work
     deaths = Deaths()
     began = time.monotonic()
     caught_up_s = 0.0
+    restarts = behind = 0
     notes: list[str] = []
     try:
         history.start()
         for _ in range(workers):
             group.start()
-        await _enqueue(settings, jobs)
-        await paced.kill_per_share(group, lambda: _ended(settings), jobs, kills, within_s,
-                                   rng, after=_history_killer(history, group, store, deaths))
+        async with asyncio.TaskGroup() as both:  # one failing stops the other
+            both.create_task(_enqueue(settings, jobs))
+            killing = both.create_task(paced.kill_per_share(
+                group, lambda: _ended(settings), jobs, kills, within_s, rng,
+                postgres=stack.postgres if stack else None,
+                after=_history_killer(history, group, store, deaths)))
+        restarts = killing.result()
         await until(lambda: paced.quiet(settings, [policy]), within_s, "nothing left to do")
         await paced.stop_all(group)
         caught_up_s = await _caught_up(settings, store, within_s)
+        behind = await _reports_behind(settings)
         await paced.stop_all(history)
     except Exception as exc:  # a wait that timed out: judge what there is
-        notes.append(f"{type(exc).__name__}: {exc}")
+        inner = exc.exceptions if isinstance(exc, ExceptionGroup) else (exc,)
+        notes += [f"{type(e).__name__}: {e}" for e in inner]
         log.error("history trial %s: %s\n%s\n%s", settings.topic_prefix, exc,
                   history.tails(), group.tails())
     finally:
@@ -272,7 +314,8 @@ async def history_trial(base: Settings, out_dir: Path, *, jobs: int = JOBS, work
     finally:
         await store.close()
     result = HistoryTrialResult(len(group.killed), len(deaths.history_counted),
-                                round(time.monotonic() - began, 1), caught_up_s, verdict, notes)
+                                round(time.monotonic() - began, 1), caught_up_s, verdict, notes,
+                                restarts, behind)
     await settle(settings, folder, [*verdict.problems, *notes])
     if not result.ok:
         log.error("history trial %s kept its topics and schema for a look: %s",
@@ -282,12 +325,13 @@ async def history_trial(base: Settings, out_dir: Path, *, jobs: int = JOBS, work
 
 async def _run(stack: Stack, out_dir: Path, run: int, jobs: int | None) -> TrialRow:
     started = time.time()
-    result = await history_trial(stack.settings, out_dir, jobs=jobs or JOBS)
+    result = await history_trial(stack.settings, out_dir, jobs=jobs or JOBS, stack=stack)
     v = result.verdict
     return row(run, started, [*v.problems, *result.notes], truth=v.truth,
                reported=v.reported, counted=v.counted,
                short=v.short, allowance=v.allowance, kills=result.kills,
-               history_kills=result.history_kills, caught_up_s=result.caught_up_s,
+               history_kills=result.history_kills, pg_restarts=result.pg_restarts,
+               caught_up_s=result.caught_up_s, reports_behind=result.reports_behind,
                duplicate_effects=v.duplicate_effects)
 
 
@@ -300,7 +344,8 @@ def _cells(r: TrialRow) -> list[str]:
               for o in ("succeeded", "dead_lettered")),
             *(f"{_pair(r, 'short', o)} (≤ {_pair(r, 'allowance', o)})"
               for o in ("succeeded", "dead_lettered")),
-            str(r["kills"]), str(r["history_kills"]), f"{r['caught_up_s']:g}",
+            str(r["kills"]), str(r["history_kills"]), str(r.get("pg_restarts", 0)),
+            f"{r['caught_up_s']:g}", str(r.get("reports_behind", "")),
             str(r["duplicate_effects"]), f"{r['seconds']:.0f}", "yes" if r["ok"] else "NO"]
 
 
@@ -310,15 +355,22 @@ def _summary(r: TrialRow) -> str:
             f", dead-lettered "
             f"{' / '.join(_pair(r, k, 'dead_lettered') for k in ('truth', 'reported', 'counted'))}"
             f"; short {r['short']} (allowed {r['allowance']}); {r['kills']} worker kills, "
-            f"{r['history_kills']} history kills; caught up in {r['caught_up_s']:g} s")
+            f"{r['history_kills']} history kills, {r.get('pg_restarts', 0)} Postgres restarts; "
+            f"caught up in {r['caught_up_s']:g} s, {r.get('reports_behind', 0)} reports past its "
+            f"committed offsets then")
 
 
 TRIAL = OwnTrial(
     "history", "History", TITLE, METHOD, _run,
     ("succeeded: happened / reported / counted",
      "dead-lettered: happened / reported / counted", "succeeded short (allowed)",
-     "dead-lettered short (allowed)", "worker kill -9", "history kill -9", "caught up s",
+     "dead-lettered short (allowed)", "worker kill -9", "history kill -9",
+     "Postgres restarts", "caught up s", "reports past its commit",
      "dup effects", "run s", "ok"), _cells, _summary,
     notes="Reported: what the workers' reports on `P._stats` say; the history must count "
           "exactly that. Short: happened minus counted, which only the workers' kills may "
-          "cause; allowed: what the killed workers ended in their last 0.75 s.")
+          "cause; allowed: what the killed workers ended in their last 0.75 s. Caught up: "
+          "the three views say what the workers reported and stay put 4 s. Reports past "
+          "its commit: the history's committed input offsets then, behind what it had "
+          "folded (after a kill -9 they were seen to lag by minutes; a restart folds "
+          "those reports again, to nothing).")

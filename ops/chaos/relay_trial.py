@@ -32,10 +32,16 @@ import asyncpg
 from ops.chaos import paced
 from ops.chaos.faults import until
 from ops.chaos.fresh import fresh_settings, settle
-from ops.chaos.protocol import CLUSTER, OwnTrial, TrialRow, row
+from ops.chaos.protocol import CLUSTER, NETWORK, OwnTrial, TrialRow, row
 from ops.chaos.relay_app import HOLD_MS_ENV, RELAYED_TYPE, TABLES
 from ops.chaos.relay_verdict import RelayEvidence, RelayVerdict, judge
-from ops.chaos.staged import LEADER_KILLS, replication, stage_faults, worker_env
+from ops.chaos.staged import (
+    LEADER_KILLS,
+    PG_LINK_CUT,
+    replication,
+    stage_faults,
+    worker_env,
+)
 from ops.chaos.trial import Stack
 from ops.chaos.workers import STREAM_JOBS, WorkerGroup
 from stream_jobs.app import App
@@ -243,4 +249,4 @@ TRIAL = OwnTrial(
     "outbox-relay", "The outbox's relays through kill -9", TITLE, METHOD, _run,
     ("committed", "rolled back", "relay kill -9", "lost", "copies in Kafka",
      "missing effects", "dup effects", "run s", "ok"), _cells, _summary,
-    elsewhere={CLUSTER: LEADER_KILLS})
+    elsewhere={CLUSTER: LEADER_KILLS, NETWORK: PG_LINK_CUT})

@@ -30,8 +30,14 @@ from pathlib import Path
 from ops.chaos import paced
 from ops.chaos.faults import until
 from ops.chaos.fresh import fresh_settings, settle
-from ops.chaos.protocol import CLUSTER, OwnTrial, TrialRow, row
-from ops.chaos.staged import LEADER_KILLS, StageFaults, replication, stage_faults
+from ops.chaos.protocol import CLUSTER, NETWORK, OwnTrial, TrialRow, row
+from ops.chaos.staged import (
+    LEADER_KILLS,
+    PG_LINK_CUT,
+    StageFaults,
+    replication,
+    stage_faults,
+)
 from ops.chaos.trial import Stack
 from ops.chaos.unique_app import HOLD_MS_ENV, TABLES, UNIQUE_TYPE
 from ops.chaos.unique_verdict import Call, EffectRow, UniqueEvidence, UniqueVerdict, judge
@@ -221,4 +227,4 @@ TRIAL = OwnTrial(
     "unique", "Unique keys", TITLE, METHOD, _run,
     ("calls", "sent", "refused", "failed (ran anyway)", "kill -9", "Postgres restarts",
      "two pending at once", "lost", "dup effects", "run s", "ok"), _cells, _summary,
-    elsewhere={CLUSTER: LEADER_KILLS})
+    elsewhere={CLUSTER: LEADER_KILLS, NETWORK: PG_LINK_CUT})

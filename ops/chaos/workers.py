@@ -37,6 +37,7 @@ class WorkerProcess:
     log: Path
     started_at: float
     paused: bool = False
+    killed_at: float | None = None  # time.time() of its SIGKILL
 
     @property
     def pid(self) -> int:
@@ -103,6 +104,7 @@ class WorkerGroup:
     def kill(self, worker: WorkerProcess) -> None:
         """SIGKILL: no drain, no commit, no goodbye to the group."""
         worker.proc.send_signal(signal.SIGKILL)
+        worker.killed_at = time.time()
         worker.proc.wait(timeout=30)
         self.killed.append(worker)
 
