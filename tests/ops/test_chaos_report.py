@@ -34,7 +34,8 @@ def test_chaos_only_names_scenarios_and_trials() -> None:
     assert [t.name for t in trials] == ["failover", "batches", "cancels", "outbox",
                                           "fairness", "results", "outbox-relay", "unique",
                                           "history", "listen", "batches@net",
-                                          "cancels@net", "results@net", "batches@cluster",
+                                          "cancels@net", "fairness@net", "results@net",
+                                          "outbox-relay@net", "unique@net", "batches@cluster",
                                           "fairness@cluster", "results@cluster",
                                           "outbox-relay@cluster", "unique@cluster"]
     scenarios, trials = chosen("outbox, kill9,batches")

@@ -73,7 +73,8 @@ def test_every_trial_of_a_feature_writing_to_kafka_runs_on_the_cluster() -> None
     assert {t.name for t in plan.cluster_trials} == {
         "batches@cluster", "results@cluster", "fairness@cluster", "outbox-relay@cluster",
         "unique@cluster"}
-    assert {t.name for t in plan.network_trials} == {"batches@net", "cancels@net",
-                                                     "results@net"}
+    assert {t.name for t in plan.network_trials} == {
+        "batches@net", "cancels@net", "results@net", "fairness@net", "outbox-relay@net",
+        "unique@net"}
     assert all(t.stage == "single" for t in plan.own)
     assert all(isinstance(t, OwnTrial) for t in TRIALS.values())
