@@ -32,7 +32,9 @@ from ops.chaos.collect import read_topic
 from ops.chaos.failover_verdict import FailoverEvidence, FailoverVerdict, LeaderFault, judge
 from ops.chaos.faults import until
 from ops.chaos.fresh import fresh_settings, settle
-from ops.chaos.protocol import OwnTrial, TrialRow, row
+from ops.chaos.leaders import LeaderKills
+from ops.chaos.protocol import CLUSTER, OwnTrial, TrialRow, row
+from ops.chaos.staged import LEADER_KILLS, replication, worker_env
 from ops.chaos.trial import Stack
 from ops.chaos.workers import APP_SPEC, STREAM_JOBS, WorkerGroup, WorkerProcess
 from stream_jobs.job_types import JobTypePolicy, load_job_types
@@ -64,7 +66,8 @@ METHOD = (
     "time until another scheduler held the lock.")
 SCHEMA_SQL = (f"CREATE TABLE {TICK_EFFECTS_TABLE} (job_id text NOT NULL, fire_ms bigint, "
               "at timestamptz NOT NULL DEFAULT clock_timestamp())")
-TOML = 'partitions = 2\nreplication_factor = 1\n[[schedules]]\nname = "tick"\nevery = "1s"\n'
+TOML = ('partitions = 2\nreplication_factor = {replication}\n[[schedules]]\nname = "tick"\n'
+        'every = "1s"\n')
 SCHEDULE = "tick"
 # How often the runner asks Postgres who holds the lock after a fault.
 LOCK_POLL_S = 0.05
@@ -80,6 +83,7 @@ class FailoverResult:
     lease_s: float
     faults: list[LeaderFault]
     notes: list[str] = field(default_factory=list)
+    leader_kills: int = 0  # brokers killed on the cluster (`failover@cluster`)
 
 
 class FailoverError(Exception):
@@ -89,21 +93,29 @@ class FailoverError(Exception):
 async def run_failover(base: Settings, out_dir: Path, *, run: int = 1, window_s: float = 60.0,
                        kills: int = 3, pause: bool = True,
                        lease_s: float = 10.0,
-                       postgres: PostgresServer | None = None) -> FailoverResult:
+                       postgres: PostgresServer | None = None,
+                       stack: Stack | None = None) -> FailoverResult:
     """One run: `kills` SIGKILLs of the leader, (with `postgres`) a restart of it, and
     (with `pause`) one SIGSTOP of lease + 5 s, spread over `window_s` seconds of a 1 s
-    schedule."""
+    schedule; on `stack`'s cluster, the broker leading the lane's partition 0 killed
+    after some of the kills too (`leaders.LeaderKills`)."""
     began = time.time()
     settings, folder = fresh_settings(base, out_dir, f"failover-{run}",
                                       scheduler_lease_s=lease_s)
     # A schedule is a TOML table, which `declare_type`'s keys cannot express.
-    (settings.topics_dir / f"{TICK_TYPE}.toml").write_text(TOML)
+    (settings.topics_dir / f"{TICK_TYPE}.toml").write_text(
+        TOML.format(replication=replication(stack)))
     policy = load_job_types(settings.topics_dir)[TICK_TYPE]
+    prefix = settings.topic_prefix
+    leaders = LeaderKills.of(stack.cluster if stack is not None else None, settings,
+                             lane_topic(prefix, TICK_TYPE),
+                             [spec.name for spec in policy.all_topics(prefix)], kills)
     await prepare_schema(settings, [SCHEMA_SQL])
     await apply(settings, {TICK_TYPE: policy})
     group = WorkerGroup(settings, folder,
                         argv=(str(STREAM_JOBS), "scheduler", APP_SPEC, "--type", TICK_TYPE),
-                        env={"STREAM_JOBS_SCHEDULER_LEASE_S": str(lease_s)})
+                        env={"STREAM_JOBS_SCHEDULER_LEASE_S": str(lease_s),
+                             **worker_env(stack)})
     worker = Worker(settings, policy, chaos_app.handler(TICK_TYPE), scheduler=None)
     working = asyncio.create_task(worker.run())
     try:
@@ -111,7 +123,7 @@ async def run_failover(base: Settings, out_dir: Path, *, run: int = 1, window_s:
         group.start()
         await _until(lambda: _effects(settings, at_least=1), 120, "a first firing ran", group)
         faults = await _fault_window(settings, group, window_s, kills, pause, lease_s,
-                                     postgres)
+                                     postgres, leaders.after)
         notes = await _stop_schedulers(group)
         worker.request_stop()
         await asyncio.wait_for(working, 60)
@@ -128,15 +140,15 @@ async def run_failover(base: Settings, out_dir: Path, *, run: int = 1, window_s:
     verdict = judge(evidence)
     await settle(settings, folder, verdict.problems)
     return FailoverResult(run, verdict, time.time() - began, began, window_s, lease_s, faults,
-                          notes)
+                          notes, len(leaders.nodes))
 
 
 async def _fault_window(settings: Settings, group: WorkerGroup, window_s: float, kills: int,
-                        pause: bool, lease_s: float,
-                        postgres: PostgresServer | None) -> list[LeaderFault]:
-    """`kills` kills of the leader, then (with `postgres`) a restart of it, then (with
-    `pause`) a freeze of lease + 5 s, spread evenly over `window_s` seconds; returns at the
-    window's end."""
+                        pause: bool, lease_s: float, postgres: PostgresServer | None,
+                        after_kill: Callable[[int], Awaitable[None]]) -> list[LeaderFault]:
+    """`kills` kills of the leader, each followed by `after_kill(k)` (k from 1), then (with
+    `postgres`) a restart of it, then (with `pause`) a freeze of lease + 5 s, spread evenly
+    over `window_s` seconds; returns at the window's end."""
     faults: list[LeaderFault] = []
     window_began = time.time()
     steps: list[Callable[[], Awaitable[LeaderFault]]] = [
@@ -147,6 +159,8 @@ async def _fault_window(settings: Settings, group: WorkerGroup, window_s: float,
         due = window_began + window_s * (i + 1) / (len(steps) + 1)
         await asyncio.sleep(max(0.0, due - time.time()))  # the fault's moment
         faults.append(await step())
+        if i < kills:
+            await after_kill(i + 1)
     await asyncio.sleep(max(0.0, window_began + window_s - time.time()))  # window's end
     return faults
 
@@ -270,14 +284,16 @@ def _each(values: list[float | None], kinds: list[str], kind: str) -> str:
 
 async def _run(stack: Stack, out_dir: Path, run: int, jobs: int | None) -> TrialRow:
     """One run at `make chaos`'s size (the window is a time: CHAOS_JOBS does not apply)."""
-    result = await run_failover(stack.settings, out_dir, run=run, postgres=stack.postgres)
+    result = await run_failover(stack.settings, out_dir, run=run, postgres=stack.postgres,
+                                stack=stack)
     v = result.verdict
     return row(run, result.started, v.problems, result.notes, window_s=result.window_s,
                lease_s=result.lease_s, firings=v.firings, missed=len(v.missed),
                duplicate_effects=v.duplicate_effects, enqueued_twice=v.enqueued_twice,
                duplicate_outcomes=v.duplicate_outcomes,
                faults=[f.kind for f in result.faults], takeovers_s=v.takeovers_s,
-               gaps_s=v.gaps_s, late_ms=[v.late(50), v.late(99), v.late(100)])
+               gaps_s=v.gaps_s, late_ms=[v.late(50), v.late(99), v.late(100)],
+               leader_kills=result.leader_kills)
 
 
 def _cells(r: TrialRow) -> list[str]:
@@ -313,4 +329,4 @@ TRIAL = OwnTrial(
      "takeover s after SIGSTOP (lease)", "failover gap s after kill -9",
      "failover gap s after SIGSTOP", "takeover / gap s after Postgres restart",
      "firing late ms p50 / p99 / max", "run s"),
-    _cells, _summary, NOTES)
+    _cells, _summary, NOTES, elsewhere={CLUSTER: LEADER_KILLS})

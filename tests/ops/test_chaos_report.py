@@ -35,7 +35,8 @@ def test_chaos_only_names_scenarios_and_trials() -> None:
                                           "fairness", "results", "outbox-relay", "unique",
                                           "history", "listen", "batches@net",
                                           "cancels@net", "fairness@net", "results@net",
-                                          "outbox-relay@net", "unique@net", "batches@cluster",
+                                          "outbox-relay@net", "unique@net", "failover@cluster",
+                                          "batches@cluster",
                                           "fairness@cluster", "results@cluster",
                                           "outbox-relay@cluster", "unique@cluster"]
     scenarios, trials = chosen("outbox, kill9,batches")

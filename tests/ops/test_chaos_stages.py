@@ -72,7 +72,7 @@ def test_every_trial_of_a_feature_writing_to_kafka_runs_on_the_cluster() -> None
     plan = stages(*chosen(""))
     assert {t.name for t in plan.cluster_trials} == {
         "batches@cluster", "results@cluster", "fairness@cluster", "outbox-relay@cluster",
-        "unique@cluster"}
+        "unique@cluster", "failover@cluster"}
     assert {t.name for t in plan.network_trials} == {
         "batches@net", "cancels@net", "results@net", "fairness@net", "outbox-relay@net",
         "unique@net"}
