@@ -231,3 +231,49 @@ async def test_serve_with_history_keeps_the_history_inside_the_gateway(
         assert "Traceback" not in (tmp_path / "serve.log").read_text()
     finally:
         await store.close()
+
+
+async def test_reports_sent_while_the_history_is_down_count_after_its_restart(
+        app: App, declare: Declare, tmp_path: Path) -> None:
+    # The worker's last reports reach Kafka while no history process runs, and it never
+    # reports again: only the restarted history reading them can count its jobs.
+    settings = _history_settings(app, tmp_path)
+    await declare("hist.down", max_attempts=1, partitions=3)
+    mixed = _mixed_app(settings, "hist.down")
+    env = settings_env(settings, STREAM_JOBS_HISTORY_WINDOW_S=str(WINDOW_S),
+                       STREAM_JOBS_HISTORY_DATA_DIR=str(settings.history_data_dir))
+    log = (tmp_path / "history.log").open("ab")
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([str(STREAM_JOBS), "history"], env=env, stdout=log, stderr=log)
+
+    store = HistoryStore(settings)
+    first = start()
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        await _enqueue(mixed, "hist.down", 1_000)
+        worker = mixed.worker("hist.down", report_interval_s=0.05)
+        running = asyncio.create_task(worker.run())
+        await _until(lambda: _finished(worker, 1_000), "the worker to finish 1,000 jobs")
+
+        async def all_counted() -> bool:
+            found = (await store.totals()).get("hist.down")
+            return found is not None and found.finished >= 1_000
+        await _until(all_counted, "the first history process to count them")
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+        # Its replacement starts at once, as a supervisor would start it: it joins the
+        # group only once the dead process's session has run out (10 s).
+        second = start()
+        await _enqueue(mixed, "hist.down", 1_000)
+        await _until(lambda: _finished(worker, 2_000), "the worker to finish 2,000 jobs")
+        worker.request_stop()
+        await running  # its last report, the final one, goes out meanwhile
+        expected = _counted(worker.outcomes)
+        await _all_agree(store, "hist.down", expected, timeout_s=120)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        log.close()
+        await store.close()
