@@ -1,5 +1,5 @@
 """The history process: a faust-streaming app that folds the workers' reports into
-windows, exactly once.
+windows, each report counted once.
 
 It reads `P._stats` (every worker's report: its slots, see `windows.SlotTallies`) and
 keeps, in faust tables whose changelogs are Kafka topics:
@@ -8,17 +8,16 @@ keeps, in faust tables whose changelogs are Kafka topics:
   hour, kept 90 days);
 - `totals`: per type, the running total since history began;
 
-each beside what it already counted of each worker (`windows.Folded`). It runs with
-`processing_guarantee="exactly_once"`, so the report offsets it commits and its tables'
-changelogs are written in Kafka transactions. That alone did not make the counts exact
-across a kill -9 here: after a restart the restored tables already held reports the app
-was handed again (docs/history.md has the evidence). So each table value also keeps, per
+each beside what it already counted of each worker (`windows.Folded`). Its Kafka work
+is at least once: faust uses transactions only inside its own `faust worker` command,
+which this app is not started by, so offsets are committed plainly and a restart may be
+handed reports its restored tables already hold. So each table value also keeps, per
 worker, the time of the last report folded into it, and a report no newer adds nothing:
-every value is exact and idempotent by itself, whatever faust replays. A second agent
-reads `P._history.windows` (read committed: only what a transaction committed) and sets
-those rows of `stream_jobs_history` in Postgres, where the readers are. The broker must
-allow transactions (a single-node broker needs transaction.state.log.replication.factor=1
-and transaction.state.log.min.isr=1; ops/ sets them).
+every value is exact and idempotent by itself, whatever faust replays. faust's consumer
+also dropped records handed while its flow was suspended on a rebalance, then again as
+already read once fetched anew: `ReadOffsets` keeps their read offset from moving
+meanwhile. A second agent reads `P._history.windows` and sets those rows of
+`stream_jobs_history` in Postgres, where the readers are.
 """
 
 from __future__ import annotations
@@ -86,7 +85,8 @@ class History:
             history_app_id(prefix),
             broker=[f"kafka://{server}" for server in settings.bootstrap_servers],
             broker_credentials=credentials(settings),
-            processing_guarantee="exactly_once",
+            # What faust does outside its own worker command anyway (module docstring).
+            processing_guarantee="at_least_once",
             store="memory://",
             topic_partitions=1,
             topic_replication_factor=replication,
@@ -117,6 +117,8 @@ class History:
         self.app.agent(self.reports, name="fold")(self._fold)
         self.app.agent(self.out, name="sink")(self._sink)
         self.app.timer(PRUNE_EVERY_S, name="prune")(self._prune)
+        keep_records_handed_while_paused(self.app.consumer,
+                                         {stats_topic(prefix), history_topic(prefix)})
 
     # -- folding reports ---------------------------------------------------------------------
 
@@ -192,6 +194,45 @@ class History:
                 log.info("pruned %d old history windows", gone)
 
 
+class ReadOffsets(dict[Any, int | None]):
+    """faust's read offset per partition, kept so that no record of `guarded` topics is
+    skipped across a rebalance.
+
+    faust's consumer hands each fetched record to the app and then moves the partition's
+    read offset past it; a record whose offset is below the read offset when it comes is
+    dropped as already read. While the flow is suspended (a rebalance, a table recovery)
+    the records it is handed are dropped unread, yet their offsets were still recorded:
+    after the seek to the committed offset, the same records came again and were dropped
+    as read. The history trial lost a killed worker's last reports that way (1 run in
+    13; 283 records dropped in one restart). Here the read offset of a guarded partition
+    moves forward only while the flow runs; a seek (faust's `update`) still sets it."""
+
+    def __init__(self, consumer: Any, guarded: set[str]) -> None:
+        super().__init__()
+        self._consumer = consumer
+        self._guarded = guarded
+
+    def __missing__(self, tp: Any) -> None:
+        return None
+
+    def __setitem__(self, tp: Any, offset: int | None) -> None:
+        if tp.topic in self._guarded and not self._consumer.flow_active:
+            current = self.get(tp)
+            if offset is not None and (current is None or offset > current):
+                return  # a record handed while paused is not read: it comes again
+        super().__setitem__(tp, offset)
+
+
+def keep_records_handed_while_paused(consumer: Any, guarded: set[str]) -> None:
+    """Give faust's `consumer` a `ReadOffsets` for the `guarded` topics (before it runs)."""
+    if not hasattr(consumer, "_read_offset") or not hasattr(consumer, "flow_active"):
+        raise StreamJobsError("this faust-streaming keeps no read offsets where the history "
+                              "expects them; its records could be skipped on a rebalance")
+    offsets = ReadOffsets(consumer, guarded)
+    offsets.update(consumer._read_offset)
+    consumer._read_offset = offsets
+
+
 def _row(raw: bytes) -> WindowRow | None:
     try:
         data = orjson.loads(raw)
@@ -202,4 +243,4 @@ def _row(raw: bytes) -> WindowRow | None:
         return None
 
 
-__all__ = ["History", "credentials"]
+__all__ = ["History", "ReadOffsets", "credentials", "keep_records_handed_while_paused"]
