@@ -48,3 +48,4 @@ async def test_a_caller_cancelled_during_the_stop_is_still_cancelled(settings: S
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
