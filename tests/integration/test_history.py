@@ -8,6 +8,7 @@ test. Nothing waits by sleeping: every wait polls a condition against a deadline
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -126,18 +127,20 @@ async def test_windows_count_exactly_what_the_workers_counted(
         await store.close()
 
 
+def _start_history(settings: Settings, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """A `stream-jobs history` process of `settings`' prefix, with 2 s windows."""
+    env = settings_env(settings, STREAM_JOBS_HISTORY_WINDOW_S=str(WINDOW_S),
+                       STREAM_JOBS_HISTORY_DATA_DIR=str(settings.history_data_dir))
+    return subprocess.Popen([str(STREAM_JOBS), "history"], env=env, stdout=log, stderr=log)
+
+
 async def test_the_history_killed_mid_stream_and_started_again_still_counts_exactly(
         app: App, declare: Declare, tmp_path: Path) -> None:
     settings = _history_settings(app, tmp_path)
     await declare("hist.killed", max_attempts=1, partitions=3)
     mixed = _mixed_app(settings, "hist.killed")
-    env = settings_env(settings, STREAM_JOBS_HISTORY_WINDOW_S=str(WINDOW_S),
-                       STREAM_JOBS_HISTORY_DATA_DIR=str(settings.history_data_dir))
     log = (tmp_path / "history.log").open("ab")
-
-    def start() -> subprocess.Popen[bytes]:
-        return subprocess.Popen([str(STREAM_JOBS), "history"], env=env, stdout=log, stderr=log)
-
+    start = functools.partial(_start_history, settings, log)
     store = HistoryStore(settings)
     first = start()
     try:
@@ -240,13 +243,8 @@ async def test_reports_sent_while_the_history_is_down_count_after_its_restart(
     settings = _history_settings(app, tmp_path)
     await declare("hist.down", max_attempts=1, partitions=3)
     mixed = _mixed_app(settings, "hist.down")
-    env = settings_env(settings, STREAM_JOBS_HISTORY_WINDOW_S=str(WINDOW_S),
-                       STREAM_JOBS_HISTORY_DATA_DIR=str(settings.history_data_dir))
     log = (tmp_path / "history.log").open("ab")
-
-    def start() -> subprocess.Popen[bytes]:
-        return subprocess.Popen([str(STREAM_JOBS), "history"], env=env, stdout=log, stderr=log)
-
+    start = functools.partial(_start_history, settings, log)
     store = HistoryStore(settings)
     first = start()
     second: subprocess.Popen[bytes] | None = None
