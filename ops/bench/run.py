@@ -7,6 +7,7 @@
     BENCH_ONLY=results .venv/bin/python -m ops.bench.run   # keep_result and batch members
     BENCH_ONLY=tester .venv/bin/python -m ops.bench.run    # JobTester beside the real stack
     BENCH_ONLY=tracing .venv/bin/python -m ops.bench.run   # what tracing costs the no-op path
+    BENCH_ONLY=confluent .venv/bin/python -m ops.bench.run # confluent-kafka beside aiokafka
     BENCH_SKIP=scaling .venv/bin/python -m ops.bench.run   # full, but keep Scaling's last
 
 The code under test (stream_jobs/, ops/bench/) is copied to ops/bench/out/code first and
@@ -42,6 +43,7 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from ops.bench import (
+    confluent,
     control,
     fairness,
     fencing,
@@ -236,6 +238,7 @@ def _sections() -> list[Section]:
         ("control", control.control),
         ("gateway", gateway.gateway),
         ("tracing", tracing.tracing),
+        ("confluent", confluent.confluent),
         ("fairness", fairness.fairness),
     ]
 

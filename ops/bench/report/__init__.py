@@ -15,11 +15,13 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from ops.bench import confluent as confluent_bench
 from ops.bench import control, gateway, outbox, tester, tracing
 from ops.bench import fairness as fairness_bench
 from ops.bench import processes as processes_bench
 from ops.bench import results as results_bench
 from ops.bench import scaling as scaling_bench
+from ops.bench.report.confluent import confluent_section
 from ops.bench.report.details import detail_sections, run_section, setup_sections
 from ops.bench.report.fairness import fairness_section
 from ops.bench.report.features import feature_section
@@ -37,7 +39,7 @@ from ops.bench.report.tables import FigureJSON
 OWN_SECTIONS: dict[str, ModuleType] = {
     "scaling": scaling_bench, "processes": processes_bench, "outbox": outbox,
     "results": results_bench, "control": control, "gateway": gateway, "tester": tester,
-    "tracing": tracing, "fairness": fairness_bench}
+    "tracing": tracing, "fairness": fairness_bench, "confluent": confluent_bench}
 OWN_HEADINGS: dict[str, str] = {name: module.HEADING for name, module in OWN_SECTIONS.items()}
 FEATURES = ("outbox", "results", "control", "gateway", "tester", "tracing")
 
@@ -73,6 +75,8 @@ def own_sections(figures: dict[str, FigureJSON], details: dict[str, Any],
         out += feature_section(figures, OWN_SECTIONS[name])
     if "fairness" in details:
         out += fairness_section(details["fairness"], figures, errors.get("fairness"))
+    if "confluent" in details:
+        out += confluent_section(details["confluent"], figures, errors.get("confluent"))
     return out
 
 
