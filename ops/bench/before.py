@@ -5,8 +5,9 @@ The fair-queue work must cost nothing to a type that does not ask for it. The co
 out of the checkout's history (`git archive`) beside the snapshot under test, with the
 bench's own modules copied in, and both drain the same no-op backlog of a type with no
 `[fairness]` table: each in a process of its own (`python -m ops.bench.noop_drain`, the
-processing section's no-op worker), rotating which goes first, the worker group rewound
-between drains. Rates run from the first handler call to the last. The type has a
+processing section's no-op worker), interleaved in rounds (ops/bench/paired.py: which
+goes first turns each round, the load average after each drain), the worker group
+rewound between drains. Rates run from the first handler call to the last. The type has a
 topics folder of its own: the code before issue 27 refuses a folder that holds a
 `[fairness]` table.
 """
@@ -21,7 +22,8 @@ import tarfile
 from pathlib import Path
 
 from ops.bench.backlog import fill, rewind_worker_group
-from ops.bench.common import PARTITIONS, Bench, BenchError, declare_one, rotated, run_async
+from ops.bench.common import PARTITIONS, Bench, BenchError, declare_one, run_async
+from ops.bench.paired import PAIRS, QUICK_PAIRS, Interleaved, interleave
 from ops.bench.snapshot import CODE_DIR, PROJECT_PYTHON, REPO_DIR
 from stream_jobs.settings import Settings
 
@@ -59,19 +61,18 @@ def _drain_in(b: Bench, settings: Settings, code: Path, n: int) -> float:
     return float(json.loads(done.stdout.strip().splitlines()[-1])["rate"])
 
 
-def noop_side_by_side(b: Bench) -> dict[str, list[float]]:
-    """jobs/s of each arm ("now": the snapshot, "before": BEFORE_COMMIT) over the runs: two
-    more than a figure's usual, to tell 3% apart."""
+def noop_side_by_side(b: Bench) -> Interleaved:
+    """jobs/s of each arm ("now": the snapshot, "before": BEFORE_COMMIT), interleaved."""
     n = b.scale.backlog_n
     settings = b.settings().model_copy(update={"topics_dir": b.out_dir / "topics-noop"})
     run_async(declare_one(settings, NOOP_TYPE, partitions=PARTITIONS, retry_tiers=["5s"],
                           max_attempts=2, retention="2h"), 60)
     run_async(fill(settings, NOOP_TYPE, n), 600)
     codes = {"now": CODE_DIR, "before": code_before(b)}
-    rates: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    for run in range(b.scale.runs + 2):
-        for arm in rotated(list(ARMS), run):
-            rates[arm].append(_drain_in(b, settings, codes[arm], n))
-            print(f"[bench] fairness no-op {arm}: {rates[arm][-1]:,.0f} jobs/s", flush=True)
-            run_async(rewind_worker_group(settings, NOOP_TYPE), 60)
-    return rates
+
+    def measure(arm: str) -> float:
+        rate = _drain_in(b, settings, codes[arm], n)
+        run_async(rewind_worker_group(settings, NOOP_TYPE), 60)
+        return rate
+
+    return interleave(ARMS, measure, QUICK_PAIRS if b.quick else PAIRS, "fairness no-op")

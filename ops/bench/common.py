@@ -93,7 +93,9 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @dataclass
 class Figure:
-    """One measured quantity over the runs: the median and the spread (min-max)."""
+    """One measured quantity over the runs: the median and the spread (min-max); for the
+    arms of an interleaved measurement (ops/bench/paired.py), the 1-minute load average
+    after each value."""
 
     name: str
     label: str
@@ -103,6 +105,7 @@ class Figure:
     median: float = 0.0
     low: float = 0.0
     high: float = 0.0
+    loads: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.values:
@@ -123,8 +126,9 @@ class Results:
     timings_s: dict[str, float] = field(default_factory=dict)
 
     def add(self, name: str, label: str, unit: str, values: Iterable[float],
-            note: str = "") -> Figure:
-        figure = Figure(name, label, unit, [float(v) for v in values], note)
+            note: str = "", loads: Iterable[float] = ()) -> Figure:
+        figure = Figure(name, label, unit, [float(v) for v in values], note,
+                        loads=[float(v) for v in loads])
         self.figures[name] = figure
         return figure
 

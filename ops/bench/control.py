@@ -1,13 +1,16 @@
 """What cancel, unique keys and debounce cost, side by side (`BENCH_ONLY=control`).
 
-- **The no-op path.** One backlog, drained in every run by a no-op handler in three
-  rotated contenders: the cancel watch off (`STREAM_JOBS_CANCEL_WATCH=false`: no LISTEN,
-  no map of running jobs; the empty set is still looked at), on with nothing cancelled
+- **The no-op path.** One backlog, drained by a no-op handler in three contenders
+  interleaved in rounds (ops/bench/paired.py: every contender once a round, the order
+  turned each round, the load average after each drain): the cancel watch off
+  (`STREAM_JOBS_CANCEL_WATCH=false`: no LISTEN, no map of running jobs; the empty set
+  is still looked at), on with nothing cancelled
   (the default: what cancels cost a worker that never sees one), and on with 10,000 other
   job IDs cancelled (every job looked up in a set of 10,000: the check per job when cancels
   are used). Both headers of unique jobs are decoded on every path alike.
-- **Unique keys at the worker.** A backlog whose every job carries a unique key, drained
-  by the same no-op handler: each job gives its key back (one statement) once finished.
+- **Unique keys at the worker.** A backlog a quarter as long whose every job carries a
+  unique key, drained by the same no-op handler in each of the usual runs: each job gives
+  its key back (one statement) once finished.
 - **Enqueue.** Awaited one by one, rotated: a plain `enqueue` (returns on the broker's
   ack), a unique one (a fresh key each: the key and the outbox row in one Postgres
   transaction, returning on its commit) and a debounced one (a fresh key each: a window
@@ -28,6 +31,7 @@ import asyncpg
 from ops.bench.backlog import ENQUEUE_BATCH, fill, payload, rewind_worker_group
 from ops.bench.common import Bench, percentile, rotated, run_async
 from ops.bench.ours import drain
+from ops.bench.paired import PAIRS, QUICK_PAIRS, Interleaved, interleave
 from stream_jobs.app import App
 from stream_jobs.client import Job
 from stream_jobs.kafka.producer import JobProducer
@@ -112,23 +116,31 @@ async def _awaited(settings: Settings, kind: str, n: int, run: int) -> tuple[flo
         return n / (time.perf_counter() - began), latencies
 
 
+def _noop_drain(s: Settings, kind: str, job_type: str, n: int) -> float:
+    """One drain of the contender `kind` (DRAINS, or "keyed"): its jobs/s."""
+    run_async(_cancel_others(s, CANCELLED_IDS if kind == "on_cancels" else 0), 60)
+    watched = s.model_copy(update={"cancel_watch": kind != "off"})
+    rate = run_async(drain(watched, job_type, n), 960)["rate"]
+    run_async(rewind_worker_group(s, job_type), 60)
+    return rate
+
+
 def control(b: Bench) -> None:
     s = b.settings()
-    n = b.scale.backlog_n // 4
+    # The no-op contenders drain the whole processing backlog (a quarter of it drained in
+    # under a second here, too short to tell 3% apart); the keyed one, at a third of
+    # their speed, a quarter of it.
+    n, n_keyed = b.scale.backlog_n, b.scale.backlog_n // 4
     for job_type in (NOOP, KEYED, ENQ_PLAIN, ENQ_UNIQUE, ENQ_DEBOUNCE):
         run_async(b.declare(job_type, retry_tiers=["5s", "1m"]), 60)
     run_async(fill(s, NOOP, n), 600)
-    run_async(_fill_keyed(s, n), 600)
-    rates: dict[str, list[float]] = {kind: [] for kind in [*DRAINS, "keyed"]}
-    for run in range(b.scale.runs):
-        for kind in rotated([*DRAINS, "keyed"], run):
-            run_async(_cancel_others(s, CANCELLED_IDS if kind == "on_cancels" else 0), 60)
-            watched = s.model_copy(update={"cancel_watch": kind != "off"})
-            job_type = KEYED if kind == "keyed" else NOOP
-            result = run_async(drain(watched, job_type, n), 960)
-            rates[kind].append(result["rate"])
-            print(f"[bench] control {kind}: {result['rate']:,.0f} jobs/s", flush=True)
-            run_async(rewind_worker_group(s, job_type), 60)
+    run_async(_fill_keyed(s, n_keyed), 600)
+    noop = interleave(DRAINS, lambda kind: _noop_drain(s, kind, NOOP, n),
+                      QUICK_PAIRS if b.quick else PAIRS, "control")
+    keyed = []
+    for _ in range(b.scale.runs):
+        keyed.append(_noop_drain(s, "keyed", KEYED, n_keyed))
+        print(f"[bench] control keyed: {keyed[-1]:,.0f} jobs/s", flush=True)
     enqueue: dict[str, list[float]] = {kind: [] for kind in ENQUEUES}
     latency: dict[str, list[list[float]]] = {kind: [] for kind in ENQUEUES}
     m = b.scale.awaited_n
@@ -140,21 +152,25 @@ def control(b: Bench) -> None:
             enqueue[kind].append(rate)
             latency[kind].append(calls)
             print(f"[bench] control enqueue {kind}: {rate:,.0f} jobs/s", flush=True)
-    _record(b, n, m, rates, enqueue, latency)
+    _record(b, (n, n_keyed, m), noop, keyed, enqueue, latency)
 
 
-def _record(b: Bench, n: int, m: int, rates: dict[str, list[float]],
+def _record(b: Bench, sizes: tuple[int, int, int], noop: Interleaved, keyed: list[float],
             enqueue: dict[str, list[float]], latency: dict[str, list[list[float]]]) -> None:
+    n, n_keyed, m = sizes
     r = b.results
-    note = f"{n:,} jobs backlog, concurrency 64, ordering=key"
-    r.add("control.noop_off", "no-op, cancel watch off (STREAM_JOBS_CANCEL_WATCH=false)",
-          "jobs/s", rates["off"], note)
-    r.add("control.noop_on", "no-op, cancel watch on, nothing cancelled (the default)",
-          "jobs/s", rates["on"], note)
-    r.add("control.noop_cancels", f"no-op, {CANCELLED_IDS:,} other job IDs cancelled",
-          "jobs/s", rates["on_cancels"], f"{note}; every job looked up in the set")
+    note = (f"{n:,} jobs backlog, concurrency 64, ordering=key; "
+            f"{len(noop.values['off'])} interleaved rounds")
+    for kind, name, label, extra in (
+            ("off", "noop_off", "no-op, cancel watch off (STREAM_JOBS_CANCEL_WATCH=false)", ""),
+            ("on", "noop_on", "no-op, cancel watch on, nothing cancelled (the default)", ""),
+            ("on_cancels", "noop_cancels", f"no-op, {CANCELLED_IDS:,} other job IDs cancelled",
+             "; every job looked up in the set")):
+        r.add(f"control.{name}", label, "jobs/s", noop.values[kind], note + extra,
+              loads=noop.loads[kind])
     r.add("control.noop_keyed", "no-op, every job holding a unique key (given back after it)",
-          "jobs/s", rates["keyed"], f"{note}; one statement per job")
+          "jobs/s", keyed, f"{n_keyed:,} jobs backlog, concurrency 64, ordering=key; one "
+          "statement per job")
     for kind, label in (("plain", "enqueue, awaited (plain)"),
                         ("unique", "unique enqueue, awaited (a fresh key each)"),
                         ("debounce", "debounced enqueue, awaited (a fresh key each)")):

@@ -251,12 +251,15 @@ def fairness(b: Bench) -> None:
         b.results.add("fairness.tenant_max_running", "most jobs of one tenant running at once "
                       "(3 processes)", "jobs", [max(details["limit"]["most_running"].values())],
                       f"tenant_concurrency = {TENANT_LIMIT}, 4 tenants x 500 jobs of 20 ms")
-    rates = noop_side_by_side(b)
+    noop = noop_side_by_side(b)
     note = (f"{b.scale.backlog_n:,} jobs backlog, a type without [fairness], concurrency 64, "
-            "each drain in a process of its own")
-    b.results.add("fairness.noop_now", "no-op, this code", "jobs/s", rates["now"], note)
+            f"each drain in a process of its own; {len(noop.values['now'])} interleaved "
+            "rounds")
+    b.results.add("fairness.noop_now", "no-op, this code", "jobs/s", noop.values["now"], note,
+                  loads=noop.loads["now"])
     b.results.add("fairness.noop_before", f"no-op, the code of {BEFORE_COMMIT} (before "
-                  "issue 27)", "jobs/s", rates["before"], note)
+                  "issue 27)", "jobs/s", noop.values["before"], note,
+                  loads=noop.loads["before"])
     details["load_avg_after"] = os.getloadavg()[0]
     details["took_s"] = round(time.monotonic() - began, 1)
 

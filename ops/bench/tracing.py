@@ -1,8 +1,10 @@
 """What tracing costs the no-op path (`BENCH_ONLY=tracing`), side by side on one backlog.
 
 One backlog, filled by a traced client (so every record carries a `traceparent`, as it
-would from an application that traces), drained in every run by a no-op handler in three
-rotated contenders:
+would from an application that traces), drained by a no-op handler in three contenders;
+the goal's two (without the tracing code, unconfigured) interleaved in rounds
+(ops/bench/paired.py: the order turned each round, the load average after each drain),
+then the SDK's in each of the usual runs:
 
 - **without the tracing code**: the worker's per-job path without tracing,
   `Worker.handle` replaced for that drain by its body minus the tracing (decode, then
@@ -34,8 +36,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.util._once import Once
 
 from ops.bench.backlog import fill, rewind_worker_group
-from ops.bench.common import Bench, rotated, run_async
+from ops.bench.common import Bench, run_async
 from ops.bench.ours import drain
+from ops.bench.paired import PAIRS, QUICK_PAIRS, interleave
 from stream_jobs.clock import now_ms
 from stream_jobs.errors import BadRecord
 from stream_jobs.outcomes import Outcome
@@ -43,6 +46,7 @@ from stream_jobs.record import decode_record
 from stream_jobs.retry_now.rules import released_original
 from stream_jobs.runtime.dispatch import PartitionWork, Runner
 from stream_jobs.runtime.worker import Ended, Worker
+from stream_jobs.settings import Settings
 
 HEADING = "Tracing"
 INTRO = ("What tracing costs a no-op worker, side by side in one run "
@@ -132,31 +136,38 @@ def _unconfigured() -> Iterator[None]:
 CONTEXTS = {"bypassed": _bypassed, "unconfigured": _unconfigured, "sdk": _sdk}
 
 
+def _drain(s: Settings, kind: str, n: int) -> float:
+    """One drain of the contender `kind` (CONTENDERS): its jobs/s."""
+    with CONTEXTS[kind]():
+        rate = run_async(drain(s, NOOP, n), 960)["rate"]
+    run_async(rewind_worker_group(s, NOOP), 60)
+    return rate
+
+
 def tracing(b: Bench) -> None:
     s = b.settings()
-    # The whole processing backlog and two more runs than a figure's usual: a no-op drain
-    # of a quarter of it lasted under a second here, too short to tell 3% apart.
+    # The whole processing backlog: a no-op drain of a quarter of it lasted under a second
+    # here, too short to tell 3% apart.
     n = b.scale.backlog_n
     run_async(b.declare(NOOP), 60)
     with _sdk():  # a traced client: every record carries its enqueue's context
         run_async(fill(s, NOOP, n), 600)
-    rates: dict[str, list[float]] = {kind: [] for kind in CONTENDERS}
-    for run in range(b.scale.runs + 2):
-        for kind in rotated(CONTENDERS, run):
-            with CONTEXTS[kind]():
-                result = run_async(drain(s, NOOP, n), 960)
-            rates[kind].append(result["rate"])
-            print(f"[bench] tracing {kind}: {result['rate']:,.0f} jobs/s", flush=True)
-            run_async(rewind_worker_group(s, NOOP), 60)
+    goal = interleave(CONTENDERS[:2], lambda kind: _drain(s, kind, n),
+                      QUICK_PAIRS if b.quick else PAIRS, "tracing")
+    sdk = []
+    for _ in range(b.scale.runs):
+        sdk.append(_drain(s, "sdk", n))
+        print(f"[bench] tracing sdk: {sdk[-1]:,.0f} jobs/s", flush=True)
     note = f"{n:,} jobs backlog (each with a traceparent), concurrency 64, ordering=key"
+    rounds = f"; {len(goal.values['bypassed'])} interleaved rounds"
     r = b.results
     r.add("tracing.noop_bypassed",
           "no-op, without the tracing code (Worker.handle minus its spans)", "jobs/s",
-          rates["bypassed"], note)
+          goal.values["bypassed"], note + rounds, loads=goal.loads["bypassed"])
     r.add("tracing.noop_unconfigured", "no-op, tracing unconfigured (the default)", "jobs/s",
-          rates["unconfigured"], note)
+          goal.values["unconfigured"], note + rounds, loads=goal.loads["unconfigured"])
     r.add("tracing.noop_sdk", "no-op, the SDK with a no-op exporter (a span per job)",
-          "jobs/s", rates["sdk"], f"{note}; BatchSpanProcessor, spans dropped by the exporter")
+          "jobs/s", sdk, f"{note}; BatchSpanProcessor, spans dropped by the exporter")
 
 
 RATIOS = [

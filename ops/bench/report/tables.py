@@ -1,6 +1,8 @@
 """The tables every part of RESULTS.md is made of: figures as results.json keeps them,
 numbers formatted, ratios with their spread, and goals judged MET / NOT MET with by how
-much. Pure.
+much; a goal on the arms of an interleaved measurement (cost when unused,
+ops/bench/paired.py) on its pairs, with the load beside the verdict and "not settled"
+where the run could not tell. Pure.
 
 A section module declares its goals as `GOALS`, rows of (text, the figure or a ratio's
 numerator, the ratio's denominator or None, op, target, unit); `goals_of` reads them.
@@ -8,9 +10,12 @@ numerator, the ratio's denominator or None, op, target, unit); `goals_of` reads 
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import NotRequired, TypedDict
+
+from ops.bench.paired import RESOLUTION, judge
 
 
 class FigureJSON(TypedDict):
@@ -24,6 +29,7 @@ class FigureJSON(TypedDict):
     median: float
     low: float
     high: float
+    loads: NotRequired[list[float]]  # interleaved arms only: the load after each value
 
 
 @dataclass(frozen=True)
@@ -66,8 +72,35 @@ def ratio_of(figures: dict[str, FigureJSON], num: str, den: str) -> tuple[float,
     median = a["median"] / b["median"]
     if len(a["values"]) == len(b["values"]) > 1:
         paired = [x / y for x, y in zip(a["values"], b["values"], strict=True)]
+        if interleaved(a, b):
+            return (statistics.median(paired), min(paired), max(paired),
+                    "interleaved pairs (median of the pairs)")
         return median, min(paired), max(paired), "paired by run"
     return median, a["low"] / b["high"], a["high"] / b["low"], "extremes"
+
+
+def interleaved(a: FigureJSON, b: FigureJSON) -> bool:
+    """Whether two figures are arms of one interleaved measurement (ops/bench/paired.py):
+    values round by round, with the load after each."""
+    return (len(a.get("loads", [])) == len(a["values"]) == len(b["values"])
+            == len(b.get("loads", [])) > 0)
+
+
+def _interleaved_row(goal: Goal, a: FigureJSON, b: FigureJSON) -> list[str]:
+    """A cost-when-unused goal judged on its pairs: the interval, the load beside the
+    verdict, and "not settled" where the run could not tell (ops/bench/paired.py)."""
+    v = judge(a["values"], b["values"], a.get("loads", []), b.get("loads", []), goal.op,
+              goal.target)
+    status = f"**{v.status}**" if v.met is not None else v.status
+    how = (_by_how_much(goal.op, v.ratio, goal.target, goal.unit) if v.met is not None
+           else f"median {v.ratio / goal.target - 1:+.0%} from the target")
+    per_run = [x / y for x, y in zip(a["values"], b["values"], strict=True)]
+    meeting = sum(_met(goal.op, r, goal.target) for r in per_run)
+    return [goal.text, fmt(v.ratio, "x"),
+            f"{fmt(v.low, 'x')} - {fmt(v.high, 'x')} (95%, {v.pairs} interleaved pairs; "
+            f"±{RESOLUTION:.0%} needs {v.needed})",
+            f"{status} (load {v.load:.1f})", how,
+            f"{meeting}/{len(per_run)}"]
 
 
 def _met(op: str, value: float, target: float) -> bool:
@@ -95,6 +128,10 @@ def goal_rows(figures: dict[str, FigureJSON], goals: Sequence[Goal]) -> list[lis
         names = list(goal.ratio) if goal.ratio else [goal.figure or ""]
         if any(n not in figures for n in names):
             rows.append([goal.text, "not measured", "", "NOT MEASURED", "", ""])
+            continue
+        if goal.ratio and interleaved(figures[goal.ratio[0]], figures[goal.ratio[1]]):
+            rows.append(_interleaved_row(goal, figures[goal.ratio[0]],
+                                         figures[goal.ratio[1]]))
             continue
         if goal.ratio:
             value, low, high, _ = ratio_of(figures, *goal.ratio)
