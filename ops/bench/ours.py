@@ -22,7 +22,7 @@ import asyncpg
 from ops.bench.backlog import fill, new_backlog, payload, rewind_worker_group
 from ops.bench.common import Bench, BenchError, Tally, percentile, rotated, run_async
 from ops.bench.cpu import machine_busy_s, postgres_cpu_s, process_cpu_s
-from ops.bench.raw import raw_consume, raw_produce
+from ops.bench.raw import STRONG_NAME, raw_consume, raw_consume_strong, raw_produce
 from stream_jobs.app import App
 from stream_jobs.context import JobContext
 from stream_jobs.handlers import Ordering
@@ -150,13 +150,17 @@ def processing(b: Bench) -> None:
     n = b.scale.backlog_n
     b.results.details["processing_fill_jobs_per_s"] = new_backlog(b, job_type, n, 1200)
     topic = f"{b.prefix}.{job_type}"
-    rates: dict[str, list[float]] = {"raw": [], "unordered": [], "key": []}
+    rates: dict[str, list[float]] = {"raw": [], "strong": [], "unordered": [], "key": []}
     startup: list[float] = []
     for run in range(b.scale.runs):
-        for kind in rotated(["raw", "unordered", "key"], run):
+        for kind in rotated(["raw", "strong", "unordered", "key"], run):
             if kind == "raw":
                 rates["raw"].append(run_async(
                     raw_consume(s, topic, n, f"{b.prefix}.raw-consume-{run}"), 900))
+                continue
+            if kind == "strong":
+                rates["strong"].append(run_async(raw_consume_strong(
+                    s, topic, n, f"{b.prefix}.raw-strong-{run}"), 900))
                 continue
             ordering: Ordering = "unordered" if kind == "unordered" else "key"
             result = run_async(drain(s, job_type, n, ordering=ordering), 960)
@@ -166,6 +170,9 @@ def processing(b: Bench) -> None:
     r = b.results
     r.add("raw.consume", "raw aiokafka getmany(500) + commit per batch", "msg/s", rates["raw"],
           f"{n:,} records, 6 partitions")
+    r.add("raw.consume_strong", "the strongest raw aiokafka loop (uvloop, commits every "
+          "0.5 s, tuned fetches)", "msg/s", rates["strong"],
+          f"{n:,} records, 6 partitions; fetch: {STRONG_NAME} (ops/bench/raw.py)")
     r.add("ours.noop_unordered", "no-op processing, ordering=unordered", "jobs/s",
           rates["unordered"], f"{n:,} jobs backlog, concurrency 64")
     r.add("ours.noop_key", "no-op processing, ordering=key (default)", "jobs/s", rates["key"],

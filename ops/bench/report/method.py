@@ -10,7 +10,12 @@ METHOD = [
     "bytes, every `send()` pipelined and then every future awaited; first send to last ack.",
     "- **Raw aiokafka consume loop**: `getmany(max_records=500)` then `commit()` per batch, "
     "counting records, on the same backlog the worker drains, from the first batch to the "
-    "last record.",
+    "last record. **The strongest raw loop** (the no-op goals' denominator): the same "
+    "backlog on uvloop, a commit every 0.5 s (the worker's cadence) instead of after "
+    "every batch, and the fetch settings that drained fastest of those tried on this box "
+    "(ops/bench/raw.py, FETCH_TRIED); timed from the partitions' assignment to the last "
+    "record, as a loop with big fetch buffers has most of the backlog in hand by its first "
+    "batch.",
     "- **enqueue_many**: `JobClient.enqueue_many` of 500 `Job`s at a time, each call awaited "
     "(all acks) before the next. **Awaited enqueue**: `await client.enqueue(...)` one by "
     "one; each call's latency is its own round trip including linger.",
@@ -18,7 +23,8 @@ METHOD = [
     "(6 partitions), timed from the first handler call to the last (start-up, group join "
     "and the idle check are left out and reported separately). The backlog is filled once; "
     "between runs the worker group is rewound to offset 0 with `reset_offsets`. Each "
-    "run drains the raw loop, unordered and key in a rotated order.",
+    "run drains the raw loop, the strongest raw loop, unordered and key in a rotated "
+    "order.",
     "- **Sync handlers**: a no-op `def` handler (run on the worker's pool: 64 threads at "
     "the default concurrency 64) and a no-op `async def` drain the same backlog in one run, "
     "each as the processing figures are taken (ordering=key, first handler call to the "
@@ -53,11 +59,11 @@ METHOD = [
     "the same way: the "
     "offered rate rises a tenth of the worker's no-op drain rate at a time until a step "
     "does not keep up (see the latency detail); the last step that kept up is what "
-    "producer, broker and worker carry together. The goal is judged at half of it, three "
-    "runs (and a quarter is reported). The producer costs "
+    "producer, broker and worker carry together. The goals are judged at half of it and "
+    "at 80% of it, three runs each (and a quarter is reported). The producer costs "
     "about as much CPU per job as the worker, and both share the box's 2 cores with the "
-    "broker, so half the worker-alone drain rate (also reported, the measure of earlier "
-    "runs) offers close to what the box can carry at all.",
+    "broker, so half the worker-alone drain rate (the measure of earlier runs, retired) "
+    "offers close to what the box can carry at all.",
     "- **Memory**: see the memory detail. The 1,000,000-job backlog is drained once, not "
     "three times: filling it at enqueue_many speed and draining it take about two minutes "
     "each, and three drains would not fit the ~20-minute budget. Its RSS curve over the "
