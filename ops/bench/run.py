@@ -7,6 +7,7 @@
     BENCH_ONLY=results .venv/bin/python -m ops.bench.run   # keep_result and batch members
     BENCH_ONLY=tester .venv/bin/python -m ops.bench.run    # JobTester beside the real stack
     BENCH_ONLY=tracing .venv/bin/python -m ops.bench.run   # what tracing costs the no-op path
+    BENCH_ONLY=share .venv/bin/python -m ops.bench.run     # Kafka share groups against our worker
     BENCH_ONLY=confluent .venv/bin/python -m ops.bench.run # confluent-kafka beside aiokafka
     BENCH_SKIP=scaling .venv/bin/python -m ops.bench.run   # full, but keep Scaling's last
 
@@ -59,6 +60,7 @@ from ops.bench import (
     retry,
     scaling,
     schedules,
+    share_groups,
     sync_noop,
     tester,
     tracing,
@@ -240,6 +242,7 @@ def _sections() -> list[Section]:
         ("tracing", tracing.tracing),
         ("confluent", confluent.confluent),
         ("fairness", fairness.fairness),
+        ("share", share_groups.share),
     ]
 
 

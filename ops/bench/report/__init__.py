@@ -6,8 +6,9 @@ MET / NOT MET with by how much. Pure: `render(data) -> str`.
 A module per part of the document: `tables` (what every part is made of), `summary` (the
 shared Goals, Figures and Ratios), `scaling` and `processes` (the runs of worker
 processes), `features` (a section per feature module), `fairness` (the noisy neighbour),
-`details` (machine, settings, method, the details behind some figures, the run), `merge`
-(a partial run's sections into the published file).
+`share_groups` (Kafka share groups against our worker), `details` (machine, settings,
+method, the details behind some figures, the run), `merge` (a partial run's sections into
+the published file).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ops.bench import fairness as fairness_bench
 from ops.bench import processes as processes_bench
 from ops.bench import results as results_bench
 from ops.bench import scaling as scaling_bench
+from ops.bench import share_groups as share_bench
 from ops.bench.report.confluent import confluent_section
 from ops.bench.report.details import detail_sections, run_section, setup_sections
 from ops.bench.report.fairness import fairness_section
@@ -28,6 +30,7 @@ from ops.bench.report.features import feature_section
 from ops.bench.report.merge import merge_sections
 from ops.bench.report.processes import processes_section
 from ops.bench.report.scaling import scaling_section
+from ops.bench.report.share_groups import share_section
 from ops.bench.report.summary import memory_section, summary_sections
 from ops.bench.report.tables import FigureJSON
 
@@ -39,7 +42,8 @@ from ops.bench.report.tables import FigureJSON
 OWN_SECTIONS: dict[str, ModuleType] = {
     "scaling": scaling_bench, "processes": processes_bench, "outbox": outbox,
     "results": results_bench, "control": control, "gateway": gateway, "tester": tester,
-    "tracing": tracing, "fairness": fairness_bench, "confluent": confluent_bench}
+    "tracing": tracing, "fairness": fairness_bench, "confluent": confluent_bench,
+    "share": share_bench}
 OWN_HEADINGS: dict[str, str] = {name: module.HEADING for name, module in OWN_SECTIONS.items()}
 FEATURES = ("outbox", "results", "control", "gateway", "tester", "tracing")
 
@@ -77,6 +81,8 @@ def own_sections(figures: dict[str, FigureJSON], details: dict[str, Any],
         out += fairness_section(details["fairness"], figures, errors.get("fairness"))
     if "confluent" in details:
         out += confluent_section(details["confluent"], figures, errors.get("confluent"))
+    if "share" in details:
+        out += share_section(details["share"], figures, errors.get("share"))
     return out
 
 
