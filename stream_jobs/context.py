@@ -16,7 +16,7 @@ from stream_jobs.client import Job, Seconds
 from stream_jobs.dedup.deferred import DeferredWrites
 from stream_jobs.dedup.fencing import FencingToken
 from stream_jobs.dedup.store import Dedup
-from stream_jobs.errors import ConfigError, NotInTransaction, RunGivenUp
+from stream_jobs.errors import ConfigError, NotInTransaction, RolledBackWithOthers, RunGivenUp
 from stream_jobs.outbox.rows import child_job_id, insert_args, insert_sql
 from stream_jobs.outbox.writer import write_async
 from stream_jobs.record import JobRecord
@@ -57,9 +57,9 @@ class JobContext:
     # `_fencing` is left unset until `fencing_token` is first read: a handler that never
     # reads it pays nothing for it, not even a store here. `_sync_call` is set only for a
     # plain `def` handler, by the thread pool that runs it.
-    __slots__ = ("_cancelled", "_children", "_conn", "_dedup", "_enqueued", "_fencing",
-                 "_finish", "_job", "_lend_slot", "_offset", "_partition", "_sync_call",
-                 "_topic", "_writes")
+    __slots__ = ("_cancelled", "_careful", "_children", "_conn", "_dedup", "_enqueued",
+                 "_fencing", "_finish", "_job", "_lend_slot", "_offset", "_partition",
+                 "_rolled_back", "_sync_call", "_topic", "_writes")
 
     _fencing: FencingToken
     _sync_call: SyncCall
@@ -67,7 +67,8 @@ class JobContext:
     def __init__(self, job: JobRecord, *, topic: str, partition: int, offset: int,
                  dedup: Dedup,
                  lend_slot: Callable[[], AbstractContextManager[None]] | None = None,
-                 children: JobClient | None = None, finish: Finish | None = None) -> None:
+                 children: JobClient | None = None, finish: Finish | None = None,
+                 careful: bool = False) -> None:
         self._job = job
         self._topic = topic
         self._partition = partition
@@ -84,6 +85,10 @@ class JobContext:
         self._finish = finish
         # Set through `stop_for_cancel` when a cancel for this job arrives while it runs.
         self._cancelled = False
+        # A run again after its group commit was rolled back with another job's failure:
+        # its ctx.once() block goes in its own savepoint (stream_jobs.dedup.group_commit).
+        self._careful = careful
+        self._rolled_back = False
 
     @property
     def job_id(self) -> str:
@@ -254,12 +259,26 @@ class JobContext:
                 finally:
                     self._conn = None
             return
-        async with self._dedup.once(self.job_id, self.job_type, self.attempt) as conn:
-            self._conn = conn
-            try:
-                yield conn
-            finally:
-                self._conn = None
+        try:
+            async with self._dedup.once(self.job_id, self.job_type, self.attempt,
+                                        careful=self._careful,
+                                        while_waiting=self._lend_slot) as conn:
+                self._conn = conn
+                try:
+                    yield conn
+                finally:
+                    self._conn = None
+        except RolledBackWithOthers:
+            # Noted here, so the worker runs the job again even if the handler catches it.
+            self._rolled_back = True
+            raise
+
+    @property
+    def rolled_back_with_others(self) -> bool:
+        """True when this run's `once()` block was rolled back by another job's failure
+        in the transaction they shared: nothing of it was written, and the worker runs
+        the job again at once (not as a new attempt)."""
+        return self._rolled_back
 
     def once_deferred(self) -> AbstractAsyncContextManager[DeferredWrites]:
         """Like `once()` for bodies that only write: `await writes.execute(sql, *args)`

@@ -108,6 +108,12 @@ class AlreadyDone(StreamJobsError):
     """A job's dedup row exists: an earlier run committed its effects (an outcome)."""
 
 
+class RolledBackWithOthers(StreamJobsError):
+    """A job's `ctx.once()` block ran, but the transaction it shared with other jobs
+    (group commit) was rolled back because another job's body failed: nothing of this
+    job was written, and the worker runs it again at once, not as a new attempt."""
+
+
 class Abandoned(StreamJobsError):
     """A record left unfinished on purpose (revocation, shutdown): its next owner gets it."""
 

@@ -71,6 +71,9 @@ from stream_jobs.storage import PostgresStorage, Storage
 from stream_jobs.tracing import job_spans
 
 log = logging.getLogger("stream_jobs.worker")
+# Runs again of a job whose ctx.once() was rolled back by another job's failure (the
+# first in a careful batch, where that cannot happen but for a claim cut short).
+RERUNS_AFTER_ROLLBACK = 2
 
 # How a job ends: its outcome, or the failure it was dead-lettered with.
 Ended = Outcome | FailureInfo
@@ -365,18 +368,27 @@ class Worker(FlowControlled):
             log.info("job %s (%s) retry: attempt %d starts", job.job_id, job.job_type,
                      job.attempt, extra=job_fields(job, record))
         finish = self.finisher.finish_for(job)
-        ctx = JobContext(job, topic=record.topic, partition=record.partition,
-                         offset=record.offset, dedup=self.dedup, lend_slot=self.lend_slot,
-                         children=self.children, finish=finish)
-        error: Exception | None = None
-        try:
-            if finish is not None:
-                await call_finished(self._call_handler, finish, runner, payload, ctx,
-                                    self.lend_slot)
-            else:  # a cancel meanwhile finds the run in `runner.ctx`, and stops it
-                await self._call_handler(runner, payload, ctx)
-        except RunFailed as failed:
-            error = failed.error
+        for run in range(1 + RERUNS_AFTER_ROLLBACK):
+            ctx = JobContext(job, topic=record.topic, partition=record.partition,
+                             offset=record.offset, dedup=self.dedup, lend_slot=self.lend_slot,
+                             children=self.children, finish=finish, careful=run > 0)
+            error: Exception | None = None
+            try:
+                if finish is not None:
+                    await call_finished(self._call_handler, finish, runner, payload, ctx,
+                                        self.lend_slot)
+                else:  # a cancel meanwhile finds the run in `runner.ctx`, and stops it
+                    await self._call_handler(runner, payload, ctx)
+            except RunFailed as failed:
+                error = failed.error
+            if not ctx.rolled_back_with_others or ctx.cancelled or run == RERUNS_AFTER_ROLLBACK:
+                break
+            # Another job's failure rolled back the transaction this run's ctx.once()
+            # shared: nothing of it was written. It runs again now, in a savepoint of
+            # its own, on a fresh payload (the handler may have changed the last one).
+            log.info("job %s (%s) runs again: its ctx.once() was rolled back with another "
+                     "job's failure", job.job_id, job.job_type, extra=job_fields(job, record))
+            payload = self.handler.parse_payload(job.payload)
         if ctx.cancelled and await self.admission.confirmed(job):
             # Whatever the run did: its ctx.once() could not commit (the cancel holds the
             # dedup row), and a failure is not retried.
