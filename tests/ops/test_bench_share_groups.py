@@ -168,7 +168,7 @@ def test_the_section_shows_the_drains_ratios_and_the_kill() -> None:
     assert "`share.version` is finalized at 2" in text
     assert "| 1 | no-op | share x4, concurrency 64 | 80,000 jobs/s | 8,000 jobs/s | 5.00 s | " \
         "250 / 250 / 250 / 250 | 500 | 0.50 s | 40.0 us | 0.02 cores | 1.5 |" in text
-    assert "| no-op drain: share x1 / our worker | 2.00x |" in text
+    assert "| no-op drain: share x1 (job path only) / our worker | 2.00x |" in text
     assert "| 2 ms jobs one at a time: share x4 / share x1 | 3.78x |" in text
     assert "| 2 partitions, 2 consumers | 503 | 497 | 45.10 s | 45.20 s | 497 x 1, 503 x 2 |" \
         in text
