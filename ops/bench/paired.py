@@ -33,7 +33,8 @@ RESOLUTION = 0.03
 CONFIDENCE = 0.95
 RESAMPLES = 2_000
 # Rounds of a full run: what three rows (cancels, tracing, fairness) fit in about 3
-# minutes, at 6 to 9 s a round of 100,000-job no-op drains. A pilot on this box (10
+# minutes, at 5 to 7 s a round of 100,000-job no-op drains (a full run on 2026-12-07:
+# the whole control section 85 s, tracing 78 s, fills included). A pilot on this box (10
 # pairs, cancel watch on and off, load 0.6 to 1.8) had 6 pairs within 0.97x - 1.06x and 4
 # with one drain about 1 s slower (ratios 1.2x - 1.8x): the median of the pairs shrugs
 # off such drains while they are fewer than a quarter of the pairs; more of them widen
