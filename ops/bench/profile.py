@@ -1,7 +1,8 @@
-"""Where the no-op processing path spends its time: pyinstrument over a worker draining
-a backlog (ordering=key, the default), sampling the whole thread (event loop included)
-every millisecond. Writes out/profile.html and out/profile.txt; RESULTS.md gets the
-time by package, the heaviest functions of stream_jobs and the top of the call tree.
+"""Where the no-op processing path, and the live `ctx.once()` path, spend their time:
+pyinstrument over a worker draining a backlog (ordering=key, the default), sampling the
+whole thread (event loop included) every millisecond. Writes out/profile.html and
+out/profile.txt (profile-once.* for ctx.once()); RESULTS.md gets the time by package,
+the heaviest functions of stream_jobs and the top of the call tree.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ops.bench.backlog import new_backlog
 from ops.bench.common import Bench, run_async
-from ops.bench.ours import drain
+from ops.bench.ours import drain, prepare_effects
 
 if TYPE_CHECKING:  # pyinstrument is the `bench` extra, imported when the section runs
     from pyinstrument.frame import Frame
@@ -67,23 +68,35 @@ def _heaviest(seconds: dict[str, float], n: int) -> list[tuple[str, float]]:
 
 
 def profile(b: Bench) -> None:
+    """The no-op path, then the live `ctx.once()` path (a row per job, its effects table
+    made first), each profiled from its first job to its last."""
+    s = b.settings()
+    n = b.scale.profile_n
+    details = b.results.details
+    new_backlog(b, "bench.profile", n)
+    details["profile"] = _profiled(b, "bench.profile", n, None, "profile")
+    run_async(prepare_effects(s, truncate=True), 60)
+    new_backlog(b, "bench.profile-once", b.scale.once_n)
+    details["profile_once"] = _profiled(b, "bench.profile-once", b.scale.once_n, "live",
+                                        "profile-once")
+
+
+def _profiled(b: Bench, job_type: str, n: int, once: str | None,
+              name: str) -> dict[str, object]:
     from pyinstrument import Profiler
 
-    s = b.settings()
-    job_type = "bench.profile"
-    n = b.scale.profile_n
-    new_backlog(b, job_type, n)
     profiler = Profiler(interval=0.001, async_mode="disabled")
     # Sampling runs from the first job to the last, so start-up and the idle check at the
     # end are not in the profile.
     try:
-        result = run_async(drain(s, job_type, n, window=(profiler.start, profiler.stop)), 900)
+        result = run_async(drain(b.settings(), job_type, n, once=once,
+                                 window=(profiler.start, profiler.stop)), 900)
     finally:
         if profiler.is_running:
             profiler.stop()
     session = profiler.last_session
     if session is None:
-        return
+        return {}
     root = session.root_frame()
     # Seconds, not counts: typeshed's Counter holds ints only.
     by_package: defaultdict[str, float] = defaultdict(float)
@@ -92,9 +105,9 @@ def profile(b: Bench) -> None:
         _walk(root, frozenset(), by_package, by_function)
     total = sum(by_package.values()) or 1.0
     tree = profiler.output_text(unicode=False, color=False, show_all=False)
-    (b.out_dir / "profile.txt").write_text(tree)
-    (b.out_dir / "profile.html").write_text(profiler.output_html())
-    b.results.details["profile"] = {
+    (b.out_dir / f"{name}.txt").write_text(tree)
+    (b.out_dir / f"{name}.html").write_text(profiler.output_html())
+    return {
         "jobs": n,
         "rate_under_profiler": result["rate"],
         "duration_s": session.duration,

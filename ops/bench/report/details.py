@@ -26,8 +26,10 @@ def detail_sections(details: dict[str, Any]) -> list[str]:
     """The details of the sections that ran, in this order: profile, exactly-once CPU,
     latency, retry, backlog fills."""
     out = []
-    if "profile" in details:
+    if details.get("profile"):
         out += profile_section(details["profile"])
+    if details.get("profile_once"):
+        out += profile_section(details["profile_once"], once=True)
     if "once_cpu" in details:
         out += once_cpu_section(details["once_cpu"])
     out += latency_section(details.get("latency_capacity_steps") or [])
@@ -40,8 +42,10 @@ def detail_sections(details: dict[str, Any]) -> list[str]:
     return out
 
 
-ONCE_FORMS = {"live": "ctx.once(), concurrency 64", "deferred": "ctx.once_deferred(), "
-              "concurrency 64", "deferred256": "ctx.once_deferred(), concurrency 256"}
+ONCE_FORMS = {"live": "ctx.once(), concurrency 64",
+              "by hand": "a hand-written idempotency key, a transaction per job",
+              "deferred": "ctx.once_deferred(), concurrency 64",
+              "deferred256": "ctx.once_deferred(), concurrency 256"}
 
 
 def once_cpu_section(once_cpu: dict[str, Any]) -> list[str]:
@@ -68,16 +72,20 @@ def once_cpu_section(once_cpu: dict[str, Any]) -> list[str]:
     return out
 
 
-def profile_section(profile: dict[str, Any]) -> list[str]:
-    out = ["## Profile of the no-op processing path", ""]
+def profile_section(profile: dict[str, Any], *, once: bool = False) -> list[str]:
+    """The profile of the no-op path, or (`once`) of the live `ctx.once()` path."""
+    what = "live ctx.once()" if once else "no-op"
+    name = "profile-once" if once else "profile"
+    out = [f"## Profile of the {what} processing path", ""]
     out.append(f"pyinstrument, 1 ms sampling of the whole thread (event loop included), while "
-               f"one worker drained {profile['jobs']:,} no-op jobs (ordering=key): "
+               f"one worker drained {profile['jobs']:,} {what} jobs (ordering=key"
+               f"{', one effect row each' if once else ''}): "
                f"{profile['duration_s']:.1f} s wall, {profile['cpu_s']:.1f} s CPU, "
                f"{profile['rate_under_profiler']:,.0f} jobs/s under the profiler. Sampling "
                "runs from the first job to the last (start-up and the idle check are not in "
                "it). Time inside the event loop's C code (uvloop), waiting for the network "
                "included, shows as its own row. Full tree: "
-               "`ops/bench/out/run-*/profile.html` and `profile.txt`.")
+               f"`ops/bench/out/run-*/{name}.html` and `{name}.txt`.")
     out += ["", "**Self time by package** (where the samples landed):", ""]
     out.append(table(["package", "self time (s)", "share"],
                       [[n, f"{t:.2f}", f"{share * 100:.1f}%"]
