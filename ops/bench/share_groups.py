@@ -410,7 +410,7 @@ def prepare_group(settings: Settings, group: str, lock_ms: int | None = None) ->
     """Set `share.auto.offset.reset=earliest` (and a record lock) on a share group before
     it first joins, so it reads the backlog produced before it."""
     # Re-exported without `__all__` in confluent-kafka 2.16, which mypy strict refuses.
-    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    from confluent_kafka.admin import (  # type: ignore[attr-defined,unused-ignore]
         AlterConfigOpType,
         ConfigEntry,
         ConfigResource,
@@ -431,7 +431,7 @@ def prepare_group(settings: Settings, group: str, lock_ms: int | None = None) ->
 
 def group_configs(settings: Settings, group: str) -> dict[str, str]:
     """The share group's `share.*` settings as the broker reports them."""
-    from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
+    from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined,unused-ignore]
 
     admin = _admin(settings)
     futures = admin.describe_configs([ConfigResource(ResourceType.GROUP, group)])
