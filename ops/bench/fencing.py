@@ -33,7 +33,7 @@ FENCED_WRITE = (f"INSERT INTO {TABLE} AS d (doc_id, n, token) VALUES ($1, $2, $3
                 "ON CONFLICT (doc_id) DO UPDATE SET n = EXCLUDED.n, token = EXCLUDED.token "
                 "WHERE d.token <= EXCLUDED.token")
 STORE_POOL = 16  # the fenced store's own connections (the dedup pool is the worker's)
-CONTENDERS = ["noop", "token", "fenced", "once"]
+CONTENDERS = ["noop", "pause", "token", "fenced", "once"]
 
 
 async def _sql(settings: Settings, statement: str) -> Any:
@@ -64,6 +64,17 @@ async def _drain(settings: Settings, kind: str, n: int) -> dict[str, float]:
     if kind == "noop":
         @app.job(JOB_TYPE)
         async def noop(job: dict[str, Any], ctx: JobContext) -> None:
+            tally.hit()
+    elif kind == "pause":
+        # What any await of I/O costs a job, without the I/O: the handler suspends once on
+        # a future another callback resolves on the loop's next turn, as a token's await
+        # does when its fetch returns.
+        @app.job(JOB_TYPE)
+        async def pause(job: dict[str, Any], ctx: JobContext) -> None:
+            loop = asyncio.get_running_loop()
+            resumed: asyncio.Future[None] = loop.create_future()
+            loop.call_soon(resumed.set_result, None)
+            await resumed
             tally.hit()
     elif kind == "token":
         @app.job(JOB_TYPE)
@@ -135,6 +146,9 @@ def fencing(b: Bench) -> None:
     r = b.results
     r.add("ours.fence_noop", "no-op, the fencing token never read (fencing section)", "jobs/s",
           rates["noop"], note)
+    r.add("ours.fence_pause", "the handler suspends once on a future resolved on the "
+          "loop's next turn (any await of I/O, without the I/O)", "jobs/s", rates["pause"],
+          note)
     r.add("ours.fence_token", "await ctx.fencing_token, nothing else", "jobs/s",
           rates["token"], f"{note}; {statistics.median(per_trip['token']):.1f} tokens per "
           "round trip (median)")

@@ -45,8 +45,10 @@ METHOD = [
     "goes first. The tables are truncated between runs and the row count is checked to "
     "equal N.",
     "- **Fencing tokens**: a quarter of the processing backlog, drained in every run by "
-    "four handlers in a rotated order: a no-op that never reads `ctx.fencing_token`, one "
-    "that awaits it and does nothing else (a `nextval` of the dedup database's sequence; "
+    "five handlers in a rotated order: a no-op that never reads `ctx.fencing_token`, one "
+    "that suspends once on a future resolved on the loop's next turn (what any await of "
+    "I/O costs, without the I/O), one that awaits the token and does nothing else "
+    "(a `nextval` of the dedup database's sequence; "
     "requests made while one is in flight share the next round trip), one that awaits it "
     "and upserts one row per job through docs/fencing.md's fenced write on a pool of its "
     "own (autocommit, so a commit per job: a store outside the dedup transaction), and the "
