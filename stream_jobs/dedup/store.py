@@ -79,6 +79,7 @@ class DedupStore:
         self._committer: GroupCommitter | None = None
         self._batcher: WriteBatcher | None = None
         self._tokens: TokenIssuer | None = None
+        self._token_fetches_closed = 0  # round trips of issuers closed with the store
         # Held transactions (stream_jobs.dedup.held) wait for their handler to return: a
         # pool of their own, so they never starve group commit of connections.
         self._held_pool: asyncpg.Pool | None = None
@@ -140,6 +141,7 @@ class DedupStore:
             self._held_pool = None
         if self._tokens is not None:
             await self._tokens.close()
+            self._token_fetches_closed += self._tokens.fetches
             self._tokens = None
         if self._batcher is not None:
             await self._batcher.close()
@@ -274,8 +276,9 @@ class DedupStore:
 
     @property
     def fencing_round_trips(self) -> int:
-        """Round trips made for fencing tokens so far (fewer than tokens under load)."""
-        return 0 if self._tokens is None else self._tokens.fetches
+        """Round trips made for fencing tokens so far (fewer than tokens under load), the
+        store's close included (a worker closes its store when it stops)."""
+        return self._token_fetches_closed + (0 if self._tokens is None else self._tokens.fetches)
 
     async def _fetch_tokens(self, n: int) -> list[int]:
         pool = await self._get_pool()

@@ -23,6 +23,7 @@ from stream_jobs.errors import ConfigError, DatabaseUnavailable, RunGivenUp
 from stream_jobs.postgres.schema import schema_ddl
 from stream_jobs.record import JobRecord, Record
 from stream_jobs.runtime.threads import HandlerThreads
+from stream_jobs.settings import Settings
 from tests.waiting import until
 
 from .test_runners import feed
@@ -118,6 +119,17 @@ async def test_a_fetch_that_returns_too_few_tokens_fails_its_requests() -> None:
     issuer = TokenIssuer(short)
     with pytest.raises(RuntimeError, match="asked for 2 fencing tokens, got 1"):
         await asyncio.gather(issuer.request(), issuer.request())
+
+
+async def test_a_stores_round_trips_are_still_counted_after_it_closed() -> None:
+    # A worker closes its dedup store when it stops; the bench reads the count after.
+    store = DedupStore(Settings())
+    seq = PostgresSequence()
+    store._fetch_tokens = seq.fetch  # type: ignore[method-assign]
+    await asyncio.gather(store.fencing_token(), store.fencing_token())
+    await store.fencing_token()
+    await store.close()
+    assert store.fencing_round_trips == 2 == len(seq.calls)
 
 
 async def test_close_cancels_what_waits() -> None:
