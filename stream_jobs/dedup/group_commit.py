@@ -120,19 +120,23 @@ class CommitBatch:
             self.close()
 
     async def claim_waiting(self) -> None:
-        """Claim every job of the batch not claimed yet, in one statement, behind a
-        savepoint: a claim cut short (the claimer's timeout while a row lock holds it, a
-        failed statement) is rolled back alone, and the next job's turn claims again."""
+        """Claim every job of the batch not claimed yet, in one statement. A claim cut
+        short (the claimer's timeout while a row lock holds it, a failed statement) leaves
+        the server's state unknown: a careful batch claims behind a savepoint and rolls
+        back to it (the next job's turn claims again); an optimistic one is given up by
+        the caller, as for a failed body."""
         claims, self.unclaimed = self.unclaimed, []
-        savepoint = self.next_savepoint()
+        savepoint = self.next_savepoint() if self.careful else None
         try:
-            await self.conn.execute(f"SAVEPOINT {savepoint}")
+            if savepoint is not None:
+                await self.conn.execute(f"SAVEPOINT {savepoint}")
             rows = await self.conn.fetch(
                 CLAIM_GROUP, [c.job_id for c in claims], [c.job_type for c in claims],
                 [c.attempt for c in claims])
         except BaseException as exc:
             self.unclaimed[:0] = claims
-            await _undo_after(exc, self, savepoint)
+            if savepoint is not None:
+                await _undo_after(exc, self, savepoint)
             raise
         made = {row[0] for row in rows}
         for claim in claims:
@@ -291,7 +295,12 @@ class GroupCommitter:
                         claim.claimed = None
                         continue  # rolled back before this job's turn: another batch
                     if claim.claimed is None:
-                        await batch.claim_waiting()
+                        try:
+                            await batch.claim_waiting()
+                        except BaseException as exc:
+                            if not batch.careful:
+                                self._roll_back(batch, exc)
+                            raise
                     if not claim.claimed:
                         raise AlreadyDone(f"job {job_id} already finished")
                     ran = True
