@@ -261,8 +261,7 @@ class JobContext:
             return
         try:
             async with self._dedup.once(self.job_id, self.job_type, self.attempt,
-                                        careful=self._careful,
-                                        while_waiting=self._lend_slot) as conn:
+                                        careful=self._careful) as conn:
                 self._conn = conn
                 try:
                     yield conn

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -271,12 +271,12 @@ class GroupCommitter:
                 return batch
 
     @asynccontextmanager
-    async def once(self, job_id: str, job_type: str, attempt: int, *, careful: bool = False,
-                   while_waiting: Callable[[], AbstractContextManager[None]] | None = None,
-                   ) -> AsyncIterator[Any]:
+    async def once(self, job_id: str, job_type: str, attempt: int, *,
+                   careful: bool = False) -> AsyncIterator[Any]:
         """The batch's connection for the job's body, its dedup row claimed; returns once
-        the batch committed. `while_waiting` wraps that wait (the worker lends the job's
-        slot meanwhile, so the next batch fills)."""
+        the batch committed. (The job keeps its slot meanwhile: lending it, as the
+        deferred form does, stalled a fair type's workers across a rebalance,
+        tests/integration/test_fairness.py.)"""
         if "\x00" in job_id or "\x00" in job_type:
             # Postgres text cannot hold NUL: the group's claim would fail for every job
             # in it. (The decoder dead-letters such records before they get here.)
@@ -322,8 +322,7 @@ class GroupCommitter:
             finally:
                 batch.leave(claim, ran=ran)
             # Finished only once durable: the whole batch's COMMIT.
-            with while_waiting() if while_waiting is not None else nullcontext():
-                await asyncio.shield(batch.committed)
+            await asyncio.shield(batch.committed)
             return
 
     def _roll_back(self, batch: CommitBatch, why: BaseException) -> None:

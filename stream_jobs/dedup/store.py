@@ -52,8 +52,7 @@ class Dedup(Protocol):
     @property
     def table(self) -> str: ...
 
-    def once(self, job_id: str, job_type: str, attempt: int, *, careful: bool = False,
-             while_waiting: Callable[[], AbstractContextManager[None]] | None = None,
+    def once(self, job_id: str, job_type: str, attempt: int, *, careful: bool = False
              ) -> AbstractAsyncContextManager[Any]: ...
 
     def once_deferred(
@@ -154,9 +153,8 @@ class DedupStore:
         """`stream_jobs.postgres.migrate.migrate` of the store's settings."""
         return await migrate(self._settings)
     @asynccontextmanager
-    async def once(self, job_id: str, job_type: str, attempt: int, *, careful: bool = False,
-                   while_waiting: Callable[[], AbstractContextManager[None]] | None = None,
-                   ) -> AsyncIterator[Any]:
+    async def once(self, job_id: str, job_type: str, attempt: int, *,
+                   careful: bool = False) -> AsyncIterator[Any]:
         """A connection in an open transaction that already holds the job's dedup row.
 
         Raises `AlreadyDone` (before the body runs) when the row exists. Returns only
@@ -164,7 +162,6 @@ class DedupStore:
         default, `STREAM_JOBS_DEDUP_GROUP_COMMIT`) the transaction is shared with other
         jobs: `RolledBackWithOthers` when another job's failure rolled it back (run the
         body again, `careful`: in its own savepoint); see `stream_jobs.dedup.group_commit`.
-        `while_waiting` wraps the wait for the shared COMMIT.
         """
         if self._settings.dedup_group_commit:
             if self._committer is None:
@@ -174,8 +171,8 @@ class DedupStore:
                     parallel=max(1, self._settings.database_pool_size - 2))
             entered = False
             try:
-                async with self._committer.once(job_id, job_type, attempt, careful=careful,
-                                                while_waiting=while_waiting) as conn:
+                async with self._committer.once(job_id, job_type, attempt,
+                                                careful=careful) as conn:
                     entered = True
                     yield conn
             except _UNREACHABLE as exc:

@@ -209,9 +209,8 @@ class MemoryDedup:
                 del self._turns[job_id]
 
     @asynccontextmanager
-    async def once(self, job_id: str, job_type: str, attempt: int, *, careful: bool = False,
-                   while_waiting: Callable[[], AbstractContextManager[None]] | None = None,
-                   ) -> AsyncIterator[Any]:
+    async def once(self, job_id: str, job_type: str, attempt: int, *,
+                   careful: bool = False) -> AsyncIterator[Any]:
         async with self._turn(job_id):
             tx = MemoryTransaction()
             self.tables.claim(job_id)  # before the look: a cancel now waits for the block
