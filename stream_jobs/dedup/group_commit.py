@@ -104,6 +104,8 @@ class CommitBatch:
         # another batch, jobs that ran hear it (RolledBackWithOthers) at the commit.
         self.rolled_back: RolledBackWithOthers | None = None
         self.committed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # A rolled-back batch whose jobs all left before the end has no one to hear it.
+        self.committed.add_done_callback(_heard)
         self._savepoints = 0
         self._ending: asyncio.Task[None] | None = None
         self.undoing: asyncio.Task[None] | None = None  # a cancelled run's rollback
@@ -329,6 +331,11 @@ class GroupCommitter:
         batch.roll_back(why)
         self.rolled_back += 1
         self._careful_until = time.monotonic() + CAREFUL_AFTER_ROLLBACK_S
+
+
+def _heard(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def _undo_after(exc: BaseException, batch: CommitBatch, savepoint: str) -> None:

@@ -3,6 +3,7 @@ that shared it run again at once, in savepoints of their own, not as new attempt
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 from stream_jobs.app import App
@@ -15,17 +16,25 @@ from tests.integration.database import connect
 
 async def test_a_failing_body_costs_the_others_a_rerun_not_an_attempt(
         app: App, declare: Declare, settings: Settings) -> None:
+    # One open batch at a time (16 jobs at once, a second batch opens only past 48),
+    # held open for 300 ms, so a failing job meets others in its batch. (`app` made the
+    # schema and the dedup table.)
+    app = App(settings.model_copy(update={"dedup_linger_ms": 300.0}))
     await declare("ledger.live", partitions=2, retry_tiers=["1s"], max_attempts=2)
     conn = await connect(settings)
     await conn.execute("CREATE TABLE live_effects (job_id text NOT NULL, attempt int)")
     runs: Counter[str] = Counter()
     careful_runs: list[str] = []
+    wrote = asyncio.Event()  # some job's body has run
 
-    @app.job("ledger.live", ordering="unordered", concurrency=64)
+    @app.job("ledger.live", ordering="unordered", concurrency=16)
     async def post(job: dict[str, int], ctx: JobContext) -> None:
         runs[ctx.job_id] += 1
         if ctx._careful:
             careful_runs.append(ctx.job_id)
+        failing = job["n"] % 50 == 7 and ctx.attempt == 1
+        if failing:
+            await wrote.wait()  # behind another body in the open batch
         async with ctx.once() as db:
             # Reads inside the block see its own writes.
             await db.execute("INSERT INTO live_effects VALUES ($1, $2)", ctx.job_id,
@@ -33,8 +42,9 @@ async def test_a_failing_body_costs_the_others_a_rerun_not_an_attempt(
             mine = await db.fetchval("SELECT count(*) FROM live_effects WHERE job_id = $1",
                                      ctx.job_id)
             assert mine == 1
-            if job["n"] % 50 == 7 and ctx.attempt == 1:
+            if failing:
                 raise RuntimeError("this job's body fails on its first attempt")
+            wrote.set()
 
     n = 400
     async with app.client() as client:
